@@ -19,3 +19,42 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --find-links $(WHEELS) "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
+
+crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydantic models
+	$(VENV)/bin/elasticjob crd > crds/elasticjob.dev_elasticjobs.yaml
+	cp crds/elasticjob.dev_elasticjobs.yaml charts/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml
+
+lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> models)
+	$(VENV)/bin/lint-imports
+
+test: $(VENV)/.installed ## Unit, integration (real API server) and core e2e (real torchrun) tests on the local cluster
+	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+
+test-unit: $(VENV)/.installed ## Unit tests only (no cluster; seconds)
+	$(PY) -m pytest tests/unit -p no:cacheprovider
+
+e2e: $(VENV)/.installed ## Every e2e scenario, slow ones included (E2E_CLUSTER=kind runs them on kind)
+ifeq ($(E2E_CLUSTER),kind)
+	bash tests/e2e/kind/up.sh
+	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/.kind/kubeconfig $(PY) -m pytest tests/e2e -p no:cacheprovider
+else
+	$(PY) -m pytest tests/e2e -p no:cacheprovider
+endif
+
+run: $(VENV)/.installed ## Start the local cluster, the operator and examples/elasticjob.yaml; follow it to the end
+	$(PY) -m localcluster.demo
+
+cluster-up: $(VENV)/.installed ## Start the local cluster (real control plane + process-backed nodes) in the background
+	$(VENV)/bin/localcluster up
+
+cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
+	$(VENV)/bin/localcluster down
+
+bench: $(VENV)/.installed ## Benchmarks (results printed as tables)
+	$(PY) bench/run.py
+
+clean: ## Remove the virtualenv and the local cluster's state (not the cached Kubernetes binaries)
+	-$(VENV)/bin/localcluster down
+	rm -rf $(VENV) .localcluster
+
+.PHONY: help install crds lint test test-unit e2e run cluster-up cluster-down bench clean

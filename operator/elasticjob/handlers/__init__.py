@@ -1,0 +1,3 @@
+"""kopf handlers: importing this package registers them."""
+
+from elasticjob.handlers import jobs, pods, startup  # noqa: F401

@@ -1,0 +1,5 @@
+import sys
+
+from elasticjob.cli import main
+
+sys.exit(main())

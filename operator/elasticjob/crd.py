@@ -1,0 +1,178 @@
+"""Generates the ElasticJob CustomResourceDefinition from the pydantic models.
+
+pydantic emits JSON Schema (with $refs, anyOf-null and titles); Kubernetes wants a structural OpenAPI v3 schema
+(inlined, no nulls, x-kubernetes-* markers). The CEL rules live here, next to the schema they guard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from elasticjob.models import (
+    GROUP,
+    KIND,
+    MAX_FAILURES_KEPT,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    ElasticJobSpec,
+    ElasticJobStatus,
+)
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+SPEC_RULES = [
+    {"rule": "self.minReplicas <= self.maxReplicas",
+     "message": "minReplicas must be less than or equal to maxReplicas"},
+    {"rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
+     "message": "replicas must be between minReplicas and maxReplicas"},
+]
+NPROC_RULES = [
+    {"rule": "type(self) == int ? int(self) >= 1 : string(self) == 'auto'",
+     "message": "nprocPerNode must be a positive integer or 'auto'"},
+]
+EXIT_CODE_RULES = [
+    {"rule": "self.all(c, c >= 1 && c <= 255)", "message": "fatalExitCodes must be between 1 and 255"},
+]
+_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+# A PodTemplateSpec, kept open (the API server validates the pods built from it) but for what must be there.
+TEMPLATE_SCHEMA = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "metadata": _OPEN_OBJECT,
+        "spec": {
+            **_OPEN_OBJECT,
+            "required": ["containers"],
+            "properties": {"containers": {"type": "array", "minItems": 1, "items": {
+                **_OPEN_OBJECT, "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+        },
+    },
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready workers"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+    {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
+    {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+    {"name": "Rendezvous", "type": "string", "jsonPath": ".status.rendezvous.endpoint", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline $refs and turn pydantic's JSON Schema idioms into structural OpenAPI."""
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = _resolve(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        extra = {k: _resolve(v, defs) for k, v in node.items() if k != "$ref" and k not in _DROP_KEYS}
+        return {**target, **extra}
+    if "anyOf" in node:
+        return _collapse_any_of(node, defs)
+    out = {k: _resolve(v, defs) for k, v in node.items() if k not in _DROP_KEYS}
+    if isinstance(out.get("description"), str):
+        out["description"] = " ".join(out["description"].split())
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    if out.get("type") == "object" and "properties" not in out:
+        out.pop("additionalProperties", None)
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _collapse_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    options = [opt for opt in node["anyOf"] if opt.get("type") != "null"]
+    rest = {k: _resolve(v, defs) for k, v in node.items() if k != "anyOf" and k not in _DROP_KEYS}
+    if rest.get("default", 0) is None:
+        rest.pop("default")
+    if len(options) == 1:
+        return {**_resolve(options[0], defs), **rest}
+    types = {opt.get("type") for opt in options}
+    if types == {"integer", "string"}:
+        return {**rest, "x-kubernetes-int-or-string": True}
+    raise ValueError(f"cannot express {node} as a structural schema")
+
+
+def _schema_of(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _resolve(raw, raw.get("$defs", {}))
+
+
+def _default_nested_objects(schema: dict[str, Any]) -> None:
+    """Give optional sub-objects `default: {}` so the API server fills in their fields' defaults too."""
+    for name, prop in schema["properties"].items():
+        if prop.get("type") == "object" and "properties" in prop and name not in schema.get("required", []):
+            prop.setdefault("default", {})
+            _default_nested_objects(prop)
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema_of(ElasticJobSpec)
+    _default_nested_objects(schema)
+    props = schema["properties"]
+    props["nprocPerNode"]["x-kubernetes-validations"] = NPROC_RULES
+    props["failurePolicy"]["properties"]["fatalExitCodes"]["x-kubernetes-validations"] = EXIT_CODE_RULES
+    props["template"] = {**TEMPLATE_SCHEMA, "description": props["template"]["description"]}
+    schema["x-kubernetes-validations"] = SPEC_RULES
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    schema = _schema_of(ElasticJobStatus)
+    schema["properties"]["lastFailures"]["maxItems"] = MAX_FAILURES_KEPT
+    schema["properties"]["conditions"]["x-kubernetes-list-type"] = "map"
+    schema["properties"]["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": SHORT_NAMES,
+                      "listKind": f"{KIND}List", "categories": ["all"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "An elastic PyTorch training job run by torchrun agents.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        "status": status_schema(),
+                    },
+                }},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                              "labelSelectorPath": ".status.selector"},
+                },
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated from operator/elasticjob/models.py by `elasticjob crd` (make crds). Do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)

@@ -1,0 +1,121 @@
+"""One reconcile loop per ElasticJob: observe, plan, write status, act. Events of the job and of its
+pods wake the loop; it also wakes by itself when the plan asks (deadlines, stuck pods) or every resync."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from elasticjob import k8s, metrics, naming, planner
+from elasticjob.builders import JobRef
+from elasticjob.models import GROUP, PLURAL, VERSION, ElasticJobSpec, ElasticJobStatus
+from elasticjob.observe import PodView, ServiceView
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_event(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.wakeups.wake(naming.job_key(namespace, name))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0)
+async def reconcile_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                         job_pods: kopf.Index, job_services: kopf.Index, logger: logging.Logger,
+                         stopped: kopf.DaemonStopped, **_: Any) -> None:
+    key = naming.job_key(namespace, name)
+    try:
+        while not stopped:
+            started = time.monotonic()
+            try:
+                delay = await reconcile(body, memo.kube, list(job_pods.get(key, [])),
+                                        list(job_services.get(key, [])), logger)
+                metrics.RECONCILES.labels("ok").inc()
+            except k8s.KubeError as exc:
+                logger.warning(f"reconcile failed, retrying: {exc}")
+                metrics.RECONCILES.labels("error").inc()
+                delay = 5.0
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            await memo.wakeups.wait(key, delay)
+    finally:
+        memo.wakeups.forget(key)
+        metrics.forget_job(namespace, name)
+
+
+async def reconcile(body: kopf.Body, kube: k8s.Kube, pods: list[PodView], services: list[ServiceView],
+                    logger: logging.Logger) -> float:
+    now = datetime.now(timezone.utc)
+    meta = body["metadata"]
+    status = ElasticJobStatus.model_validate(body.get("status") or {})
+    try:
+        spec = ElasticJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        logger.error(f"spec does not parse: {exc}")
+        return planner.RESYNC_SECONDS
+    ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec)
+    job = planner.Job(ref=ref, generation=meta.get("generation", 0), status=status)
+    service = next((s for s in services if s.name == naming.rendezvous_name(ref.name)), None)
+    plan = planner.plan(job, pods, service, now)
+    # Status first: a failure is on record before its pod is deleted, so a restart of the operator
+    # between the two can neither lose nor double-count it.
+    await write_status(kube, ref, status, plan.status, body, logger)
+    try:
+        await apply(kube, ref, plan.actions, body, logger)
+    except k8s.Invalid as exc:
+        rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
+                                                    f"template: {exc.message}", now)
+        await write_status(kube, ref, plan.status, rejected.status, body, logger)
+        post_events(body, rejected.events, logger)
+    post_events(body, plan.events, logger)
+    metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
+    return plan.requeue_after
+
+
+async def write_status(kube: k8s.Kube, ref: JobRef, old: ElasticJobStatus, new: ElasticJobStatus,
+                       body: kopf.Body, logger: logging.Logger) -> None:
+    wire = new.model_dump(by_alias=True, mode="json")
+    if wire == old.model_dump(by_alias=True, mode="json"):
+        return
+    await kube.patch_job_status(ref.namespace, ref.name, wire)
+    if new.phase != old.phase or new.reason != old.reason:
+        logger.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
+
+
+async def apply(kube: k8s.Kube, ref: JobRef, actions: list[planner.Action], body: kopf.Body,
+                logger: logging.Logger) -> None:
+    results = await asyncio.gather(*(apply_one(kube, ref, action, body, logger) for action in actions),
+                                   return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    invalid = next((e for e in errors if isinstance(e, k8s.Invalid)), None)
+    if invalid or errors:
+        raise invalid or errors[0]
+
+
+async def apply_one(kube: k8s.Kube, ref: JobRef, action: planner.Action, body: kopf.Body,
+                    logger: logging.Logger) -> None:
+    metrics.ACTIONS.labels(type(action).__name__).inc()
+    if isinstance(action, planner.CreateObject):
+        if await kube.create(action.manifest) and action.event:
+            post_events(body, [action.event], logger)
+    elif isinstance(action, planner.DeletePod):
+        deleted = await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds)
+        if deleted and action.event:
+            post_events(body, [action.event], logger)
+    elif isinstance(action, planner.DeleteService):
+        await kube.delete_service(ref.namespace, action.name)
+    elif isinstance(action, planner.DefaultReplicas):
+        await kube.patch_job_spec(ref.namespace, ref.name, {"replicas": action.replicas})
+    elif isinstance(action, planner.DeleteJob):
+        logger.info("ttlSecondsAfterFinished passed: deleting the job")
+        await kube.delete_job(ref.namespace, ref.name)
+
+
+def post_events(body: kopf.Body, events: list[planner.Event], logger: logging.Logger) -> None:
+    for event in events:
+        log = logger.warning if event.type == "Warning" else logger.info
+        log(f"{event.reason}: {event.message}")
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)

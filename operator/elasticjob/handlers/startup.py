@@ -1,0 +1,39 @@
+"""All process-wide settings in one place, and the clients kept in memo."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kopf
+
+from elasticjob import k8s
+from elasticjob.models import GROUP
+from elasticjob.wakeups import Wakeups
+
+API_THREADS = 32
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    # Annotations, not status: the CRD's structural schema would prune kopf's status fields.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.INFO
+    # Reconnect watches every few minutes, so a silently broken connection cannot stall the operator.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(API_THREADS, "kube-api"))
+    memo.kube = k8s.Kube(k8s.api_client())
+    memo.wakeups = Wakeups()
+    logger.info("elasticjob operator started")
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "kube", None) is not None:
+        memo.kube.close()

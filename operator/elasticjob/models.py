@@ -1,0 +1,180 @@
+"""The ElasticJob API: pydantic models are the one source of truth.
+
+The CRD schema in crds/ and the chart is generated from these classes (see crd.py); a test fails when they drift.
+The v1alpha1 spec only grows by optional fields: kopf has no conversion webhooks.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "elasticjob.dev"
+VERSION = "v1alpha1"
+KIND = "ElasticJob"
+PLURAL = "elasticjobs"
+SINGULAR = "elasticjob"
+SHORT_NAMES = ["ej"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# The most nodes one job may ask for; it also bounds the cost of the CEL rules.
+MAX_NODES = 1024
+MAX_FAILURES_KEPT = 10
+
+
+class Model(BaseModel):
+    """camelCase on the wire, snake_case in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class RendezvousSpec(Model):
+    """The per-job c10d rendezvous store and the agents' rendezvous timeouts.
+
+    Defaults come from measurements (shared notes): torch's own 30 s last call dominates start-up whenever
+    fewer than max nodes run, and 2 s x 3 keep-alives recover from a lost node in ~9 s where 1 s x 2 caused
+    split brain under CPU load.
+    """
+
+    port: int = Field(29400, ge=1, le=65535, description="Port of the rendezvous Service and store.")
+    image: str | None = Field(None, description="Image of the rendezvous pod; defaults to the worker image "
+                              "(it must hold the same torch version as the agents).")
+    join_timeout_seconds: int = Field(600, ge=1, le=86400,
+                                      description="How long agents wait for minReplicas nodes to join.")
+    last_call_timeout_seconds: int = Field(3, ge=0, le=3600, description="Extra wait for more nodes once "
+                                           "minReplicas have joined (torch's default 30 s slows every start).")
+    close_timeout_seconds: int = Field(10, ge=1, le=3600)
+    keep_alive_interval_seconds: int = Field(2, ge=1, le=600, description="Agent heartbeat interval; with "
+                                             "keepAliveMaxAttempts it sets how fast a lost node is noticed.")
+    keep_alive_max_attempts: int = Field(3, ge=2, le=100, description="Missed heartbeats before a node is "
+                                         "declared dead (below 2 risks split brain under load).")
+    read_timeout_seconds: int = Field(60, ge=5, le=3600, description="Timeout of rendezvous store operations.")
+
+
+class FailurePolicy(Model):
+    fatal_exit_codes: list[int] = Field(default_factory=list, max_length=64, description=(
+        "Worker exit codes that fail the job at once (no pod is replaced), e.g. a configuration error. "
+        "Other non-zero exits restart the group within maxRestarts."))
+    count_infrastructure_failures: bool = Field(False, description=(
+        "Whether evictions, preemptions and lost nodes consume maxRestarts (by default they are recorded "
+        "but not charged to the job)."))
+
+
+class CleanPodPolicy(StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class RunPolicy(Model):
+    suspend: bool = Field(False, description="Delete all pods and keep the job; resume by setting false.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job once it has been "
+                                                "running this long.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long "
+                                                   "after it succeeded or failed.")
+    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Which pods to delete when "
+                                             "the job finishes: All, Running (default) or None.")
+
+
+class WatchdogSpec(Model):
+    """torch elastic expiration timers: a rank that blocks past its deadline is killed by its agent."""
+
+    enabled: bool = False
+    step_timeout_seconds: int = Field(300, ge=1, le=86400, description="Deadline the training script passes "
+                                      "to torch.distributed.elastic.timer.expires (env ELASTICJOB_STEP_TIMEOUT_SECONDS).")
+
+
+class ElasticJobSpec(Model):
+    min_replicas: int = Field(1, ge=1, le=MAX_NODES, description="Fewest nodes (pods) training runs with.")
+    max_replicas: int = Field(ge=1, le=MAX_NODES, description="Most nodes (pods) training runs with.")
+    replicas: int | None = Field(None, ge=1, le=MAX_NODES, description="Desired nodes; defaults to "
+                                 "maxReplicas. kubectl scale and HPAs set it through the scale subresource.")
+    nproc_per_node: int | Literal["auto"] = Field("auto", description="Worker processes per pod: an integer, "
+                                                  "or auto = the GPUs the worker container requests, else 1.")
+    max_restarts: int = Field(3, ge=0, le=10000, description="How often the worker group may be restarted "
+                              "after failures before the job fails.")
+    checkpoint_dir: str | None = Field(None, description="Passed to workers as ELASTICJOB_CHECKPOINT_DIR; "
+                                       "mount shared storage there in the template.")
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
+    template: dict[str, Any] = Field(description="Pod template of a worker (a PodTemplateSpec). Its container "
+                                     "named 'worker' (or the first) runs torchrun.")
+
+    @property
+    def desired_replicas(self) -> int:
+        return self.replicas if self.replicas is not None else self.max_replicas
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class FailureRecord(Model):
+    """One worker pod that ended badly, as the operator saw it."""
+
+    pod: str
+    uid: str
+    replica_index: int | None = None
+    exit_code: int | None = Field(None, description="The worker's exit code when the agent reported it, "
+                                  "else the container's.")
+    reason: str = Field(description="Error, OOMKilled, Killed, Evicted, Preempted, NodeLost, RendezvousLost, "
+                        "FatalExitCode, MaxRestartsExceeded.")
+    message: str = ""
+    charged: bool = Field(True, description="Whether it consumed the restart budget.")
+    time: str | None = None
+
+
+class RendezvousStatus(Model):
+    endpoint: str | None = Field(None, description="ClusterIP:port the agents rendezvous at.")
+    run_id: str | None = None
+    pod: str | None = None
+    ready: bool = False
+    restarts: int = Field(0, description="Times the rendezvous pod was lost and recreated.")
+    last_lost_time: str | None = None
+
+
+class ElasticJobStatus(Model):
+    phase: Phase = Phase.PENDING
+    reason: str | None = None
+    message: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int = Field(0, description="Worker pods that exist and are not terminating.")
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+    restarts: int = Field(0, description="Worker-group restarts charged to maxRestarts; failures seen "
+                          "together count once.")
+    infrastructure_failures: int = Field(0, description="Pods lost to evictions, preemptions and lost "
+                                         "nodes (not charged unless failurePolicy says so).")
+    last_failures: list[FailureRecord] = Field(default_factory=list)
+    last_restart_time: str | None = None
+    rendezvous: RendezvousStatus = Field(default_factory=RendezvousStatus)
+    start_time: str | None = None
+    completion_time: str | None = None
+    observed_generation: int | None = None
+    selector: str | None = Field(None, description="Label selector of the worker pods (scale subresource).")

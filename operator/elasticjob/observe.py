@@ -1,0 +1,122 @@
+"""Pure views of observed pods and services: the few facts the planner decides on."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from elasticjob import naming
+
+# Pod-level reasons that mean "not the job's fault".
+DISRUPTION_REASONS = {
+    "Evicted": "Evicted",
+    "Preempting": "Preempted",
+    "NodeLost": "NodeLost",
+    "NodeShutdown": "NodeLost",
+    "Terminated": "NodeLost",
+    "EvictionByEvictionAPI": "Evicted",
+    "PreemptionByScheduler": "Preempted",
+    "DeletionByTaintManager": "NodeLost",
+    "DeletionByPodGC": "NodeLost",
+    "TerminationByKubelet": "Evicted",
+}
+_EXITCODE = re.compile(r"exitcode\W+(-?\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    role: str
+    index: int | None
+    phase: str
+    ready: bool = False
+    deleting: bool = False
+    deletion_time: datetime | None = None
+    node: str | None = None
+    unschedulable: str | None = None
+    exit_code: int | None = None
+    worker_exit_code: int | None = None
+    agent_gave_up: bool = False
+    reason: str | None = None
+    message: str = ""
+    disruption: str | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        """Running or about to: counts towards the group."""
+        return self.phase in ("Pending", "Running", "Unknown") and not self.deleting
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    name: str
+    cluster_ip: str | None
+
+
+def parse_time(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _main_container_status(status: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    statuses = status.get("containerStatuses") or []
+    wanted = naming.WORKER_CONTAINER if role == naming.ROLE_WORKER else naming.RENDEZVOUS_CONTAINER
+    return next((s for s in statuses if s.get("name") == wanted), statuses[0] if statuses else {})
+
+
+def _disruption(status: Mapping[str, Any]) -> str | None:
+    target = _condition(status, "DisruptionTarget")
+    if target.get("status") == "True":
+        return DISRUPTION_REASONS.get(target.get("reason", ""), "Evicted")
+    return DISRUPTION_REASONS.get(status.get("reason") or "")
+
+
+def parse_agent_message(message: str) -> tuple[bool, int | None]:
+    """torchrun's error file (our termination message) says ChildFailedError and the worker's exit code."""
+    gave_up = "ChildFailedError" in message or "childfailederror" in message.lower()
+    match = _EXITCODE.search(message)
+    return gave_up, int(match.group(1)) if match else None
+
+
+def observe_pod(body: Mapping[str, Any]) -> PodView:
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    labels = meta.get("labels") or {}
+    role = labels.get(naming.ROLE_LABEL, "")
+    index = labels.get(naming.INDEX_LABEL)
+    terminated = (_main_container_status(status, role).get("state") or {}).get("terminated") or {}
+    message = terminated.get("message") or ""
+    gave_up, worker_exit = parse_agent_message(message) if terminated else (False, None)
+    scheduled = _condition(status, "PodScheduled")
+    return PodView(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        role=role,
+        index=int(index) if index is not None and str(index).isdigit() else None,
+        phase=status.get("phase") or "Pending",
+        ready=_condition(status, "Ready").get("status") == "True",
+        deleting=meta.get("deletionTimestamp") is not None,
+        deletion_time=parse_time(meta.get("deletionTimestamp")),
+        node=(body.get("spec") or {}).get("nodeName"),
+        unschedulable=scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None,
+        exit_code=terminated.get("exitCode"),
+        worker_exit_code=worker_exit if worker_exit is not None else terminated.get("exitCode"),
+        agent_gave_up=gave_up,
+        reason=terminated.get("reason") or status.get("reason"),
+        message=message or status.get("message") or "",
+        disruption=_disruption(status),
+        finished_at=parse_time(terminated.get("finishedAt")),
+    )
+
+
+def observe_service(body: Mapping[str, Any]) -> ServiceView:
+    ip = (body.get("spec") or {}).get("clusterIP")
+    return ServiceView(name=(body.get("metadata") or {}).get("name", ""), cluster_ip=ip if ip not in ("", "None") else None)

@@ -1,0 +1,288 @@
+"""The operator against a real kube-apiserver, scheduler and controller-manager (the local cluster).
+
+Worker containers here run cheap commands, not training: these tests are about the objects the operator
+manages. Real torchrun training is in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
+SLEEP = ["python", "-c", "import time; time.sleep(3600)"]
+
+
+def job_manifest(name: str, command=SLEEP, **spec) -> dict:
+    container = {"name": "worker", "image": "trainer:test", "command": command,
+                 "resources": spec.pop("resources", {"requests": {"cpu": "100m"}})}
+    body = {"minReplicas": 1, "maxReplicas": 3, "replicas": 2, "maxRestarts": 2,
+            "template": {"spec": {"terminationGracePeriodSeconds": 3, "containers": [container]}}}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "metadata": {"name": name},
+            "spec": {**body, **spec}}
+
+
+@pytest.fixture
+def api(kube):
+    return client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+
+
+def create(api, namespace, manifest):
+    return api[0].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+
+
+def get_job(api, namespace, name):
+    return api[0].get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def pods(api, namespace, role="worker"):
+    found = api[1].list_namespaced_pod(namespace, label_selector=f"elasticjob.dev/role={role}").items
+    return sorted((p for p in found if p.metadata.deletion_timestamp is None), key=lambda p: p.metadata.name)
+
+
+def status_of(api, namespace, name):
+    return get_job(api, namespace, name).get("status") or {}
+
+
+def wait_phase(api, namespace, name, phase, timeout=60, reason=None):
+    def matches(status):
+        return status.get("phase") == phase and (reason is None or status.get("reason") == reason)
+    return wait_for(lambda: status_of(api, namespace, name), timeout, f"{name} in phase {phase}/{reason}",
+                    until=matches)
+
+
+def wait_pods(api, namespace, count, timeout=60, running=True):
+    def ok(found):
+        live = [p for p in found if not running or p.status.phase == "Running"]
+        return len(live) == count and len(found) == count
+    return wait_for(lambda: pods(api, namespace), timeout, f"{count} worker pods", until=ok)
+
+
+# --- what the API server itself rejects ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"minReplicas": 3, "maxReplicas": 2, "replicas": 2}, "minReplicas must be less than or equal to maxReplicas"),
+    ({"replicas": 5}, "replicas must be between minReplicas and maxReplicas"),
+    ({"minReplicas": 0}, "spec.minReplicas"),
+    ({"nprocPerNode": "all"}, "nprocPerNode must be a positive integer or 'auto'"),
+    ({"failurePolicy": {"fatalExitCodes": [300]}}, "fatalExitCodes must be between 1 and 255"),
+    ({"template": {"spec": {"containers": []}}}, "spec.template.spec.containers"),
+    ({"rendezvous": {"keepAliveMaxAttempts": 1}}, "keepAliveMaxAttempts"),
+])
+def test_the_api_server_rejects_invalid_specs(api, namespace, crds_installed, change, message):
+    with pytest.raises(ApiException) as err:
+        create(api, namespace, job_manifest("bad", **change))
+    assert err.value.status == 422 and message in err.value.body
+
+
+def test_the_api_server_fills_in_defaults(api, namespace, crds_installed):
+    manifest = job_manifest("defaults")
+    del manifest["spec"]["maxRestarts"]
+    spec = create(api, namespace, manifest)["spec"]
+    assert spec["maxRestarts"] == 3 and spec["nprocPerNode"] == "auto"
+    assert spec["rendezvous"]["port"] == 29400 and spec["rendezvous"]["lastCallTimeoutSeconds"] == 3
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+
+
+# --- the operator ----------------------------------------------------------------------------------------
+
+
+def test_create_runs_rendezvous_then_workers_with_the_service_ip(api, namespace, operator):
+    create(api, namespace, job_manifest("train"))
+    status = wait_phase(api, namespace, "train", "Running")
+    service = api[1].read_namespaced_service("train-rdzv", namespace)
+    assert status["rendezvous"]["endpoint"] == f"{service.spec.cluster_ip}:29400"
+    workers = wait_pods(api, namespace, 2)
+    assert [p.metadata.name for p in workers] == ["train-worker-0", "train-worker-1"]
+    env = {e.name: e.value for e in workers[0].spec.containers[0].env}
+    assert env["PET_RDZV_ENDPOINT"] == status["rendezvous"]["endpoint"]
+    assert env["PET_RDZV_ID"] == get_job(api, namespace, "train")["metadata"]["uid"]
+    assert workers[0].metadata.owner_references[0].kind == "ElasticJob"
+    rdzv = pods(api, namespace, "rendezvous")
+    assert len(rdzv) == 1 and rdzv[0].status.container_statuses[0].ready
+    # Status a person reads: printer columns, conditions, events.
+    wait_for(lambda: status_of(api, namespace, "train"), 30, "readyReplicas 2",
+             until=lambda s: s.get("readyReplicas") == 2)
+    conditions = {c["type"]: c["status"] for c in status_of(api, namespace, "train")["conditions"]}
+    assert conditions["Running"] == "True" and conditions["RendezvousReady"] == "True"
+    events = wait_for(lambda: api[1].list_namespaced_event(namespace).items, 30, "CreatedWorker events",
+                      until=lambda evs: sum(e.reason == "CreatedWorker" for e in evs) == 2)
+    assert all(e.involved_object.kind == "ElasticJob" for e in events if e.reason == "CreatedWorker")
+
+
+def test_scale_subresource_adds_and_removes_the_highest_index(api, namespace, operator):
+    create(api, namespace, job_manifest("train"))
+    wait_pods(api, namespace, 2)
+    scale = api[0].get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "train")
+    assert scale["spec"]["replicas"] == 2 and "elasticjob.dev/job-name=train" in scale["status"]["selector"]
+    api[0].patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "train",
+                                                {"spec": {"replicas": 3}})
+    wait_pods(api, namespace, 3)
+    api[0].patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "train",
+                                                {"spec": {"replicas": 1}})
+    remaining = wait_pods(api, namespace, 1)
+    assert remaining[0].metadata.name == "train-worker-0"
+    with pytest.raises(ApiException) as err:
+        api[0].patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "train",
+                                                    {"spec": {"replicas": 9}})
+    assert err.value.status == 422
+
+
+def test_a_killed_worker_is_replaced_and_counted_once(api, namespace, operator, cluster):
+    if cluster.kind != "local":
+        pytest.skip("needs the local cluster's fault injection")
+    from localcluster import faults
+
+    create(api, namespace, job_manifest("train"))
+    before = wait_pods(api, namespace, 2)
+    assert faults.kill_pod(namespace, "train-worker-1", signal.SIGKILL, ROOT / ".localcluster") == 1
+    status = wait_for(lambda: status_of(api, namespace, "train"), 60, "the failure on record",
+                      until=lambda s: s.get("restarts") == 1 and s.get("lastFailures"))
+    failure = status["lastFailures"][0]
+    assert (failure["pod"], failure["exitCode"], failure["reason"]) == ("train-worker-1", 137, "Killed")
+    after = wait_for(lambda: pods(api, namespace), 60, "a new train-worker-1",
+                     until=lambda ps: len(ps) == 2 and ps[1].metadata.uid != before[1].metadata.uid
+                     and ps[1].status.phase == "Running")
+    env = {e.name: e.value for e in after[1].spec.containers[0].env}
+    assert env["PET_MAX_RESTARTS"] == "1"  # the remaining budget
+    wait_phase(api, namespace, "train", "Running")
+    assert status_of(api, namespace, "train")["restarts"] == 1
+
+
+def test_failures_beyond_max_restarts_fail_the_job(api, namespace, operator):
+    create(api, namespace, job_manifest("train", command=["python", "-c", "import sys; sys.exit(3)"],
+                                        replicas=1, maxRestarts=1))
+    status = wait_phase(api, namespace, "train", "Failed", timeout=90)
+    assert status["reason"] == "MaxRestartsExceeded"
+    assert "exit code 3" in status["message"] and "maxRestarts=1" in status["message"]
+    assert status["restarts"] == 2
+    wait_for(lambda: pods(api, namespace, "rendezvous"), 30, "the store to be stopped", until=lambda p: not p)
+
+
+def test_success_only_after_every_worker_exited_zero(api, namespace, operator):
+    # worker-0 finishes at once, worker-1 only when a file appears: the job must wait for it.
+    gate = f"/tmp/elasticjob-it-{namespace}"
+    command = ["python", "-c", f"import os,time,sys\nif os.environ['POD_NAME'].endswith('-1'):\n"
+                               f"    while not os.path.exists({gate!r}): time.sleep(0.2)\nsys.exit(0)"]
+    create(api, namespace, job_manifest("train", command=command))
+    wait_for(lambda: status_of(api, namespace, "train"), 60, "Completing while worker-1 runs",
+             until=lambda s: s.get("reason") == "Completing")
+    assert status_of(api, namespace, "train")["phase"] == "Running"
+    Path(gate).write_text("go")
+    try:
+        status = wait_phase(api, namespace, "train", "Succeeded", timeout=60)
+    finally:
+        Path(gate).unlink(missing_ok=True)
+    assert status["completionTime"] and status["restarts"] == 0
+    wait_for(lambda: api[1].list_namespaced_service(namespace).items, 30, "the rendezvous Service removed",
+             until=lambda svcs: not svcs)
+
+
+def test_invalid_template_fails_with_invalid_spec_and_no_pods(api, namespace, operator):
+    manifest = job_manifest("train")
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "PET_NNODES", "value": "9"}]
+    create(api, namespace, manifest)
+    status = wait_phase(api, namespace, "train", "Failed", reason="InvalidSpec")
+    assert "PET_NNODES" in status["message"]
+    assert pods(api, namespace) == []
+
+
+def test_template_rejected_by_the_api_server_fails_with_its_message(api, namespace, operator):
+    manifest = job_manifest("train")
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "lots"}}
+    create(api, namespace, manifest)
+    status = wait_phase(api, namespace, "train", "Failed", reason="InvalidSpec")
+    assert "rejected" in status["message"] and "cpu" in status["message"]
+
+
+def test_deleting_the_job_garbage_collects_its_pods(api, namespace, operator):
+    create(api, namespace, job_manifest("train"))
+    wait_pods(api, namespace, 2)
+    api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")
+    wait_for(lambda: api[1].list_namespaced_pod(namespace).items, 90, "every owned pod gone",
+             until=lambda items: not items)
+    wait_for(lambda: api[1].list_namespaced_service(namespace).items, 30, "the Service gone",
+             until=lambda items: not items)
+
+
+def test_restarting_the_operator_neither_duplicates_nor_loses_pods(api, namespace, operator_factory):
+    first = operator_factory()
+    create(api, namespace, job_manifest("train", replicas=3))
+    before = wait_pods(api, namespace, 3)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    first.check_log = False
+    first.exit_code = 0
+    operator_factory()
+    status = wait_phase(api, namespace, "train", "Running")
+    after = pods(api, namespace)
+    assert [p.metadata.uid for p in after] == [p.metadata.uid for p in before]
+    assert status["restarts"] == 0
+
+
+def test_suspend_stops_pods_and_resume_restarts_them(api, namespace, operator):
+    create(api, namespace, job_manifest("train"))
+    wait_pods(api, namespace, 2)
+    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train",
+                                          {"spec": {"runPolicy": {"suspend": True}}})
+    wait_phase(api, namespace, "train", "Suspended")
+    wait_for(lambda: api[1].list_namespaced_pod(namespace).items, 60, "no pods while suspended",
+             until=lambda items: not items)
+    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train",
+                                          {"spec": {"runPolicy": {"suspend": False}}})
+    wait_pods(api, namespace, 2)
+    wait_phase(api, namespace, "train", "Running")
+
+
+def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears(api, namespace, operator,
+                                                                                cluster):
+    if cluster.kind != "local":
+        pytest.skip("sizes requests to the local cluster's nodes")
+    nodes = api[1].list_node().items
+    node_cpu = min(int(n.status.allocatable["cpu"]) for n in nodes)
+    big = {"requests": {"cpu": str(node_cpu - 1)}}
+    # A blocker takes one node's worth of CPU per node but one, so only len(nodes) - 1 big workers fit.
+    blockers = len(nodes) - (len(nodes) - 1)
+    for i in range(blockers):
+        api[1].create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod",
+                                                 "metadata": {"name": f"blocker-{i}"},
+                                                 "spec": {"containers": [{"name": "c", "image": "x",
+                                                                          "command": SLEEP,
+                                                                          "resources": big}],
+                                                          "terminationGracePeriodSeconds": 1}})
+    wait_for(lambda: api[1].read_namespaced_pod("blocker-0", namespace).status.phase, 60, "blocker running",
+             until=lambda phase: phase == "Running")
+    create(api, namespace, job_manifest("train", replicas=len(nodes), maxReplicas=len(nodes),
+                                        minReplicas=len(nodes) - 1, resources=big))
+    status = wait_for(lambda: status_of(api, namespace, "train"), 90, "running short of one worker",
+                      until=lambda s: s.get("phase") == "Running" and "unschedulable" in (s.get("message") or ""))
+    assert status["readyReplicas"] == len(nodes) - 1
+    api[1].delete_namespaced_pod("blocker-0", namespace, grace_period_seconds=0)
+    wait_for(lambda: status_of(api, namespace, "train"), 90, "all workers ready once capacity appears",
+             until=lambda s: s.get("readyReplicas") == len(nodes))
+
+
+def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):
+    import subprocess
+
+    create(api, namespace, job_manifest("train"))
+    wait_phase(api, namespace, "train", "Running")
+    out = wait_for(lambda: subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "ej", "-n",
+                                           namespace], capture_output=True, text=True, check=True).stdout,
+                   30, "kubectl get ej to show 2 ready", until=lambda text: " 2 " in text.splitlines()[-1])
+    header = out.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "AGE"]
+    assert out.splitlines()[1].split()[:7] == ["train", "Running", "2", "2", "1", "3", "0"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))

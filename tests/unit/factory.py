@@ -1,0 +1,65 @@
+"""Jobs and observed pods as plain data, for the planner's table tests."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from elasticjob import naming, planner
+from elasticjob.builders import JobRef
+from elasticjob.models import ElasticJobSpec, ElasticJobStatus
+from elasticjob.observe import PodView, ServiceView
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+UID = "0b7c6a52-1111-2222-3333-444455556666"
+SERVICE = ServiceView(name="train-rdzv", cluster_ip="10.96.0.42")
+
+
+def template(**container: Any) -> dict[str, Any]:
+    base = {"name": "worker", "image": "trainer:1", "command": ["torchrun", "train.py"]}
+    return {"spec": {"containers": [{**base, **container}]}}
+
+
+def spec(**fields: Any) -> ElasticJobSpec:
+    data = {"minReplicas": 1, "maxReplicas": 3, "replicas": 2, "maxRestarts": 3, "template": template()}
+    return ElasticJobSpec.model_validate({**data, **fields})
+
+
+def job(status: dict[str, Any] | None = None, generation: int = 1, **fields: Any) -> planner.Job:
+    return planner.Job(ref=JobRef(namespace="ml", name="train", uid=UID, spec=spec(**fields)),
+                       generation=generation, status=ElasticJobStatus.model_validate(status or {}))
+
+
+def running_status(**extra: Any) -> dict[str, Any]:
+    base = {"phase": "Running", "reason": "Running", "startTime": "2026-01-01T11:00:00Z",
+            "rendezvous": {"ready": True, "endpoint": "10.96.0.42:29400"}}
+    return {**base, **extra}
+
+
+def worker(index: int, phase: str = "Running", **fields: Any) -> PodView:
+    defaults = dict(name=naming.worker_pod_name("train", index), uid=f"uid-w{index}", role=naming.ROLE_WORKER,
+                    index=index, phase=phase, ready=phase == "Running", node="node-a")
+    return PodView(**{**defaults, **fields})
+
+
+def failed(index: int, exit_code: int = 1, ago: float = 1.0, **fields: Any) -> PodView:
+    return worker(index, "Failed", exit_code=exit_code, worker_exit_code=fields.pop("worker_exit_code", exit_code),
+                  reason=fields.pop("reason", "Error"), finished_at=NOW - timedelta(seconds=ago), **fields)
+
+
+def rdzv(ready: bool = True, phase: str = "Running", **fields: Any) -> PodView:
+    return PodView(**{**dict(name="train-rdzv", uid="uid-r", role=naming.ROLE_RENDEZVOUS, index=None,
+                             phase=phase, ready=ready), **fields})
+
+
+def creates(result: planner.Plan, kind: str = "Pod") -> list[str]:
+    return sorted(a.manifest["metadata"]["name"] for a in result.actions
+                  if isinstance(a, planner.CreateObject) and a.manifest["kind"] == kind)
+
+
+def deletes(result: planner.Plan) -> list[tuple[str, int | None]]:
+    return sorted((a.name, a.grace_seconds) for a in result.actions if isinstance(a, planner.DeletePod))
+
+
+def condition(result: planner.Plan, kind: str) -> str | None:
+    return next((c.status for c in result.status.conditions if c.type == kind), None)
