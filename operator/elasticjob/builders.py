@@ -15,14 +15,17 @@ RENDEZVOUS_SCRIPT = r'''
 import os, signal, sys
 from datetime import timedelta
 import torch.distributed as dist
+# Blocked before the store's threads start, so that only sigwait below sees them (exit 0, not 143).
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 port = int(os.environ["ELASTICJOB_RDZV_PORT"])
+# Listens on every address whatever the host; the host is where the store's own client connects.
 # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
 store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                       timeout=timedelta(seconds=int(os.environ.get("ELASTICJOB_RDZV_READ_TIMEOUT", "60"))))
 print(f"elasticjob rendezvous store listening on port {port}", flush=True)
 signal.sigwait({signal.SIGTERM, signal.SIGINT})
 print("elasticjob rendezvous store stopping", flush=True)
-sys.exit(0)
+os._exit(0)  # the store's server thread is C++; skip its destructor
 '''
 
 
@@ -62,12 +65,13 @@ def _node_lost_tolerations(existing: list[dict[str, Any]]) -> list[dict[str, Any
     return existing + added
 
 
-def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int) -> dict[str, Any]:
+def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int, generation: int = 0) -> dict[str, Any]:
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
     container = spec["containers"][worker_container_index(template)]
-    container.setdefault("terminationMessagePath", torchrun.TERMINATION_LOG)
+    # torchrun writes no error file when a worker just exits non-zero, but its last log lines name the
+    # worker's exit code (the "Root Cause" block): the log tail becomes the termination message.
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     container["env"] = list(container.get("env") or []) + torchrun.agent_env(
         job_name=job.name, run_id=job.uid, spec=job.spec, container=container, endpoint=endpoint,
@@ -84,7 +88,8 @@ def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int) -> d
             "namespace": job.namespace,
             "labels": {**(meta.get("labels") or {}), **naming.worker_labels(job.name, index)},
             "annotations": {**(meta.get("annotations") or {}),
-                            naming.RESTART_BUDGET_ANNOTATION: str(restart_budget)},
+                            naming.RESTART_BUDGET_ANNOTATION: str(restart_budget),
+                            naming.RESTART_GENERATION_ANNOTATION: str(generation)},
             "ownerReferences": [owner_reference(job)],
         },
         "spec": spec,

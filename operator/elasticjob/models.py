@@ -47,7 +47,7 @@ class RendezvousSpec(Model):
                               "(it must hold the same torch version as the agents).")
     join_timeout_seconds: int = Field(600, ge=1, le=86400,
                                       description="How long agents wait for minReplicas nodes to join.")
-    last_call_timeout_seconds: int = Field(3, ge=0, le=3600, description="Extra wait for more nodes once "
+    last_call_timeout_seconds: int = Field(2, ge=0, le=3600, description="Extra wait for more nodes once "
                                            "minReplicas have joined (torch's default 30 s slows every start).")
     close_timeout_seconds: int = Field(10, ge=1, le=3600)
     keep_alive_interval_seconds: int = Field(2, ge=1, le=600, description="Agent heartbeat interval; with "

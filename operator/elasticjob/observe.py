@@ -22,7 +22,11 @@ DISRUPTION_REASONS = {
     "DeletionByPodGC": "NodeLost",
     "TerminationByKubelet": "Evicted",
 }
-_EXITCODE = re.compile(r"exitcode\W+(-?\d+)", re.IGNORECASE)
+# torchrun's log: "failed (exitcode: 3) local_rank: 0" per failure and "exitcode  : 3 (pid: 18)" in the
+# Root Cause block it prints when it gives up; the last one is the final failure.
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)", re.IGNORECASE)
+# The agent lost its rendezvous store (not the training's fault).
+_STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError")
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,12 @@ class PodView:
     exit_code: int | None = None
     worker_exit_code: int | None = None
     agent_gave_up: bool = False
+    store_lost: bool = False
     reason: str | None = None
     message: str = ""
     disruption: str | None = None
     finished_at: datetime | None = None
+    generation: int | None = None
 
     @property
     def active(self) -> bool:
@@ -81,10 +87,15 @@ def _disruption(status: Mapping[str, Any]) -> str | None:
 
 
 def parse_agent_message(message: str) -> tuple[bool, int | None]:
-    """torchrun's error file (our termination message) says ChildFailedError and the worker's exit code."""
-    gave_up = "ChildFailedError" in message or "childfailederror" in message.lower()
-    match = _EXITCODE.search(message)
-    return gave_up, int(match.group(1)) if match else None
+    """From torchrun's last log lines (the termination message): did it give up on its workers
+    (ChildFailedError, after its restarts were used up), and with which worker exit code."""
+    gave_up = "ChildFailedError" in message
+    codes = _EXITCODE.findall(message)
+    return gave_up, int(codes[-1]) if codes else None
+
+
+def lost_store(message: str) -> bool:
+    return any(marker in message for marker in _STORE_LOST)
 
 
 def observe_pod(body: Mapping[str, Any]) -> PodView:
@@ -110,11 +121,17 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         exit_code=terminated.get("exitCode"),
         worker_exit_code=worker_exit if worker_exit is not None else terminated.get("exitCode"),
         agent_gave_up=gave_up,
+        store_lost=lost_store(message),
         reason=terminated.get("reason") or status.get("reason"),
         message=message or status.get("message") or "",
         disruption=_disruption(status),
         finished_at=parse_time(terminated.get("finishedAt")),
+        generation=_int(meta.get("annotations", {}).get(naming.RESTART_GENERATION_ANNOTATION)),
     )
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if value is not None and str(value).isdigit() else None
 
 
 def observe_service(body: Mapping[str, Any]) -> ServiceView:

@@ -260,17 +260,30 @@ def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime) ->
     policy = job.ref.spec.failure_policy
     if pod.disruption:
         return pod.disruption, policy.count_infrastructure_failures
+    if pod.store_lost or rendezvous_just_lost(pod, job, status, now):
+        return "RendezvousLost", False
     if pod.worker_exit_code in policy.fatal_exit_codes:
         return "FatalExitCode", True
     if pod.agent_gave_up:
         return "MaxRestartsExceeded", True
-    lost = since(status.rendezvous.last_lost_time, pod.finished_at or now)
-    window = timedelta(seconds=job.ref.spec.rendezvous.read_timeout_seconds) + INCIDENT_WINDOW
-    if lost is not None and timedelta(0) <= lost <= window:
-        return "RendezvousLost", False
     if pod.exit_code is not None and pod.exit_code >= 128:
         return "Killed", True
     return pod.reason or "Error", True
+
+
+def rendezvous_just_lost(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime) -> bool:
+    """Agents exit about a second after their store goes away; failures that close to it are its doing."""
+    lost = since(status.rendezvous.last_lost_time, pod.finished_at or now)
+    return lost is not None and -INCIDENT_WINDOW <= lost <= INCIDENT_WINDOW
+
+
+def same_incident(pod: PodView, status: ElasticJobStatus, finished: datetime) -> bool:
+    """A pod that predates the last restart and failed right around it went down with that restart;
+    a replacement started after it, or a failure long after it, is a new restart."""
+    if pod.generation is not None and pod.generation >= status.restarts:
+        return False
+    last = since(status.last_restart_time, finished)
+    return last is not None and abs(last) <= INCIDENT_WINDOW
 
 
 def describe(pod: PodView) -> str:
@@ -320,8 +333,7 @@ def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: boo
         status.infrastructure_failures += 1
         plan.warn(reason, f"{text}; replacing it (not charged to maxRestarts)")
         return
-    last = since(status.last_restart_time, finished)
-    if last is None or last > INCIDENT_WINDOW:
+    if not same_incident(pod, status, finished):
         status.restarts += 1
         status.last_restart_time = stamp(finished)
     if status.restarts > spec.max_restarts:
@@ -381,7 +393,8 @@ def scale(plan: Plan, job: Job, workers: list[PodView], service: ServiceView | N
     missing = [i for i in range(desired) if i not in existing]
     budget = restart_budget(plan, job)
     for index in missing:
-        plan.act(CreateObject(builders.worker_pod(job.ref, index, endpoint, budget), Event(
+        pod = builders.worker_pod(job.ref, index, endpoint, budget, plan.status.restarts)
+        plan.act(CreateObject(pod, Event(
             "Normal", "CreatedWorker", f"created worker pod {naming.worker_pod_name(job.ref.name, index)} "
             f"(torchrun restart budget {budget})")))
 

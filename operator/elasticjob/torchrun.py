@@ -7,13 +7,12 @@ from typing import Any
 from elasticjob.models import ElasticJobSpec
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-TERMINATION_LOG = "/dev/termination-log"
 
 # Set by the operator or by the agent itself; a user value would silently fight ours.
 RESERVED_ENV = frozenset({
     "PET_NNODES", "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID",
     "PET_RDZV_CONF", "PET_MAX_RESTARTS", "PET_LOCAL_ADDR", "PET_STANDALONE", "PET_NODE_RANK",
-    "PET_MASTER_ADDR", "PET_MASTER_PORT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCHELASTIC_ERROR_FILE",
+    "PET_MASTER_ADDR", "PET_MASTER_PORT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "TORCHELASTIC_ENABLE_FILE_TIMER", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "ELASTICJOB_NAME", "ELASTICJOB_CHECKPOINT_DIR",
     "ELASTICJOB_STEP_TIMEOUT_SECONDS",
@@ -68,9 +67,6 @@ def agent_env(*, job_name: str, run_id: str, spec: ElasticJobSpec, container: di
         {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # With torch's default a node joining a running job waits forever for a MASTER_ADDR key.
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
-        # The agent writes its failure (with the worker's exit code) here; Kubernetes shows it as the
-        # container's termination message, which is how the operator learns why a worker failed.
-        {"name": "TORCHELASTIC_ERROR_FILE", "value": container.get("terminationMessagePath") or TERMINATION_LOG},
         {"name": "ELASTICJOB_NAME", "value": job_name},
     ]
     if spec.checkpoint_dir:

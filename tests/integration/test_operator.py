@@ -89,7 +89,7 @@ def test_the_api_server_fills_in_defaults(api, namespace, crds_installed):
     del manifest["spec"]["maxRestarts"]
     spec = create(api, namespace, manifest)["spec"]
     assert spec["maxRestarts"] == 3 and spec["nprocPerNode"] == "auto"
-    assert spec["rendezvous"]["port"] == 29400 and spec["rendezvous"]["lastCallTimeoutSeconds"] == 3
+    assert spec["rendezvous"]["port"] == 29400 and spec["rendezvous"]["lastCallTimeoutSeconds"] == 2
     assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
 
 

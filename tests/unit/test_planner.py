@@ -325,3 +325,31 @@ def _created(result: planner.Plan, name: str) -> dict:
 
 def test_pod_view_counts_terminating_pods_as_inactive():
     assert not PodView(name="x", uid="u", role="worker", index=0, phase="Running", deleting=True).active
+
+
+def test_agents_that_lost_their_store_are_replaced_without_charge():
+    pods = [rdzv(), failed(0, store_lost=True), failed(1, uid="x", store_lost=True)]
+    result = plan(job(running_status()), pods)
+    assert result.status.restarts == 0 and result.status.phase != "Failed"
+    assert {f.reason for f in result.status.last_failures} == {"RendezvousLost"}
+    assert deletes(result) == [("train-worker-0", 0), ("train-worker-1", 0)]
+
+
+def test_a_replacement_that_fails_at_once_is_a_new_restart():
+    # Restart 1 happened 3 s ago; its replacement (created at generation 1) failed too: restart 2.
+    status = running_status(restarts=1, lastRestartTime="2026-01-01T11:59:57Z")
+    result = plan(job(status), [rdzv(), worker(0, generation=0), failed(1, generation=1)])
+    assert result.status.restarts == 2
+
+
+def test_a_survivor_failing_with_the_last_restart_is_the_same_restart():
+    status = running_status(restarts=1, lastRestartTime="2026-01-01T11:59:57Z")
+    result = plan(job(status), [rdzv(), failed(0, generation=0), worker(1, generation=1)])
+    assert result.status.restarts == 1
+
+
+def test_new_workers_carry_the_restart_generation():
+    status = running_status(restarts=2, lastRestartTime="2026-01-01T11:00:00Z")
+    result = plan(job(status), [rdzv(), worker(0)])
+    annotations = _created(result, "train-worker-1")["metadata"]["annotations"]
+    assert annotations["elasticjob.dev/restart-generation"] == "2"

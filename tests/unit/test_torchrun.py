@@ -22,7 +22,6 @@ def env_of(s, container=None, budget=3):
     ({}, "PET_RDZV_ENDPOINT", "10.96.0.42:29400"),
     ({}, "PET_RDZV_ID", "uid-1"),
     ({}, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),
-    ({}, "TORCHELASTIC_ERROR_FILE", "/dev/termination-log"),
     ({"nprocPerNode": 4}, "PET_NPROC_PER_NODE", "4"),
     ({"nprocPerNode": "auto"}, "PET_NPROC_PER_NODE", "1"),
     ({"checkpointDir": "/ckpt"}, "ELASTICJOB_CHECKPOINT_DIR", "/ckpt"),
@@ -35,7 +34,7 @@ def test_agent_env(fields, key, value):
 
 def test_rendezvous_conf_is_external_and_uses_measured_timeouts():
     conf = dict(pair.split("=") for pair in env_of(spec())["PET_RDZV_CONF"].split(","))
-    assert conf == {"is_host": "false", "join_timeout": "600", "last_call_timeout": "3", "close_timeout": "10",
+    assert conf == {"is_host": "false", "join_timeout": "600", "last_call_timeout": "2", "close_timeout": "10",
                     "keep_alive_interval": "2", "keep_alive_max_attempt": "3", "read_timeout": "60"}
 
 

@@ -1,0 +1,102 @@
+"""Observed pods as the planner sees them, from real pod bodies and real torchrun output."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticjob.observe import observe_pod, observe_service, parse_agent_message
+
+# The tail of a torchrun agent's log after its worker exited 3 on every restart (torch 2.13, measured).
+GAVE_UP = """E1122 23:01:44.105000 18 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 18) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train_ddp.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_23:01:44
+  host      : train-worker-0
+  rank      : 0 (local_rank: 0)
+  exitcode  : 3 (pid: 18)
+  error_file: <N/A>
+============================================================"""
+STORE_LOST = ('{"message": {"message": "RendezvousConnectionError: The connection to the C10d store has failed. '
+              'See inner exception for details.", "extraInfo": {"timestamp": "1795388043"}}}')
+
+
+def pod(phase="Running", terminated=None, **extra):
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    body = {"metadata": {"name": "train-worker-1", "uid": "u1", "labels": {
+                "elasticjob.dev/job-name": "train", "elasticjob.dev/role": "worker",
+                "elasticjob.dev/replica-index": "1"}},
+            "spec": {"nodeName": "node-a"},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": str(phase == "Running")}],
+                       "containerStatuses": [{"name": "worker", "state": state}]}}
+    body["status"].update(extra)
+    return body
+
+
+@pytest.mark.parametrize("message, gave_up, code", [
+    (GAVE_UP, True, 3),
+    ("failed (exitcode: 3) local_rank: 0\nfailed (exitcode: -9) local_rank: 0", False, -9),
+    (STORE_LOST, False, None),
+    ("", False, None),
+])
+def test_parse_agent_message(message, gave_up, code):
+    assert parse_agent_message(message) == (gave_up, code)
+
+
+def test_running_worker():
+    view = observe_pod(pod())
+    assert (view.name, view.role, view.index, view.phase, view.ready, view.node) == (
+        "train-worker-1", "worker", 1, "Running", True, "node-a")
+    assert view.active and view.exit_code is None
+
+
+def test_agent_that_gave_up_reports_the_workers_exit_code():
+    view = observe_pod(pod("Failed", {"exitCode": 1, "reason": "Error", "message": GAVE_UP,
+                                      "finishedAt": "2026-11-22T23:01:45Z"}))
+    assert (view.exit_code, view.worker_exit_code, view.agent_gave_up) == (1, 3, True)
+    assert view.finished_at.isoformat() == "2026-11-22T23:01:45+00:00"
+
+
+def test_killed_pod_keeps_the_container_exit_code():
+    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error"}))
+    assert (view.worker_exit_code, view.agent_gave_up, view.store_lost) == (137, False, False)
+
+
+def test_store_lost():
+    assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).store_lost
+
+
+@pytest.mark.parametrize("extra, disruption", [
+    ({"reason": "Evicted"}, "Evicted"),
+    ({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]},
+     "Preempted"),
+    ({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]},
+     "NodeLost"),
+    ({}, None),
+])
+def test_disruptions(extra, disruption):
+    assert observe_pod(pod("Failed", {"exitCode": 137}, **extra)).disruption == disruption
+
+
+def test_unschedulable():
+    body = pod("Pending")
+    body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                     "message": "0/3 nodes are available: 3 Insufficient cpu."}]
+    assert observe_pod(body).unschedulable == "0/3 nodes are available: 3 Insufficient cpu."
+
+
+def test_terminating():
+    body = pod()
+    body["metadata"]["deletionTimestamp"] = "2026-11-22T23:00:00Z"
+    view = observe_pod(body)
+    assert view.deleting and not view.active
+
+
+def test_service_without_ip():
+    assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "None"}}).cluster_ip is None
+    assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.9"}}).cluster_ip == "10.96.0.9"
