@@ -9,7 +9,7 @@ KUBECONFIG_LOCAL := $(CURDIR)/.localcluster/kubeconfig
 .DEFAULT_GOAL := help
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
 install: $(VENV)/.installed ## Create .venv with the operator, torch (CPU build from $(WHEELS)) and test tools
 
@@ -57,4 +57,16 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit e2e run cluster-up cluster-down bench clean
+.PHONY: help install crds lint test test-unit e2e run cluster-up cluster-down bench clean images chart e2e-kind
+
+images: ## Build the operator and worker images (needs Docker)
+	docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .
+	docker build -f images/worker-cpu.Dockerfile -t elasticjob-worker:cpu $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) .
+	docker build -f images/worker.Dockerfile -t elasticjob-worker:cuda .
+
+chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check schemas, RBAC, docs table, hadolint
+	$(PY) charts/values_table.py
+	$(PY) -m pytest tests/unit/test_chart.py tests/unit/test_chart_docs.py tests/unit/test_images.py -p no:cacheprovider
+
+e2e-kind: $(VENV)/.installed ## kind + images + chart, then every e2e scenario on it (needs Docker; exits 3 without)
+	$(MAKE) e2e E2E_CLUSTER=kind

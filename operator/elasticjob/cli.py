@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import sys
 
 from elasticjob import crd
@@ -21,6 +22,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     run.add_argument("--peering", default=None, metavar="NAME",
                      help="kopf peering object for running several replicas (one is active); default: standalone")
+    run.add_argument("--priority", type=int, default=None,
+                     help="kopf peering priority; default with --peering: random, so exactly one replica is active "
+                          "(kopf pauses every operator that shares the highest priority)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     return parser.parse_args(argv)
@@ -49,8 +53,10 @@ def run_operator(args: argparse.Namespace) -> None:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     clusterwide = args.all_namespaces or not args.namespace
+    priority = args.priority if args.priority is not None else (secrets.randbelow(2**31) + 1 if args.peering else 0)
     kopf.run(clusterwide=clusterwide, namespaces=[] if clusterwide else args.namespace,
-             liveness_endpoint=args.liveness, standalone=args.peering is None, peering_name=args.peering)
+             liveness_endpoint=args.liveness, standalone=args.peering is None, peering_name=args.peering,
+             priority=priority)
 
 
 def main(argv: list[str] | None = None) -> int:

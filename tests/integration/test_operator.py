@@ -201,7 +201,7 @@ def test_template_rejected_by_the_api_server_fails_with_its_message(api, namespa
     manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "lots"}}
     create(api, namespace, manifest)
     status = wait_phase(api, namespace, "train", "Failed", reason="InvalidSpec")
-    assert "rejected" in status["message"] and "cpu" in status["message"]
+    assert "rejected" in status["message"] and "quantities must match" in status["message"]
 
 
 def test_deleting_the_job_garbage_collects_its_pods(api, namespace, operator):

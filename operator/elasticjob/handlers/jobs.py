@@ -4,6 +4,7 @@ pods wake the loop; it also wakes by itself when the plan asks (deadlines, stuck
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from datetime import datetime, timezone
@@ -19,34 +20,35 @@ from elasticjob.observe import PodView, ServiceView
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def job_event(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.wakeups.wake(naming.job_key(namespace, name))
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0)
-async def reconcile_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
-                         job_pods: kopf.Index, job_services: kopf.Index, logger: logging.Logger,
-                         stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def job_event(type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                    job_pods: kopf.Index, job_services: kopf.Index, logger: logging.Logger, **_: Any) -> None:
     key = naming.job_key(namespace, name)
-    try:
-        while not stopped:
-            started = time.monotonic()
-            try:
-                delay = await reconcile(body, memo.kube, list(job_pods.get(key, [])),
-                                        list(job_services.get(key, [])), logger)
-                metrics.RECONCILES.labels("ok").inc()
-            except k8s.KubeError as exc:
-                logger.warning(f"reconcile failed, retrying: {exc}")
-                metrics.RECONCILES.labels("error").inc()
-                delay = 5.0
-            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            await memo.wakeups.wait(key, delay)
-    finally:
-        memo.wakeups.forget(key)
+    if type == "DELETED":
+        await memo.loops.forget(key)
         metrics.forget_job(namespace, name)
+        return
+    reconcile_job = functools.partial(reconcile_timed, kube=memo.kube, key=key, job_pods=job_pods,
+                                      job_services=job_services, logger=logger)
+    memo.loops.observe(key, dict(body), reconcile_job, logger)
 
 
-async def reconcile(body: kopf.Body, kube: k8s.Kube, pods: list[PodView], services: list[ServiceView],
+async def reconcile_timed(body: dict[str, Any], *, kube: k8s.Kube, key: tuple[str, str], job_pods: kopf.Index,
+                          job_services: kopf.Index, logger: logging.Logger) -> float:
+    started = time.monotonic()
+    try:
+        delay = await reconcile(body, kube, list(job_pods.get(key, [])), list(job_services.get(key, [])), logger)
+        metrics.RECONCILES.labels("ok").inc()
+    except k8s.NotFound:
+        delay = planner.RESYNC_SECONDS  # the job is being deleted; its DELETED event ends this loop
+    except k8s.KubeError as exc:
+        logger.warning(f"reconcile failed, retrying: {exc}")
+        metrics.RECONCILES.labels("error").inc()
+        delay = 5.0
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    return delay
+
+
+async def reconcile(body: dict[str, Any], kube: k8s.Kube, pods: list[PodView], services: list[ServiceView],
                     logger: logging.Logger) -> float:
     now = datetime.now(timezone.utc)
     meta = body["metadata"]
@@ -76,7 +78,7 @@ async def reconcile(body: kopf.Body, kube: k8s.Kube, pods: list[PodView], servic
 
 
 async def write_status(kube: k8s.Kube, ref: JobRef, old: ElasticJobStatus, new: ElasticJobStatus,
-                       body: kopf.Body, logger: logging.Logger) -> None:
+                       body: dict[str, Any], logger: logging.Logger) -> None:
     wire = new.model_dump(by_alias=True, mode="json")
     if wire == old.model_dump(by_alias=True, mode="json"):
         return
@@ -85,7 +87,7 @@ async def write_status(kube: k8s.Kube, ref: JobRef, old: ElasticJobStatus, new: 
         logger.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
 
 
-async def apply(kube: k8s.Kube, ref: JobRef, actions: list[planner.Action], body: kopf.Body,
+async def apply(kube: k8s.Kube, ref: JobRef, actions: list[planner.Action], body: dict[str, Any],
                 logger: logging.Logger) -> None:
     results = await asyncio.gather(*(apply_one(kube, ref, action, body, logger) for action in actions),
                                    return_exceptions=True)
@@ -95,7 +97,7 @@ async def apply(kube: k8s.Kube, ref: JobRef, actions: list[planner.Action], body
         raise invalid or errors[0]
 
 
-async def apply_one(kube: k8s.Kube, ref: JobRef, action: planner.Action, body: kopf.Body,
+async def apply_one(kube: k8s.Kube, ref: JobRef, action: planner.Action, body: dict[str, Any],
                     logger: logging.Logger) -> None:
     metrics.ACTIONS.labels(type(action).__name__).inc()
     if isinstance(action, planner.CreateObject):
@@ -114,7 +116,7 @@ async def apply_one(kube: k8s.Kube, ref: JobRef, action: planner.Action, body: k
         await kube.delete_job(ref.namespace, ref.name)
 
 
-def post_events(body: kopf.Body, events: list[planner.Event], logger: logging.Logger) -> None:
+def post_events(body: dict[str, Any], events: list[planner.Event], logger: logging.Logger) -> None:
     for event in events:
         log = logger.warning if event.type == "Warning" else logger.info
         log(f"{event.reason}: {event.message}")

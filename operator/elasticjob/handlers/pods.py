@@ -25,9 +25,9 @@ def job_services(namespace: str, labels: kopf.Labels, body: kopf.Body,
 
 @kopf.on.event("pods", labels=OWNED)
 def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.wakeups.wake(naming.job_key(namespace, labels[naming.JOB_LABEL]))
+    memo.loops.wake(naming.job_key(namespace, labels[naming.JOB_LABEL]))
 
 
 @kopf.on.event("services", labels=OWNED)
 def service_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.wakeups.wake(naming.job_key(namespace, labels[naming.JOB_LABEL]))
+    memo.loops.wake(naming.job_key(namespace, labels[naming.JOB_LABEL]))

@@ -11,7 +11,7 @@ import kopf
 
 from elasticjob import k8s
 from elasticjob.models import GROUP
-from elasticjob.wakeups import Wakeups
+from elasticjob.loops import JobLoops
 
 API_THREADS = 32
 
@@ -21,7 +21,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     # Annotations, not status: the CRD's structural schema would prune kopf's status fields.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.INFO
     # Reconnect watches every few minutes, so a silently broken connection cannot stall the operator.
     settings.watching.server_timeout = 300
@@ -29,11 +28,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     settings.networking.error_backoffs = [1, 2, 5, 10]
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(API_THREADS, "kube-api"))
     memo.kube = k8s.Kube(k8s.api_client())
-    memo.wakeups = Wakeups()
+    memo.loops = JobLoops()
     logger.info("elasticjob operator started")
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "loops", None) is not None:
+        await memo.loops.stop_all()
     if getattr(memo, "kube", None) is not None:
         memo.kube.close()

@@ -1,0 +1,20 @@
+# A CPU-only worker for kind and laptops: python slim + torch + the example trainer.
+#
+# Without TORCH_INDEX_URL pip takes torch from the default package index, whose Linux build pulls the
+# CUDA libraries (about 4 GB). For a small image pass PyTorch's own wheel index, its CPU variant
+# (the index URL ending in /whl/cpu), as --build-arg TORCH_INDEX_URL=...; that build is about 200 MB.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=""
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch is pinned through TORCH_VERSION, which hadolint cannot see through.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}" \
+    && python -c "import torch; print(torch.__version__)"
+WORKDIR /workspace
+# Both paths work: examples/elasticjob.yaml names the repo's layout, a plain `torchrun train_ddp.py` the short one.
+COPY examples/train_ddp.py /workspace/examples/train_ddp.py
+COPY examples/train_ddp.py /workspace/train_ddp.py
+CMD ["torchrun", "/workspace/train_ddp.py"]

@@ -1,0 +1,11 @@
+# A GPU-capable worker for real clusters: PyTorch's official CUDA runtime image plus the example trainer.
+# Pick another tag with --build-arg BASE=...; torch in the worker, in the rendezvous pod and in every
+# agent must be the same version (the c10d store's wire protocol is torch's own).
+ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+FROM ${BASE}
+WORKDIR /workspace
+# Both paths work: examples/elasticjob.yaml names the repo's layout, a plain `torchrun train_ddp.py` the short one.
+COPY examples/train_ddp.py /workspace/examples/train_ddp.py
+COPY examples/train_ddp.py /workspace/train_ddp.py
+# torchrun comes with the base image; the operator supplies every PET_* setting through the environment.
+CMD ["torchrun", "/workspace/train_ddp.py"]

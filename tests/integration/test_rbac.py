@@ -1,0 +1,285 @@
+"""The chart's RBAC on a real API server: the operator's ServiceAccount may do what the operator does, and no more.
+
+The ServiceAccount, roles and bindings are rendered by Helm from the chart and applied as they are; the
+API server's own authorizer answers (SubjectAccessReview). Then the operator runs with that account's
+token and must drive a job without a single Forbidden.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from kubernetes import client, utils
+from kubernetes.client.exceptions import ApiException
+
+from helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "elasticjob-operator"
+GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+CLUSTER_KINDS = ("ClusterRole", "ClusterRoleBinding")
+# An operator log line with any of these means a call the chart's RBAC did not allow.
+PERMISSION_ERRORS = ("Forbidden", "forbidden", " 403", "Not enough permissions")
+
+# (verb, group, resource, subresource) the operator uses in each namespace it watches.
+OPERATOR_NEEDS = [
+    ("list", GROUP, "elasticjobs", ""), ("watch", GROUP, "elasticjobs", ""),
+    ("patch", GROUP, "elasticjobs", ""), ("delete", GROUP, "elasticjobs", ""),
+    ("patch", GROUP, "elasticjobs", "status"),
+    ("list", "", "pods", ""), ("watch", "", "pods", ""), ("create", "", "pods", ""), ("delete", "", "pods", ""),
+    ("list", "", "services", ""), ("watch", "", "services", ""),
+    ("create", "", "services", ""), ("delete", "", "services", ""),
+    ("create", "", "events", ""),
+]
+# Cluster-scoped reads kopf makes to follow CRDs (and, with a namespace list, namespaces).
+KOPF_CLUSTER_NEEDS = [
+    ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("watch", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+]
+NAMESPACE_LIST_NEEDS = [("list", "", "namespaces", ""), ("watch", "", "namespaces", "")]
+# Things the operator never does, in its own namespace.
+NEVER_IN_NAMESPACE = [
+    ("get", "", "secrets", ""), ("list", "", "secrets", ""), ("watch", "", "secrets", ""),
+    ("create", "apps", "deployments", ""), ("create", "", "pods", "exec"), ("get", "", "pods", "log"),
+    ("update", GROUP, "elasticjobs", ""), ("create", GROUP, "elasticjobs", ""),
+    ("update", GROUP, "elasticjobs", "scale"), ("patch", GROUP, "elasticjobs", "scale"),
+    ("update", GROUP, "elasticjobs", "status"),
+    ("update", "", "pods", ""), ("patch", "", "pods", ""), ("patch", "", "services", ""),
+    ("patch", "", "events", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
+    ("create", "", "configmaps", ""),
+]
+NEVER_CLUSTER_WIDE = [
+    ("delete", "", "nodes", ""), ("list", "", "nodes", ""), ("delete", "", "namespaces", ""),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("get", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
+]
+
+
+def render(values: dict[str, Any], release: str, namespace: str) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name=release, namespace=namespace, is_install=True)
+    return [doc for path, text in sorted(manifests.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture
+def install_rbac(kube) -> Iterator[Callable[[dict[str, Any], str], str]]:
+    """Applies the chart's ServiceAccount and RBAC objects; returns the account's user name.
+
+    Cluster-scoped objects are deleted afterwards; namespaced ones go with the test's namespace.
+    """
+    rbac = client.RbacAuthorizationV1Api(kube)
+    created: list[tuple[str, str]] = []
+
+    def install(values: dict[str, Any], namespace: str) -> str:
+        release = f"rbac-{secrets.token_hex(3)}"
+        docs = [d for d in render(values, release, namespace) if d["kind"] in RBAC_KINDS]
+        assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+        for doc in docs:
+            utils.create_from_dict(kube, doc)
+            if doc["kind"] in CLUSTER_KINDS:
+                created.append((doc["kind"], doc["metadata"]["name"]))
+        (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+        return f"system:serviceaccount:{namespace}:{account['metadata']['name']}"
+
+    yield install
+    for kind, name in created:
+        delete = rbac.delete_cluster_role if kind == "ClusterRole" else rbac.delete_cluster_role_binding
+        try:
+            delete(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def allowed(kube, user: str, verb: str, group: str, resource: str, subresource: str, namespace: str) -> bool:
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user,
+        groups=["system:serviceaccounts", f"system:serviceaccounts:{user.split(':')[2]}", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(
+            verb=verb, group=group, resource=resource, subresource=subresource or None,
+            namespace=namespace or None),
+    ))
+    return client.AuthorizationV1Api(kube).create_subject_access_review(review).status.allowed
+
+
+def decisions(kube, user: str, table: list[tuple[str, str, str, str]], namespace: str) -> dict[str, bool]:
+    return {f"{verb} {group or 'core'}/{resource}{'/' + sub if sub else ''} in {namespace or 'cluster'}":
+            allowed(kube, user, verb, group, resource, sub, namespace)
+            for verb, group, resource, sub in table}
+
+
+def assert_all(kube, user: str, table, namespace: str, expected: bool) -> None:
+    wrong = {what: got for what, got in decisions(kube, user, table, namespace).items() if got is not expected}
+    assert not wrong, f"{user}: expected {'allowed' if expected else 'denied'} but got the opposite for {wrong}"
+
+
+def test_namespaced_install_grants_exactly_what_the_operator_needs(kube, namespace, crds_installed, install_rbac):
+    user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [namespace]}}, namespace)
+    # RBAC caches refresh on watch events: wait until the first grant is in force, then ask everything.
+    wait_for(lambda: allowed(kube, user, "list", GROUP, "elasticjobs", "", namespace), 30,
+             f"{user} to be allowed to list elasticjobs")
+    assert_all(kube, user, OPERATOR_NEEDS, namespace, True)
+    assert_all(kube, user, KOPF_CLUSTER_NEEDS + NAMESPACE_LIST_NEEDS, "", True)
+    assert_all(kube, user, NEVER_IN_NAMESPACE, namespace, False)
+    assert_all(kube, user, NEVER_CLUSTER_WIDE, "", False)
+    # A namespace list means that list: nothing of the operator's reaches other namespaces or the cluster.
+    assert_all(kube, user, OPERATOR_NEEDS, "kube-system", False)
+    assert_all(kube, user, [n for n in OPERATOR_NEEDS if n[0] in ("list", "watch")], "", False)
+
+
+def test_cluster_wide_install_grants_the_operator_everywhere_but_no_more(kube, namespace, crds_installed,
+                                                                          install_rbac):
+    user = install_rbac({}, namespace)
+    wait_for(lambda: allowed(kube, user, "list", GROUP, "elasticjobs", "", ""), 30,
+             f"{user} to be allowed to list elasticjobs cluster-wide")
+    assert_all(kube, user, [n for n in OPERATOR_NEEDS if n[0] in ("list", "watch")], "", True)
+    assert_all(kube, user, OPERATOR_NEEDS, "kube-system", True)
+    assert_all(kube, user, KOPF_CLUSTER_NEEDS, "", True)
+    # Cluster-wide kopf never lists namespaces, so the chart does not grant it.
+    assert_all(kube, user, NAMESPACE_LIST_NEEDS, "", False)
+    assert_all(kube, user, NEVER_IN_NAMESPACE, "kube-system", False)
+    assert_all(kube, user, NEVER_CLUSTER_WIDE, "", False)
+
+
+# ---------------------------------------------------------------- the operator under its own account
+
+
+def service_account_kubeconfig(kube, admin_kubeconfig: Path, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount with a short-lived token (TokenRequest API)."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+        audiences=[], expiration_seconds=3600))
+    token = client.CoreV1Api(kube).create_namespaced_service_account_token(account, namespace, request).status.token
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = dict(next(c for c in admin["clusters"] if c["name"] == context["cluster"])["cluster"])
+    if "certificate-authority" in cluster:  # relative paths would resolve against the new file's directory
+        cluster["certificate-authority"] = str((admin_kubeconfig.parent / cluster["certificate-authority"]).resolve())
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "cluster", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "cluster", "user": account, "namespace": namespace}}],
+    }))
+    return path
+
+
+def small_job(name: str) -> dict[str, Any]:
+    # Workers may never be scheduled (no node has the label): the test is about the operator's API calls.
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "metadata": {"name": name},
+        "spec": {"minReplicas": 1, "maxReplicas": 2, "nprocPerNode": 1,
+                 "runPolicy": {"ttlSecondsAfterFinished": 0}, "template": {"spec": {
+            "nodeSelector": {"elasticjob.dev/test": "no-such-node"},
+            "containers": [{"name": "worker", "image": "elasticjob-worker:cpu",
+                            "command": ["torchrun", "/workspace/examples/train_ddp.py"]}]}}},
+    }
+
+
+def test_operator_runs_as_its_service_account_without_forbidden(kube, cluster, namespace, crds_installed,
+                                                                 install_rbac, operator_factory, tmp_path):
+    user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [namespace]}}, namespace)
+    account = user.rsplit(":", 1)[1]
+    wait_for(lambda: allowed(kube, user, "create", "", "pods", "", namespace), 30, f"{user} to be allowed pods")
+    kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), namespace, account,
+                                            tmp_path / "operator.kubeconfig")
+    operator = operator_factory(namespaces=[namespace], env={"KUBECONFIG": str(kubeconfig)})
+    operator.wait_for_log("elasticjob operator started", timeout=60)
+
+    core = client.CoreV1Api(kube)
+    custom = client.CustomObjectsApi(kube)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, small_job("rbac"))
+    wanted_pods = {"rbac-rdzv", "rbac-worker-0", "rbac-worker-1"}
+
+    def pod_names() -> set[str]:
+        return {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+
+    # Creating pods and the Service, patching the job (spec.replicas default, finalizer, status).
+    service = wait_for(lambda: core.read_namespaced_service("rbac-rdzv", namespace), 60,
+                       "the rendezvous Service rbac-rdzv", ignore=(ApiException,))
+    assert service.spec.cluster_ip
+    wait_for(pod_names, 60, f"pods {sorted(wanted_pods)}", until=lambda names: wanted_pods <= names)
+    job = wait_for(lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rbac"), 60,
+                   "the operator to default spec.replicas and write status",
+                   until=lambda j: j["spec"].get("replicas") == 2 and (j.get("status") or {}).get("phase"))
+    assert f"{GROUP}/finalizer" in job["metadata"].get("finalizers", [])
+    events = wait_for(lambda: core.list_namespaced_event(namespace, field_selector="involvedObject.name=rbac").items,
+                      60, "an Event posted by the operator about the job")
+
+    # Deleting pods, the Service and the job: let it run out of time; ttlSecondsAfterFinished=0 removes it.
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rbac",
+                                          {"spec": {"runPolicy": {"activeDeadlineSeconds": 1}}})
+    wait_for(pod_names, 60, "every pod of the failed job to be deleted",
+             until=lambda names: not (names & wanted_pods))
+    wait_for(lambda: [s.metadata.name for s in core.list_namespaced_service(namespace).items], 60,
+             "the rendezvous Service to be deleted", until=lambda names: "rbac-rdzv" not in names)
+    wait_for(lambda: [j["metadata"]["name"] for j in
+                      custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]], 60,
+             "the operator to delete the finished job (and kopf to release its finalizer)",
+             until=lambda names: "rbac" not in names)
+
+    log = operator.log_text()
+    denied = [line for line in log.splitlines() if any(marker in line for marker in PERMISSION_ERRORS)]
+    assert not denied, f"operator hit permission errors ({len(events)} events seen):\n" + "\n".join(denied[:10])
+
+
+# ---------------------------------------------------------------- replicas > 1: kopf peering
+
+
+def apply_chart_crd(kube, path: Path) -> None:
+    ext = client.ApiextensionsV1Api(kube)
+    for doc in yaml.safe_load_all(path.read_text()):
+        name = doc["metadata"]["name"]
+        ext.patch_custom_resource_definition(name, doc, field_manager="elasticjob-tests", force=True,
+                                             _content_type="application/apply-patch+yaml")
+        wait_for(lambda: any(c.type == "Established" and c.status == "True"
+                             for c in (ext.read_custom_resource_definition(name).status.conditions or [])),
+                 30, f"CRD {name} to be Established")
+
+
+def test_two_replicas_with_peering_keep_exactly_one_active(kube, cluster, namespace, crds_installed, install_rbac,
+                                                           operator_factory, tmp_path):
+    """The chart's replicas=2: both run with `--peering`, one pauses in favour of the other, the job proceeds.
+
+    kopf pauses *every* operator when peers share a priority, so this needs distinct priorities per replica.
+    """
+    values = {"replicas": 2, "watch": {"allNamespaces": False, "namespaces": [namespace]}}
+    apply_chart_crd(kube, CHART / "crds" / "kopf.dev_peerings.yaml")
+    user = install_rbac(values, namespace)
+    account = user.rsplit(":", 1)[1]
+    release = account.removesuffix("-elasticjob-operator")
+    (peering,) = [d for d in render(values, release, namespace) if d["kind"] == "KopfPeering"]
+    client.CustomObjectsApi(kube).create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", peering)
+    wait_for(lambda: allowed(kube, user, "list", "kopf.dev", "kopfpeerings", "", namespace), 30,
+             f"{user} to be allowed to list kopfpeerings")
+    kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), namespace, account,
+                                            tmp_path / "operator.kubeconfig")
+    peering_args = ["--peering", peering["metadata"]["name"]]
+    operators = [operator_factory(namespaces=[namespace], extra_args=peering_args,
+                                  env={"KUBECONFIG": str(kubeconfig)}) for _ in range(2)]
+    for operator in operators:
+        operator.wait_for_log("elasticjob operator started", timeout=60)
+
+    def paused() -> list[bool]:
+        return ["Pausing operations in favour of" in op.log_text() for op in operators]
+
+    wait_for(paused, 60, "one of the two operators to pause in favour of the other",
+             until=lambda flags: sum(flags) == 1)
+    custom = client.CustomObjectsApi(kube)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, small_job("peer"))
+    wait_for(lambda: client.CoreV1Api(kube).read_namespaced_service("peer-rdzv", namespace), 60,
+             "the active operator to create the rendezvous Service", ignore=(ApiException,))
+    for operator in operators:
+        log = operator.log_text()
+        assert "Pausing all operators" not in log, operator.log_tail()
+        denied = [line for line in log.splitlines() if any(m in line for m in PERMISSION_ERRORS)]
+        assert not denied, "\n".join(denied[:10])
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "peer")

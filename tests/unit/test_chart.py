@@ -1,0 +1,271 @@
+"""The Helm chart, rendered and linted by Helm itself (Helm v4's Go SDK through helm-python-sdk, offline).
+
+Every rendered object is checked against the Kubernetes API schemas (kubernetes-validate, strict), and
+the RBAC rules against the table of what the operator really calls.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "elasticjob-operator"
+RELEASE, RELEASE_NAMESPACE = "ej", "elasticjob-system"
+FULLNAME = f"{RELEASE}-elasticjob-operator"
+# kubernetes-validate ships schemas up to 1.37; the local cluster runs 1.36.
+KUBE_VERSION = "1.36"
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
+    "peering": {"replicas": 2},
+    "peering-namespaced": {"replicas": 3, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
+    "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "debug-no-metrics": {"logLevel": "debug", "metrics": {"enabled": False}},
+    "existing-account": {"serviceAccount": {"create": False, "name": "ops-bot"}},
+}
+
+# What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
+NAMESPACED_GRANTS = {
+    ("elasticjob.dev", "elasticjobs"): {"list", "watch", "patch", "delete"},
+    ("elasticjob.dev", "elasticjobs/status"): {"patch"},
+    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "services"): {"list", "watch", "create", "delete"},
+    ("", "events"): {"create"},
+}
+CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+NAMESPACES_GRANT = {("", "namespaces"): {"list", "watch"}}
+
+# Kinds with no schema in kubernetes-validate: checked against the CRDs that define them instead.
+CUSTOM_KINDS = {"ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name=RELEASE, namespace=RELEASE_NAMESPACE, is_install=True)
+    docs = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith(".yaml"):
+            docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = by_kind(docs, "Deployment")
+    return found
+
+
+def grants(roles: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs granted by any rule without resourceNames."""
+    table: dict[tuple[str, str], set[str]] = {}
+    for role in roles:
+        for rule in role["rules"]:
+            if rule.get("resourceNames"):
+                continue
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    table.setdefault((group, resource), set()).update(rule["verbs"])
+    return table
+
+
+def named_grants(roles: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    return {(group, resource, name, verb)
+            for role in roles for rule in role["rules"] if rule.get("resourceNames")
+            for group in rule["apiGroups"] for resource in rule["resources"]
+            for name in rule["resourceNames"] for verb in rule["verbs"]}
+
+
+# ---------------------------------------------------------------- lint and schema
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_helm_lint_passes_strict(variant: str) -> None:
+    report = helm.lint(CHART, VARIANTS[variant], strict=True, namespace=RELEASE_NAMESPACE,
+                       kube_version=f"v{KUBE_VERSION}.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["total_charts_linted"] == 1
+    assert not problems and not report["errors"], report
+
+
+def test_helm_lint_reports_a_broken_template(tmp_path: Path) -> None:
+    """The lint test above can fail: the same call on a chart with a template error reports it."""
+    broken = tmp_path / "elasticjob-operator"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata:\n  name: {{ .Values.nope.deeper }}\n")
+    report = helm.lint(broken, strict=True)
+    assert [m for m in report["messages"] if m["severity"] == 3], report
+
+
+@pytest.mark.parametrize("bad_values, where", [
+    ({"replicas": "two"}, "/replicas"),
+    ({"replicas": 0}, "/replicas"),
+    ({"watch": {"allNamespaces": False, "namespaces": []}}, "/watch"),
+    ({"watch": {"allNamespaces": True, "namespaces": ["team-a"]}}, "/watch"),
+    ({"watch": {"allNamespaces": False, "namespaces": ["Not_A_Namespace"]}}, "/watch/namespaces/0"),
+    ({"logLevel": "trace"}, "/logLevel"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"metrics": {"port": 70000}}, "/metrics/port"),
+    ({"replica": 2}, "replica"),
+], ids=lambda v: str(v))
+def test_values_schema_rejects_through_helm(bad_values: dict[str, Any], where: str) -> None:
+    """Helm validates values.schema.json on every render (install, upgrade, template) and refuses."""
+    with pytest.raises(helm.HelmValuesError) as raised:
+        render(bad_values)
+    message = str(raised.value)
+    assert "schema" in message and where in message, message
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_values_schema_accepts_the_variants(variant: str) -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(chart.merge_values(VARIANTS[variant]))
+
+
+# ---------------------------------------------------------------- rendered objects
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_objects_match_kubernetes_schemas(variant: str) -> None:
+    docs = render(VARIANTS[variant])
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {err.message} at {list(err.path)}")
+        checked += 1
+    assert checked >= 6, [d["kind"] for d in docs]
+
+
+def test_custom_kinds_are_served_by_a_crd_the_cluster_will_have() -> None:
+    """Peering objects need the chart's own crds/; a ServiceMonitor needs prometheus-operator's CRD."""
+    served = {(doc["spec"]["group"], doc["spec"]["names"]["kind"], doc["spec"]["scope"])
+              for path in (CHART / "crds").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc}
+    for values in (VARIANTS["peering"], VARIANTS["peering-namespaced"]):
+        for doc in render(values):
+            if doc["kind"] in ("KopfPeering", "ClusterKopfPeering"):
+                scope = "Namespaced" if "namespace" in doc["metadata"] else "Cluster"
+                assert ("kopf.dev", doc["kind"], scope) in served, doc
+    (monitor,) = by_kind(render(VARIANTS["servicemonitor"]), "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+
+
+def test_chart_crds_validate_as_crds() -> None:
+    for path in (CHART / "crds").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
+    generated = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"
+    copy = CHART / "crds" / "elasticjob.dev_elasticjobs.yaml"
+    assert copy.read_bytes() == generated.read_bytes(), "chart CRD drifted from crds/: run `make crds`"
+
+
+@pytest.mark.parametrize("variant, expected_args", [
+    ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090"]),
+    ("namespaced", ["--namespace", "team-a", "--namespace", "team-b", "--liveness",
+                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090"]),
+    ("peering", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                 "--peering", FULLNAME]),
+    ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--verbose"]),
+])
+def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
+    (container,) = deployment(render(VARIANTS[variant]))["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == expected_args
+
+
+def test_deployment_probe_security_and_rollout() -> None:
+    docs = render()
+    spec = deployment(docs)["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    assert (probe["path"], ports[probe["port"]]) == ("/healthz", 8080)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["serviceAccountName"] == FULLNAME
+    assert container["image"] == "elasticjob-operator:0.1.0"
+    # One standalone replica must not overlap with its successor during a rollout.
+    assert spec["strategy"]["type"] == "Recreate"
+    assert deployment(render(VARIANTS["peering"]))["spec"]["strategy"]["type"] == "RollingUpdate"
+    (service,) = by_kind(docs, "Service")
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert not by_kind(docs, "ServiceMonitor")
+    assert not by_kind(render(VARIANTS["debug-no-metrics"]), "Service")
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rbac_has_no_wildcards_and_no_secrets(variant: str) -> None:
+    for role in [d for d in render(VARIANTS[variant]) if d["kind"] in ("Role", "ClusterRole")]:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+            assert "secrets" not in rule["resources"], (role["metadata"]["name"], rule)
+            assert not rule.get("nonResourceURLs"), rule
+
+
+def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
+    docs = render()
+    assert not by_kind(docs, "Role")
+    assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **CRD_GRANT}
+    assert named_grants(by_kind(docs, "ClusterRole")) == set()
+    bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")
+             if b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}]}
+    assert bound == {r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")}
+
+
+def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> None:
+    docs = render(VARIANTS["namespaced"])
+    assert grants(by_kind(docs, "ClusterRole")) == {**CRD_GRANT, **NAMESPACES_GRANT}
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    assert set(roles) == {"team-a", "team-b"}
+    for role in roles.values():
+        assert grants([role]) == NAMESPACED_GRANTS
+    bindings = {b["metadata"]["namespace"]: b["roleRef"] for b in by_kind(docs, "RoleBinding")}
+    assert bindings == {ns: {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
+                        for ns in roles}
+
+
+def test_rbac_peering_grants_list_watch_and_patch_of_its_own_object() -> None:
+    cluster = render(VARIANTS["peering"])
+    assert grants(by_kind(cluster, "ClusterRole")) == {
+        **NAMESPACED_GRANTS, **CRD_GRANT, ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
+    assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
+    assert [p["metadata"]["name"] for p in by_kind(cluster, "ClusterKopfPeering")] == [FULLNAME]
+
+    namespaced = render(VARIANTS["peering-namespaced"])
+    (role,) = by_kind(namespaced, "Role")
+    assert grants([role]) == {**NAMESPACED_GRANTS, ("kopf.dev", "kopfpeerings"): {"list", "watch"}}
+    assert named_grants([role]) == {("kopf.dev", "kopfpeerings", FULLNAME, "patch")}
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(namespaced, "KopfPeering")] == [
+        ("team-a", FULLNAME)]
+
+
+def test_existing_service_account_is_bound_not_created() -> None:
+    docs = render(VARIANTS["existing-account"])
+    assert not by_kind(docs, "ServiceAccount")
+    assert deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"] == "ops-bot"
+    subjects = [s for b in by_kind(docs, "ClusterRoleBinding") for s in b["subjects"]]
+    assert subjects and all(s["name"] == "ops-bot" for s in subjects)
