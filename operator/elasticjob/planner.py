@@ -30,7 +30,7 @@ FORCE_DELETE_AFTER = timedelta(seconds=15)
 RESTARTING_WINDOW = timedelta(seconds=60)
 RESYNC_SECONDS = 30.0
 
-CONDITION_TYPES = ("Running", "Restarting", "Succeeded", "Failed", "Suspended", "RendezvousReady")
+INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost")
 
 
 @dataclass(frozen=True)
@@ -299,20 +299,26 @@ def is_failed(pod: PodView) -> bool:
 def account_failures(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
     status = plan.status
     seen = {f.uid for f in status.last_failures}
+    finished = any(p.phase == "Succeeded" for p in workers)
     for pod in sorted((p for p in workers if is_failed(p)), key=lambda p: p.name):
         if pod.uid in seen:
             if pod.phase == "Failed" and not pod.deleting:
                 plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
             continue
-        reason, charged = classify(pod, job, status, now)
-        record_failure(plan, job, pod, reason, charged, now)
+        if finished:
+            # An agent exits 0 only when its workers succeeded: training is done, a straggler's exit is not.
+            record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
+        else:
+            reason, charged = classify(pod, job, status, now)
+            record_failure(plan, job, pod, reason, charged, now)
         if status.phase.finished:
             return
         if pod.phase == "Failed" and not pod.deleting:
             plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
 
 
-def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime) -> None:
+def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime,
+                   why_uncharged: str = "not charged to maxRestarts") -> None:
     status, spec = plan.status, job.ref.spec
     finished = pod.finished_at or now
     status.last_failures = (status.last_failures + [FailureRecord(
@@ -330,8 +336,9 @@ def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: boo
                     now)
         return
     if not charged:
-        status.infrastructure_failures += 1
-        plan.warn(reason, f"{text}; replacing it (not charged to maxRestarts)")
+        if reason in INFRASTRUCTURE_REASONS:
+            status.infrastructure_failures += 1
+        plan.warn(reason, f"{text}; {why_uncharged}")
         return
     if not same_incident(pod, status, finished):
         status.restarts += 1

@@ -353,3 +353,11 @@ def test_new_workers_carry_the_restart_generation():
     result = plan(job(status), [rdzv(), worker(0)])
     annotations = _created(result, "train-worker-1")["metadata"]["annotations"]
     assert annotations["elasticjob.dev/restart-generation"] == "2"
+
+
+def test_a_straggler_failing_after_training_finished_is_not_charged():
+    pods = [rdzv(), worker(0, "Succeeded"), failed(1, exit_code=137)]
+    result = plan(job(running_status()), pods)
+    assert result.status.phase == "Succeeded" and result.status.restarts == 0
+    assert result.status.last_failures[0].charged is False
+    assert all(e.reason != "WorkerFailed" for e in result.events)
