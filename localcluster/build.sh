@@ -11,6 +11,14 @@ want=(kube-apiserver kube-scheduler kube-controller-manager etcd)
 missing=0
 for b in "${want[@]}"; do [[ -x $bin/$b ]] || missing=1; done
 if [[ $missing == 0 ]]; then echo "$bin"; exit 0; fi
+command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build the control plane" >&2; exit 1; }
+# Two test sessions may ask for the binaries at once: one builds, the other waits and reuses them.
+mkdir -p "$cache"
+exec 9>"$cache/.build-$version.lock"
+flock 9
+missing=0
+for b in "${want[@]}"; do [[ -x $bin/$b ]] || missing=1; done
+if [[ $missing == 0 ]]; then echo "$bin"; exit 0; fi
 mkdir -p "$bin.partial"
 minor=${version#v1.}; minor=${minor%%.*}
 pkg=k8s.io/component-base/version

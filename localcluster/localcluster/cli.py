@@ -1,0 +1,92 @@
+"""`localcluster up|down|status|env`: a real Kubernetes control plane on this machine for tests and demos."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from localcluster import controlplane
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: LOCALCLUSTER_ROOT, else the nearest ancestor of the cwd holding localcluster/build.sh."""
+    if env := os.environ.get("LOCALCLUSTER_ROOT"):
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for candidate in [here, *here.parents]:
+        if (candidate / "localcluster" / "build.sh").is_file():
+            return candidate
+    # An editable install of this repository: the package sits in <root>/localcluster/localcluster/.
+    package_root = Path(__file__).resolve().parents[2]
+    if (package_root / "localcluster" / "build.sh").is_file():
+        return package_root
+    raise SystemExit("cannot find the repository root (a directory with localcluster/build.sh); set LOCALCLUSTER_ROOT")
+
+
+def _up(args: argparse.Namespace) -> int:
+    controlplane.ensure_up(
+        args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
+        node_memory=args.node_memory, apiserver_port=args.port,
+    )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    controlplane.stop(args.root)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    components = controlplane.status(args.root)
+    if not components:
+        print("local cluster: not running")
+        return 1
+    info = controlplane.cluster_info(args.root)
+    if info:
+        print(f"local cluster at {info.server} (kubeconfig {info.kubeconfig})")
+    for c in components:
+        state = "healthy" if c.healthy else ("running, unhealthy" if c.running else "not running")
+        print(f"  {c.name:<20} pid {c.pid!s:<8} {state:<20} {c.detail.splitlines()[0] if c.detail else ''}")
+    healthy = controlplane.is_up(args.root)
+    if healthy:
+        nodes = controlplane.node_summary(args.root)
+        print(f"  nodes: {len(nodes)}" + "".join(f"\n    {name:<20} Ready={ready}" for name, ready in nodes))
+    return 0 if healthy else 1
+
+
+def _env(args: argparse.Namespace) -> int:
+    print(f"export KUBECONFIG={controlplane.Layout(args.root).kubeconfig}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
+    parser.add_argument("--root", type=Path, default=None, help="repository root (default: found from the cwd)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start the cluster (no-op when a healthy one runs)")
+    up.add_argument("--nodes", type=int, default=3, help="process-backed nodes to start (0: none)")
+    up.add_argument("--gpus-per-node", type=int, default=0)
+    up.add_argument("--node-cpu", default="8")
+    up.add_argument("--node-memory", default="16Gi")
+    up.add_argument("--port", type=int, default=None, help="apiserver port (default 6443, or a free one if busy)")
+    up.set_defaults(run=_up)
+    commands.add_parser("down", help="stop every process of the cluster").set_defaults(run=_down)
+    commands.add_parser("status", help="components, health and nodes").set_defaults(run=_status)
+    commands.add_parser("env", help="print the KUBECONFIG export line").set_defaults(run=_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.root = (args.root or find_root()).resolve()
+    try:
+        return args.run(args)
+    except RuntimeError as err:
+        print(f"localcluster {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

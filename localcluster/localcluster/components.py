@@ -1,0 +1,188 @@
+"""Command lines and kubeconfigs of the control-plane components and the node agent."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from localcluster.layout import Endpoints, Layout
+
+SERVICE_CIDR = "10.96.0.0/16"
+CLUSTER_CIDR = "10.244.0.0/16"
+# Small on purpose: node-loss tests should see a lost node within seconds, not minutes.
+NODE_MONITOR_GRACE = "20s"
+NOT_READY_TOLERATION_SECONDS = 20
+DEFAULT_PORTS = {"apiserver": 6443, "etcd": 2379, "etcd-peer": 2380, "controller-manager": 10257, "scheduler": 10259}
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As Go servers do, so that a port the previous run left in TIME_WAIT counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _any_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def choose_ports(apiserver_port: int | None) -> dict[str, int]:
+    wanted = dict(DEFAULT_PORTS)
+    if apiserver_port:
+        wanted["apiserver"] = apiserver_port
+    ports = {}
+    for name, port in wanted.items():
+        if _port_free(port):
+            ports[name] = port
+        elif name == "apiserver" and apiserver_port:
+            raise RuntimeError(f"port {port} asked for the apiserver is busy")
+        else:
+            ports[name] = _any_free_port()
+    return ports
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _write_kubeconfig(path: Path, server: str, pki: Path, client: str, user: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "localcluster", "cluster": {
+            "server": server, "certificate-authority-data": _b64(pki / "ca.crt")}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": _b64(pki / f"{client}.crt"),
+            "client-key-data": _b64(pki / f"{client}.key")}}],
+        "contexts": [{"name": "localcluster", "context": {"cluster": "localcluster", "user": user}}],
+        "current-context": "localcluster",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def write_kubeconfigs(endpoints: Endpoints) -> None:
+    layout = endpoints.layout
+    _write_kubeconfig(layout.kubeconfig, endpoints.server, layout.pki, "admin", "admin")
+    for name in ("controller-manager", "scheduler"):
+        _write_kubeconfig(layout.kubeconfigs / f"{name}.yaml", endpoints.server, layout.pki, name, name)
+
+
+def etcd_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
+    ports, layout = endpoints.ports, endpoints.layout
+    peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+    client = f"http://127.0.0.1:{ports['etcd']}"
+    return [
+        str(bin_dir / "etcd"), "--name=localcluster", f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=localcluster={peer}", "--initial-cluster-state=new",
+        # A throwaway test cluster: fsync only slows every write down.
+        "--unsafe-no-fsync", "--log-level=warn",
+    ]
+
+
+def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
+    pki = endpoints.layout.pki
+    return [
+        str(bin_dir / "kube-apiserver"),
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={endpoints.ports['apiserver']}",
+        f"--etcd-servers=http://127.0.0.1:{endpoints.ports['etcd']}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        "--allow-privileged=true",
+        f"--requestheader-client-ca-file={pki / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        # Validation rejects loopback Endpoints, and no pod can reach 127.0.0.1 of this host anyway.
+        "--endpoint-reconciler-type=none",
+        f"--default-not-ready-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
+        f"--default-unreachable-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
+        f"--cert-dir={endpoints.layout.state / 'apiserver-certs'}",
+        "--profiling=false",
+    ]
+
+
+def _delegating_flags(kubeconfig: Path) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+    ]
+
+
+def controller_manager_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
+    layout = endpoints.layout
+    pki = layout.pki
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        *_delegating_flags(layout.kubeconfigs / "controller-manager.yaml"),
+        f"--secure-port={endpoints.ports['controller-manager']}",
+        f"--cert-dir={layout.state / 'controller-manager-certs'}",
+        "--controllers=*", "--leader-elect=false", "--use-service-account-credentials=true",
+        f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+        f"--cluster-cidr={CLUSTER_CIDR}", "--allocate-node-cidrs=false", f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
+        "--profiling=false",
+    ]
+
+
+def scheduler_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
+    layout = endpoints.layout
+    return [
+        str(bin_dir / "kube-scheduler"),
+        *_delegating_flags(layout.kubeconfigs / "scheduler.yaml"),
+        f"--secure-port={endpoints.ports['scheduler']}",
+        f"--cert-dir={layout.state / 'scheduler-certs'}",
+        "--leader-elect=false", "--profiling=false",
+    ]
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    count: int = 3
+    gpus_per_node: int = 0
+    cpu: str = "8"
+    memory: str = "16Gi"
+
+
+def nodeagent_available() -> bool:
+    return importlib.util.find_spec("localcluster.nodeagent") is not None
+
+
+def nodeagent_argv(layout: Layout, nodes: NodeOptions) -> list[str]:
+    return [
+        sys.executable, "-m", "localcluster.nodeagent",
+        "--kubeconfig", str(layout.kubeconfig), "--state-dir", str(layout.state),
+        "--nodes", str(nodes.count), "--gpus-per-node", str(nodes.gpus_per_node),
+        "--node-cpu", nodes.cpu, "--node-memory", nodes.memory,
+    ]
+
+
+def nodeagent_cleanup_argv(layout: Layout) -> list[str]:
+    return [sys.executable, "-m", "localcluster.nodeagent", "--cleanup", "--state-dir", str(layout.state)]

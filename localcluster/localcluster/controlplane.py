@@ -1,0 +1,427 @@
+"""A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) as local processes.
+
+Every process runs detached in its own session, logs to `.localcluster/logs/<name>.log` and records its pid in
+`.localcluster/pids/<name>.pid`; the session id is the pid, which is how `stop` finds every descendant.
+The cluster is ephemeral: a fresh `up` starts from an empty etcd; the CA and certificates are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from localcluster import components, sessions
+from localcluster import pki as pki_mod
+from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
+
+VERSION = "v1.36.3"
+CORE = {"etcd", "apiserver", "controller-manager", "scheduler"}
+STOP_ORDER = ["nodeagent", "scheduler", "controller-manager", "apiserver", "etcd"]
+STOP_GRACE_SECONDS = 20.0
+COMPONENT_PROGRAMS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+Log = Callable[[str], None]
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
+
+
+@dataclass
+class Cluster:
+    root: Path
+    kubeconfig: Path
+    server: str
+    ports: dict[str, int]
+    nodes: int
+    started_now: bool = False
+
+
+@dataclass
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass
+class _Health:
+    ok: bool
+    detail: str
+
+
+# ---------------------------------------------------------------- binaries
+
+
+def ensure_binaries(root: Path, log: Log = _print) -> Path:
+    """Runs build.sh (instant when cached) and returns the bin dir, printing a heartbeat during a real build."""
+    script = Layout(root).build_script
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True, cwd=script.parent)
+    started = time.monotonic()
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            log(f"  still building the control plane ({time.monotonic() - started:.0f}s)")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} failed with exit code {proc.returncode}")
+    return Path(out.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- health
+
+
+def _admin_context(layout: Layout) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+    ctx.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
+    return ctx
+
+
+def _insecure_context() -> ssl.SSLContext:
+    # The controller-manager and scheduler serve /healthz with a self-signed cert generated in memory.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> _Health:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as response:
+            return _Health(response.status == 200, response.read().decode(errors="replace").strip()[:200])
+    except urllib.error.HTTPError as err:
+        return _Health(False, f"HTTP {err.code}: {err.read().decode(errors='replace').strip()[-300:]}")
+    except (OSError, ssl.SSLError) as err:
+        return _Health(False, str(getattr(err, "reason", err)))
+
+
+def _health(endpoints: Endpoints, name: str) -> _Health:
+    ports = endpoints.ports
+    if name == "etcd":
+        return _get(f"http://127.0.0.1:{ports['etcd']}/health")
+    if name == "apiserver":
+        return _get(f"{endpoints.server}/readyz", _admin_context(endpoints.layout))
+    if name in ("controller-manager", "scheduler"):
+        return _get(f"https://127.0.0.1:{ports[name]}/healthz", _insecure_context())
+    if name == "nodeagent":
+        return _Health(True, "process running")
+    raise ValueError(name)
+
+
+def _api_json(endpoints: Endpoints, path: str) -> dict:
+    with urllib.request.urlopen(f"{endpoints.server}{path}", context=_admin_context(endpoints.layout), timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _ready_nodes(endpoints: Endpoints) -> list[str]:
+    ready = []
+    for node in _api_json(endpoints, "/api/v1/nodes").get("items", []):
+        conditions = node.get("status", {}).get("conditions", [])
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            ready.append(node["metadata"]["name"])
+    return ready
+
+
+def _wait_healthy(endpoints: Endpoints, name: str, proc: subprocess.Popen, timeout: float, log: Log) -> None:
+    started = time.monotonic()
+    last = _Health(False, "not probed")
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{name} exited with code {proc.returncode}; log {endpoints.layout.log_file(name)}:\n"
+                f"{sessions.tail(endpoints.layout.log_file(name))}"
+            )
+        last = _health(endpoints, name)
+        if last.ok:
+            log(f"  {name} ready ({time.monotonic() - started:.1f}s)")
+            return
+        time.sleep(0.25)
+    raise RuntimeError(
+        f"{name} not healthy after {timeout:.0f}s (last: {last.detail}); log tail:\n"
+        f"{sessions.tail(endpoints.layout.log_file(name))}"
+    )
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+@contextlib.contextmanager
+def _locked(layout: Layout) -> Iterator[None]:
+    """One `up`/`down` at a time per state dir, so parallel test sessions do not start two clusters."""
+    layout.state.mkdir(parents=True, exist_ok=True)
+    with open(layout.state / "lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _recorded_components(layout: Layout) -> list[str]:
+    return [name for name in STOP_ORDER if layout.pid_file(name).exists()]
+
+
+def status(root: Path) -> list[ComponentStatus]:
+    layout = Layout(root.resolve())
+    endpoints = load_endpoints(layout)
+    result = []
+    for name in reversed(STOP_ORDER):
+        pid = sessions.read_pid(layout, name)
+        if pid is None:
+            continue
+        running = sessions.ours(layout, pid)
+        health = _health(endpoints, name) if running and endpoints else _Health(False, "not running")
+        result.append(ComponentStatus(name, pid, running, health.ok, health.detail))
+    return result
+
+
+def _healthy(seen: list[ComponentStatus], names: set[str]) -> bool:
+    chosen = [c for c in seen if c.name in names]
+    return {c.name for c in chosen} == names and all(c.running and c.healthy for c in chosen)
+
+
+def is_up(root: Path) -> bool:
+    """The control plane and, when one was started, the node agent run and are healthy."""
+    seen = status(root)
+    return _healthy(seen, CORE | {c.name for c in seen})
+
+
+def _cluster(layout: Layout, endpoints: Endpoints, nodes: int, started_now: bool) -> Cluster:
+    return Cluster(layout.root, layout.kubeconfig, endpoints.server, dict(endpoints.ports), nodes, started_now)
+
+
+def _start_control_plane(layout: Layout, bin_dir: Path, endpoints: Endpoints, log: Log) -> None:
+    etcd = sessions.start(layout, "etcd", components.etcd_argv(bin_dir, endpoints))
+    _wait_healthy(endpoints, "etcd", etcd, 30, log)
+    apiserver = sessions.start(layout, "apiserver", components.apiserver_argv(bin_dir, endpoints))
+    _wait_healthy(endpoints, "apiserver", apiserver, 120, log)
+    controller_manager = sessions.start(
+        layout, "controller-manager", components.controller_manager_argv(bin_dir, endpoints))
+    scheduler = sessions.start(layout, "scheduler", components.scheduler_argv(bin_dir, endpoints))
+    _wait_healthy(endpoints, "controller-manager", controller_manager, 60, log)
+    _wait_healthy(endpoints, "scheduler", scheduler, 60, log)
+    _wait_controllers_running(endpoints, controller_manager, 60, log)
+
+
+def _wait_controllers_running(endpoints: Endpoints, proc: subprocess.Popen, timeout: float, log: Log) -> None:
+    """Healthz turns ok before the controllers start; the `default` ServiceAccount shows they run (and pods
+    can be created in the default namespace)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"controller-manager exited with code {proc.returncode}")
+        try:
+            _api_json(endpoints, "/api/v1/namespaces/default/serviceaccounts/default")
+            log(f"  controllers running ({time.monotonic() - started:.1f}s)")
+            return
+        except urllib.error.HTTPError as err:
+            if err.code != 404:
+                raise
+        time.sleep(0.25)
+    raise RuntimeError(f"no default ServiceAccount after {timeout:.0f}s: the controllers do not run")
+
+
+def _wait_nodes_ready(endpoints: Endpoints, proc: subprocess.Popen, count: int, timeout: float, log: Log) -> None:
+    started = time.monotonic()
+    ready: list[str] = []
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"node agent exited with code {proc.returncode}; log tail:\n"
+                f"{sessions.tail(endpoints.layout.log_file('nodeagent'))}"
+            )
+        ready = _ready_nodes(endpoints)
+        if len(ready) >= count:
+            log(f"  {len(ready)} nodes Ready ({time.monotonic() - started:.1f}s): {', '.join(sorted(ready))}")
+            return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"only {len(ready)}/{count} nodes Ready after {timeout:.0f}s ({ready}); node agent log tail:\n"
+        f"{sessions.tail(endpoints.layout.log_file('nodeagent'))}"
+    )
+
+
+def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
+    if nodes.count == 0:
+        log("  no nodes requested (--nodes 0)")
+        return 0
+    if not components.nodeagent_available():
+        log("  node agent module localcluster.nodeagent not found: starting without nodes")
+        return 0
+    log(f"  starting node agent with {nodes.count} nodes")
+    agent = sessions.start(layout, "nodeagent", components.nodeagent_argv(layout, nodes))
+    _wait_nodes_ready(endpoints, agent, nodes.count, 120, log)
+    return nodes.count
+
+
+def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
+    """A cluster brought up with fewer nodes (e.g. --nodes 0), or whose agent died, gets an agent when a
+    caller wants nodes; the control plane and its objects stay as they are."""
+    agent = sessions.read_pid(layout, "nodeagent")
+    died = agent is not None and not sessions.ours(layout, agent)
+    if died:
+        log(f"  the node agent had exited (see {layout.log_file('nodeagent')})")
+        layout.pid_file("nodeagent").unlink()
+    ready = len(_ready_nodes(endpoints))
+    # Nodes of a dead agent still look Ready for the grace period, so they do not count.
+    enough = ready >= nodes.count and not died
+    if nodes.count == 0 or enough or (agent is not None and not died) or not components.nodeagent_available():
+        log(f"  {ready} nodes Ready")
+        return ready
+    try:
+        count = _start_nodes(layout, endpoints, nodes, log)
+    except BaseException:
+        if (pid := sessions.read_pid(layout, "nodeagent")) is not None:
+            sessions.stop_sessions([pid], STOP_GRACE_SECONDS)
+            layout.pid_file("nodeagent").unlink(missing_ok=True)
+        raise
+    record(layout, endpoints, count)
+    return count
+
+
+def _fresh_state(layout: Layout) -> None:
+    """Forgets the previous cluster's objects and processes; keeps the PKI and the logs."""
+    for path in [layout.etcd_data, layout.pids, layout.cluster_file]:
+        if path.is_dir():
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+        elif path.exists():
+            path.unlink()
+
+
+def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: int | None, log: Log) -> Cluster:
+    endpoints = load_endpoints(layout)
+    if endpoints and _healthy(status(layout.root), CORE):
+        log(f"local cluster already running at {endpoints.server}")
+        count = _add_missing_nodes(layout, endpoints, nodes, log)
+        return _cluster(layout, endpoints, count, started_now=False)
+    if _recorded_components(layout):
+        log("found a partly running cluster: stopping it first")
+        _down_locked(layout, log)
+    started = time.monotonic()
+    log(f"starting local Kubernetes {VERSION} control plane in {layout.state}")
+    bin_dir = ensure_binaries(layout.root, log)
+    pki_mod.ensure_pki(layout.pki)
+    _fresh_state(layout)
+    endpoints = Endpoints(layout, components.choose_ports(apiserver_port))
+    components.write_kubeconfigs(endpoints)
+    try:
+        _start_control_plane(layout, bin_dir, endpoints, log)
+        record(layout, endpoints, 0)
+        count = _start_nodes(layout, endpoints, nodes, log)
+    except BaseException:
+        log("start failed: stopping what was started")
+        _down_locked(layout, log)
+        raise
+    record(layout, endpoints, count)
+    log(f"local cluster up at {endpoints.server} in {time.monotonic() - started:.1f}s; "
+        f"export KUBECONFIG={layout.kubeconfig}")
+    return _cluster(layout, endpoints, count, started_now=True)
+
+
+def ensure_up(
+    root: Path, nodes: int = 3, *, gpus_per_node: int = 0, node_cpu: str = "8", node_memory: str = "16Gi",
+    apiserver_port: int | None = None, log: Log = _print,
+) -> Cluster:
+    """Starts the cluster unless a healthy one is already running; returns how to reach it."""
+    layout = Layout(root.resolve())
+    options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory)
+    with _locked(layout):
+        return _up_locked(layout, options, apiserver_port, log)
+
+
+def _run_nodeagent_cleanup(layout: Layout, log: Log) -> None:
+    if not components.nodeagent_available():
+        return
+    argv = components.nodeagent_cleanup_argv(layout)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=layout.root)
+    except subprocess.TimeoutExpired:
+        log("  node agent cleanup did not finish within 60s")
+        return
+    if result.returncode != 0:
+        log(f"  node agent cleanup failed ({result.returncode}): {result.stderr.strip()[-500:]}")
+
+
+def _stray_processes(layout: Layout) -> list[str]:
+    """Processes that still name the state dir on their command line (besides this one and its ancestors)."""
+    mine = {os.getpid(), os.getppid()}
+    strays = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in mine and sessions.alive(int(entry.name)):
+            cmd = sessions.cmdline(int(entry.name))
+            program = Path(cmd.split(" ", 1)[0]).name
+            if str(layout.state) in cmd and (program in COMPONENT_PROGRAMS or "localcluster.nodeagent" in cmd):
+                strays.append(f"{entry.name}: {cmd[:160]}")
+    return strays
+
+
+def _may_signal(layout: Layout, sid: int) -> bool:
+    """A live session leader that is not ours means the pid was recycled (e.g. after a reboot): leave it alone.
+    A dead leader's session id cannot be reused while its members live, so those are still ours."""
+    return not sessions.alive(sid) or sessions.ours(layout, sid)
+
+
+def _down_locked(layout: Layout, log: Log) -> list[str]:
+    groups = [["nodeagent"], ["scheduler", "controller-manager", "apiserver"], ["etcd"]]
+    # The agent's cleanup touches host network state, so it runs only for a cluster that had an agent.
+    had_agent = layout.pid_file("nodeagent").exists()
+    for names in groups:
+        pids = [sessions.read_pid(layout, name) for name in names]
+        sids = [pid for pid in pids if pid is not None and _may_signal(layout, pid)]
+        if not sids:
+            continue
+        survivors = sessions.stop_sessions(sids, STOP_GRACE_SECONDS)
+        for name in names:
+            layout.pid_file(name).unlink(missing_ok=True)
+        log(f"  stopped {', '.join(names)}" + (f" (survivors: {survivors})" if survivors else ""))
+    if had_agent:
+        _run_nodeagent_cleanup(layout, log)
+    layout.cluster_file.unlink(missing_ok=True)
+    return _stray_processes(layout)
+
+
+def stop(root: Path, log: Log = _print) -> None:
+    """Stops every process of the cluster; raises if one survives. Keeps binaries, PKI and logs."""
+    layout = Layout(root.resolve())
+    if not layout.state.exists():
+        log("no local cluster state: nothing to stop")
+        return
+    with _locked(layout):
+        strays = _down_locked(layout, log)
+    if strays:
+        raise RuntimeError("processes of the local cluster are still running:\n" + "\n".join(strays))
+    log("local cluster stopped")
+
+
+def cluster_info(root: Path) -> Cluster | None:
+    layout = Layout(root.resolve())
+    endpoints = load_endpoints(layout)
+    if endpoints is None:
+        return None
+    return _cluster(layout, endpoints, recorded_nodes(layout), started_now=False)
+
+
+def node_summary(root: Path) -> list[tuple[str, str]]:
+    """(name, Ready status) of every Node, for `localcluster status`."""
+    layout = Layout(root.resolve())
+    endpoints = load_endpoints(layout)
+    if endpoints is None:
+        return []
+    summary = []
+    for node in _api_json(endpoints, "/api/v1/nodes").get("items", []):
+        conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        summary.append((node["metadata"]["name"], conditions.get("Ready", "Unknown")))
+    return summary

@@ -1,0 +1,41 @@
+"""Polling with a deadline: the only way tests here wait for the cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_UNSEEN = object()
+
+
+def wait_for(
+    observe: Callable[[], T],
+    timeout: float,
+    what: str,
+    *,
+    until: Callable[[T], Any] = bool,
+    interval: float = 0.2,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Calls `observe` until `until(value)` holds and returns that value.
+
+    On timeout raises AssertionError naming `what` and the last value seen, so a failure says what the
+    cluster looked like. Exceptions of the `ignore` types count as an observation (e.g. a 404 while an
+    object does not exist yet); any other exception propagates at once.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = _UNSEEN
+    while True:
+        try:
+            last = observe()
+            if until(last):
+                return last
+        except ignore as err:
+            last = err
+        if time.monotonic() >= deadline:
+            seen = "nothing (never observed)" if last is _UNSEEN else repr(last)
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last observed: {seen}")
+        time.sleep(interval)
