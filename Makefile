@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WHEELS ?= ../shared/wheels
 TORCH_VERSION ?= 2.13.0
-KUBECONFIG_LOCAL := $(CURDIR)/.localcluster/kubeconfig
+NODES ?= 3
 
 .DEFAULT_GOAL := help
 
@@ -44,8 +44,8 @@ endif
 run: $(VENV)/.installed ## Start the local cluster, the operator and examples/elasticjob.yaml; follow it to the end
 	$(PY) -m localcluster.demo
 
-cluster-up: $(VENV)/.installed ## Start the local cluster (real control plane + process-backed nodes) in the background
-	$(VENV)/bin/localcluster up
+cluster-up: $(VENV)/.installed ## Start the local cluster (real control plane + $(NODES) process-backed nodes) in the background
+	$(VENV)/bin/localcluster up --nodes $(NODES)
 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
 	$(VENV)/bin/localcluster down
