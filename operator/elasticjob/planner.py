@@ -293,7 +293,10 @@ def describe(pod: PodView) -> str:
 
 
 def is_failed(pod: PodView) -> bool:
-    return pod.phase == "Failed" or (pod.deleting and pod.disruption is not None)
+    """A pod deleted on purpose (scale-down, suspend, a user) is no failure; an evicted one is."""
+    if pod.deleting:
+        return pod.disruption is not None
+    return pod.phase == "Failed"
 
 
 def account_failures(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:

@@ -361,3 +361,16 @@ def test_a_straggler_failing_after_training_finished_is_not_charged():
     assert result.status.phase == "Succeeded" and result.status.restarts == 0
     assert result.status.last_failures[0].charged is False
     assert all(e.reason != "WorkerFailed" for e in result.events)
+
+
+def test_a_pod_stopped_by_scale_down_is_not_a_failure():
+    leaving = failed(2, exit_code=143, deleting=True, deletion_time=NOW)
+    result = plan(job(running_status(), replicas=2), [rdzv(), worker(0), worker(1), leaving])
+    assert result.status.restarts == 0 and result.status.last_failures == []
+
+
+def test_an_evicted_pod_being_deleted_is_recorded():
+    evicted = worker(1, deleting=True, deletion_time=NOW, disruption="Evicted")
+    result = plan(job(running_status()), [rdzv(), worker(0), evicted])
+    assert [f.reason for f in result.status.last_failures] == ["Evicted"]
+    assert result.status.restarts == 0
