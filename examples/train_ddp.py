@@ -1,0 +1,163 @@
+"""Elastic DDP training that survives restarts, joins and lost nodes.
+
+Run it under torchrun (the ElasticJob operator does): the agent sets RANK, WORLD_SIZE and
+LOCAL_RANK for every run, and the world size may differ from one run to the next. Every run
+resumes from the latest checkpoint, so a restart loses at most --checkpoint-every steps.
+
+    torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT \
+        train_ddp.py --steps 100 --checkpoint-dir /ckpt
+
+Each rank appends one JSON line per completed step to --progress-file, which is what the
+end-to-end tests read to see what training actually did.
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("ELASTICJOB_CHECKPOINT_DIR", "/tmp/elasticjob-checkpoint"))
+    parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step, to slow training down")
+    parser.add_argument("--progress-file", help="default: <checkpoint-dir>/progress.jsonl")
+    parser.add_argument("--seed", type=int, default=0)
+    # Fault injection for the operator's tests.
+    parser.add_argument("--fail-exit-code", type=int, help="every run exits with this code at its first step")
+    parser.add_argument("--hang-at-step", type=int, help="rank 0 blocks at this step, once per checkpoint dir")
+    args = parser.parse_args(argv)
+    args.progress_file = args.progress_file or os.path.join(args.checkpoint_dir, "progress.jsonl")
+    return args
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+def synthetic_batch(seed, step, rank, device):
+    # The batch depends only on (seed, step, rank), so a resumed run sees the data it would have seen.
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    inputs = torch.randn(16, 32, generator=generator)
+    targets = inputs.sum(dim=1, keepdim=True) * 0.1
+    return inputs.to(device), targets.to(device)
+
+
+def load_checkpoint(path, model, optimizer):
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def save_checkpoint(path, model, optimizer, step):
+    # Write then rename: a worker killed mid-save leaves the previous checkpoint intact.
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+def agreed_start_step(step, device):
+    # Rank 0's checkpoint wins, so every rank runs the same number of steps.
+    tensor = torch.tensor([step], dtype=torch.int64, device=device)
+    dist.broadcast(tensor, src=0)
+    return int(tensor.item())
+
+
+def step_timer():
+    """A context manager per step: the agent's watchdog kills a worker whose step overruns."""
+    timer_file = os.environ.get("TORCHELASTIC_TIMER_FILE")
+    if not timer_file:
+        return contextlib.nullcontext
+    from torch.distributed.elastic import timer
+
+    timer.configure(timer.FileTimerClient(timer_file))
+    timeout = float(os.environ.get("ELASTICJOB_STEP_TIMEOUT_SECONDS", "60"))
+    return lambda: timer.expires(after=timeout)
+
+
+def hang_once(args, rank, step):
+    if args.hang_at_step != step or rank != 0:
+        return
+    marker = os.path.join(args.checkpoint_dir, f"hung-at-step-{step}")
+    if os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    print(f"rank 0 hanging at step {step}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def append_progress(path, record):
+    # One write() of one short line with O_APPEND: lines from concurrent ranks do not interleave.
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.time()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    use_cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+
+    torch.manual_seed(args.seed)
+    model = build_model().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    checkpoint = os.path.join(args.checkpoint_dir, CHECKPOINT_NAME)
+    resumed_from = agreed_start_step(load_checkpoint(checkpoint, model, optimizer), device)
+    ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    timed_step = step_timer()
+    host = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+    print(f"rank {rank}/{world_size} on {host} resuming from step {resumed_from} (restart {restart_count})", flush=True)
+
+    for step in range(resumed_from + 1, args.steps + 1):
+        if args.fail_exit_code is not None:
+            print(f"rank {rank} failing on purpose with exit code {args.fail_exit_code}", flush=True)
+            sys.exit(args.fail_exit_code)
+        with timed_step():
+            hang_once(args, rank, step)
+            inputs, targets = synthetic_batch(args.seed, step, rank, device)
+            loss = torch.nn.functional.mse_loss(ddp_model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(args.step_seconds)
+        append_progress(args.progress_file, {
+            "step": step, "rank": rank, "world_size": world_size, "local_rank": local_rank,
+            "restart_count": restart_count, "resumed_from": resumed_from, "loss": round(loss.item(), 6),
+            "pid": os.getpid(), "host": host, "started": started, "time": time.time(),
+        })
+        if rank == 0 and (step % args.checkpoint_every == 0 or step == args.steps):
+            save_checkpoint(checkpoint, model, optimizer, step)
+
+    dist.destroy_process_group()
+    print(f"rank {rank} done at step {args.steps} ({datetime.datetime.now().isoformat(timespec='seconds')})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Fixtures of the end-to-end scenarios, and the recovery-time table printed at the end of the session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from e2e_support import Faults, Jobs, LocalProgressReader, PodProgressReader, Progress, parse_progress
+
+
+@dataclass(frozen=True)
+class Recovery:
+    scenario: str
+    fault: str
+    seconds: float | None  # fault -> next completed training step; None: training never stepped again
+    world_size_after: int | None
+    restarts: int | None  # the job's status.restarts at the end
+
+
+RECOVERIES: list[Recovery] = []
+# Where the local cluster keeps its state (faults are injected through it).
+LOCAL_STATE = Path(__file__).resolve().parents[2] / ".localcluster"
+
+
+@pytest.fixture
+def jobs(kube, namespace: str) -> Jobs:
+    return Jobs(kube, namespace)
+
+
+@pytest.fixture
+def progress(cluster, jobs: Jobs) -> Iterator[Callable[[], Progress]]:
+    """Calling it reads what training has done so far (examples/train_ddp.py's progress.jsonl)."""
+    reader = LocalProgressReader(jobs.namespace) if cluster.kind == "local" else PodProgressReader(jobs)
+    yield lambda: parse_progress(reader.read_text())
+    if os.environ.get("E2E_KEEP_PROGRESS") != "1":  # kept for a post-mortem of the run
+        reader.close()
+
+
+@pytest.fixture
+def faults(cluster, jobs: Jobs) -> Faults:
+    return Faults(cluster, jobs, LOCAL_STATE)
+
+
+@pytest.fixture
+def record_recovery(request: pytest.FixtureRequest) -> Callable[..., None]:
+    def record(fault: str, seconds: float | None, world_size_after: int | None, restarts: int | None) -> None:
+        RECOVERIES.append(Recovery(request.node.name, fault, seconds, world_size_after, restarts))
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not RECOVERIES:
+        return
+    terminalreporter.section("elastic recovery: fault -> next completed training step")
+    width = max(len(r.scenario) for r in RECOVERIES)
+    terminalreporter.write_line(f"{'scenario':<{width}}  {'fault':<34} {'seconds':>8} {'world size':>10} {'restarts':>8}")
+    for r in RECOVERIES:
+        seconds = f"{r.seconds:.1f}" if r.seconds is not None else "never"
+        terminalreporter.write_line(f"{r.scenario:<{width}}  {r.fault:<34} {seconds:>8} {r.world_size_after!s:>10} "
+                                    f"{r.restarts!s:>8}")

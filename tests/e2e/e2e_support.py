@@ -1,0 +1,297 @@
+"""What the end-to-end scenarios share: the job they submit, how they read what training did, how they break things.
+
+Training reports through progress.jsonl in a hostPath checkpoint dir (/tmp/elasticjob-e2e/<namespace>/): one JSON
+line per completed step and rank, written by examples/train_ddp.py. On the local cluster every pod shares this
+machine's filesystem, so the file is read directly; on any other cluster (a single-node kind) it is read through a
+helper pod that mounts the same hostPath.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from helpers import wait_for
+
+GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
+HOST_ROOT = Path(os.environ.get("E2E_HOST_DIR", "/tmp/elasticjob-e2e"))
+CHECKPOINT_MOUNT = "/ckpt"
+# The worker image (images/worker-cpu.Dockerfile, loaded into kind by tests/e2e/kind/up.sh) holds torch and the
+# script at /workspace/examples; the local cluster ignores images but mounts the repo at /workspace, so the same
+# job runs unchanged on both.
+WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE", "elasticjob-worker:cpu")
+TRAIN_SCRIPT = os.environ.get("E2E_TRAIN_SCRIPT", "/workspace/examples/train_ddp.py")
+JOB_NAME = "train"
+
+
+# ---------------------------------------------------------------- the job
+
+
+def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1, max_replicas: int = 3,
+                 replicas: int = 2, max_restarts: int = 3, name: str = JOB_NAME, **spec_extra: Any) -> dict:
+    """An ElasticJob running train_ddp.py with a shared hostPath checkpoint dir and fast rendezvous timeouts."""
+    spec = {
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
+        "replicas": replicas,
+        "nprocPerNode": 1,
+        "maxRestarts": max_restarts,
+        "checkpointDir": CHECKPOINT_MOUNT,
+        # Keep finished pods: the scenarios assert on their exit codes.
+        "runPolicy": {"cleanPodPolicy": "None"},
+        "rendezvous": {"lastCallTimeoutSeconds": 1, "keepAliveIntervalSeconds": 2, "keepAliveMaxAttempts": 3},
+        "template": {"spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "worker",
+                "image": WORKER_IMAGE,
+                "command": ["torchrun", TRAIN_SCRIPT, *train_args],
+                # The agent's rendezvous decisions in the pod log, for the post-mortem of a slow recovery.
+                "env": [{"name": "LOGLEVEL", "value": "INFO"}],
+                "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}],
+            }],
+            "volumes": [{"name": "checkpoint", "hostPath": {"path": str(HOST_ROOT / namespace),
+                                                            "type": "DirectoryOrCreate"}}],
+        }},
+    }
+    for key, value in spec_extra.items():
+        spec[key] = value
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def train_args(steps: int, *, step_seconds: float = 0.25, checkpoint_every: int = 5, extra: tuple = ()) -> list[str]:
+    return ["--steps", str(steps), "--step-seconds", str(step_seconds), "--checkpoint-every", str(checkpoint_every),
+            *map(str, extra)]
+
+
+@dataclass
+class Jobs:
+    """The ElasticJob API of one namespace, and the pods behind it."""
+
+    api_client: Any
+    namespace: str
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api_client)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    def create(self, manifest: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, manifest)
+
+    def get(self, name: str = JOB_NAME) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def status(self, name: str = JOB_NAME) -> dict:
+        return self.get(name).get("status") or {}
+
+    def scale(self, replicas: int, name: str = JOB_NAME) -> None:
+        """Through the scale subresource, as `kubectl scale` and HPAs do."""
+        self.custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": {"replicas": replicas}})
+
+    def worker_pods(self, name: str = JOB_NAME) -> list[client.V1Pod]:
+        selector = f"elasticjob.dev/job-name={name},elasticjob.dev/role=worker"
+        return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+
+    def pod(self, pod_name: str) -> client.V1Pod:
+        return self.core.read_namespaced_pod(pod_name, self.namespace)
+
+    def wait_phase(self, phase: str, timeout: float, name: str = JOB_NAME) -> dict:
+        """Waits until status.phase is `phase`; fails at once if the job finished in another phase."""
+
+        def observe() -> dict:
+            status = self.status(name)
+            if status.get("phase") in ("Succeeded", "Failed") and status.get("phase") != phase:
+                raise AssertionError(f"job finished {status.get('phase')} while waiting for {phase}: "
+                                     f"{summary(status)}; pods: {self.pods_summary(name)}")
+            return status
+
+        return wait_for(observe, timeout, f"job {self.namespace}/{name} phase {phase}",
+                        until=lambda s: s.get("phase") == phase)
+
+    def pods_summary(self, name: str = JOB_NAME) -> list[str]:
+        return [pod_summary(p) for p in self.worker_pods(name)]
+
+
+def summary(status: dict) -> dict:
+    keep = ("phase", "reason", "message", "replicas", "readyReplicas", "restarts", "infrastructureFailures")
+    return {k: status.get(k) for k in keep if k in status}
+
+
+def pod_summary(pod: client.V1Pod) -> str:
+    states = []
+    for cs in (pod.status.container_statuses or []) if pod.status else []:
+        term = cs.state.terminated if cs.state else None
+        states.append(f"{cs.name}:exit={term.exit_code}" if term else f"{cs.name}:running={bool(cs.state.running)}")
+    return f"{pod.metadata.name}[{pod.status.phase if pod.status else '?'} node={pod.spec.node_name} {' '.join(states)}]"
+
+
+def exit_codes(pods: list[client.V1Pod]) -> dict[str, int | None]:
+    codes = {}
+    for pod in pods:
+        statuses = [cs for cs in (pod.status.container_statuses or []) if cs.name == "worker"]
+        term = statuses[0].state.terminated if statuses and statuses[0].state else None
+        codes[pod.metadata.name] = term.exit_code if term else None
+    return codes
+
+
+# ---------------------------------------------------------------- what training did
+
+
+class Progress:
+    """The step records of one job, in the order they were written."""
+
+    def __init__(self, records: list[dict]):
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        tail = [(r["step"], r["rank"], r["world_size"], r["host"]) for r in self.records[-4:]]
+        return f"Progress({len(self.records)} records, last step {self.last_step}, tail (step, rank, ws, host) {tail})"
+
+    @property
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.records), default=0)
+
+    def world_sizes(self) -> set[int]:
+        return {r["world_size"] for r in self.records}
+
+    def after(self, when: float) -> list[dict]:
+        return [r for r in self.records if r["time"] > when]
+
+    def first_after(self, when: float, world_size: int | None = None) -> dict | None:
+        """The first step completed by a worker process that had written nothing before `when`.
+
+        Only such a step shows recovery: a surviving worker may still finish the step it was in when the fault hit.
+        """
+        old = {process(r) for r in self.records if r["time"] <= when}
+        later = [r for r in self.after(when) if process(r) not in old
+                 and (world_size is None or r["world_size"] == world_size)]
+        return min(later, key=lambda r: r["time"], default=None)
+
+    def rank0_host(self) -> str:
+        return [r for r in self.records if r["rank"] == 0][-1]["host"]
+
+    def steps_by_world_size(self, world_size: int) -> set[int]:
+        return {r["step"] for r in self.records if r["world_size"] == world_size}
+
+
+def process(record: dict) -> tuple:
+    """Which worker process wrote a record: pod names and PIDs (in a PID namespace) repeat across pods."""
+    return record["host"], record["pid"], record["started"]
+
+
+class LocalProgressReader:
+    """The local cluster's pods share this filesystem."""
+
+    def __init__(self, namespace: str):
+        self.dir = HOST_ROOT / namespace
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def read_text(self) -> str:
+        try:
+            return (self.dir / "progress.jsonl").read_text()
+        except FileNotFoundError:
+            return ""
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PodProgressReader:
+    """Reads the hostPath through a helper pod: on a single-node kind cluster it sees the workers' directory."""
+
+    POD = "progress-reader"
+
+    def __init__(self, jobs: Jobs):
+        self.jobs = jobs
+        path = str(HOST_ROOT / jobs.namespace)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": self.POD}, "spec": {
+            "containers": [{"name": "reader", "image": WORKER_IMAGE,
+                            "command": ["python", "-c", "import time; time.sleep(10**9)"],
+                            "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}]}],
+            "volumes": [{"name": "checkpoint", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}],
+            "terminationGracePeriodSeconds": 0}}
+        jobs.core.create_namespaced_pod(jobs.namespace, pod)
+        wait_for(lambda: jobs.pod(self.POD).status.phase, 120, "the progress-reader pod to run",
+                 until=lambda phase: phase == "Running")
+
+    def read_text(self) -> str:
+        from kubernetes.stream import stream
+
+        return stream(self.jobs.core.connect_get_namespaced_pod_exec, self.POD, self.jobs.namespace,
+                      command=["sh", "-c", f"cat {CHECKPOINT_MOUNT}/progress.jsonl 2>/dev/null || true"],
+                      stderr=False, stdin=False, stdout=True, tty=False)
+
+    def close(self) -> None:
+        try:
+            self.jobs.core.delete_namespaced_pod(self.POD, self.jobs.namespace, grace_period_seconds=0)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def parse_progress(text: str) -> Progress:
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return Progress(records)
+
+
+# ---------------------------------------------------------------- faults
+
+
+@dataclass
+class Faults:
+    """Breaks pods and nodes: through the local cluster's faults API, or through the API server elsewhere."""
+
+    cluster: Any  # tests/conftest.py ClusterHandle
+    jobs: Jobs
+    state_dir: Path
+
+    @property
+    def local(self) -> bool:
+        return self.cluster.kind == "local"
+
+    def kill_pod(self, pod_name: str) -> float:
+        """SIGKILL every process of the pod (as a crashed node or OOM would). Returns the time of the fault."""
+        when = time.time()
+        if self.local:
+            from localcluster import faults
+
+            hits = faults.kill_pod(self.jobs.namespace, pod_name, signal.SIGKILL, self.state_dir)
+            assert hits, f"pod {pod_name} has no running container to kill"
+        else:
+            self.jobs.core.delete_namespaced_pod(pod_name, self.jobs.namespace, grace_period_seconds=0)
+        return when
+
+    def lose_node(self, node: str) -> float:
+        from localcluster import faults
+
+        when = time.time()
+        faults.node_loss(node, self.state_dir)
+        return when
+
+    def restore_node(self, node: str) -> None:
+        from localcluster import faults
+
+        faults.restore_node(node, self.state_dir)

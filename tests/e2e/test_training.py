@@ -1,0 +1,192 @@
+"""Real torchrun training under the operator, with faults injected while it runs.
+
+Every scenario asserts on what training did (progress.jsonl written by examples/train_ddp.py), not only on the
+job's status. Core scenarios (start, rank-0 pod killed, failing script) run in `make test`; the others are
+marked slow and run in `make e2e`. Recovery times (fault -> next completed step) are printed at the end.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from e2e_support import Jobs, Progress, exit_codes, job_manifest, train_args
+from helpers import wait_for
+
+START_TIMEOUT = 90  # pods scheduled, rendezvous formed, `import torch` in every process, on 2 cores
+RECOVERY_TIMEOUT = 90
+FINISH_TIMEOUT = 120
+CHECKPOINT_EVERY = 5
+
+
+def wait_progress(progress, until, timeout: float, what: str) -> Progress:
+    return wait_for(progress, timeout, what, until=until)
+
+
+def start(jobs: Jobs, progress, manifest: dict, *, world_size: int, min_step: int = 1) -> Progress:
+    jobs.create(manifest)
+    return wait_progress(
+        progress, lambda p: any(r["world_size"] == world_size and r["step"] >= min_step for r in p.records),
+        START_TIMEOUT, f"a completed step >= {min_step} at world size {world_size}")
+
+
+def finish(jobs: Jobs, progress, steps: int) -> Progress:
+    """The job succeeded and training really reached its last step, every step done at least once."""
+    status = jobs.wait_phase("Succeeded", FINISH_TIMEOUT)
+    pods = jobs.worker_pods()
+    # A pod on a lost node stays Running in the API until it is removed; it is not training.
+    still_running = [p.metadata.name for p in pods
+                     if p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
+    assert not still_running, f"job Succeeded while workers still run: {still_running}; {status}"
+    assert 0 in exit_codes(pods).values(), f"no worker pod exited 0: {jobs.pods_summary()}"
+    done = progress()
+    missing = set(range(1, steps + 1)) - {r["step"] for r in done.records}
+    assert done.last_step == steps and not missing, f"training incomplete (steps never done: {sorted(missing)}): {done}"
+    return done
+
+
+def recovery(progress, fault_time: float, what: str, world_size: int | None = None) -> dict:
+    return wait_progress(progress, lambda p: p.first_after(fault_time, world_size), RECOVERY_TIMEOUT,
+                         f"a completed step after {what}").first_after(fault_time, world_size)
+
+
+def assert_resumed_from_checkpoint(before: Progress, resumed: dict) -> None:
+    """Restarted workers lose at most the steps since the last checkpoint."""
+    assert resumed["resumed_from"] >= before.last_step - CHECKPOINT_EVERY, (
+        f"restarted from step {resumed['resumed_from']}, but step {before.last_step} had been reached "
+        f"with a checkpoint every {CHECKPOINT_EVERY} steps")
+
+
+# ---------------------------------------------------------------- core
+
+
+def test_start_runs_to_success(operator, jobs, progress):
+    steps = 12
+    start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2)
+    status = jobs.wait_phase("Succeeded", FINISH_TIMEOUT)
+    pods = jobs.worker_pods()
+    assert exit_codes(pods) == {"train-worker-0": 0, "train-worker-1": 0}, jobs.pods_summary()
+    finished_at = max(p.status.container_statuses[0].state.terminated.finished_at for p in pods)
+    assert status["completionTime"] >= finished_at.strftime("%Y-%m-%dT%H:%M:%SZ"), (
+        f"Succeeded at {status['completionTime']} before the last worker exited at {finished_at}")
+    done = finish(jobs, progress, steps)
+    last = [r for r in done.records if r["step"] == steps]
+    assert {(r["rank"], r["world_size"]) for r in last} == {(0, 2), (1, 2)}, last
+
+
+def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery):
+    steps = 40
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
+                   min_step=CHECKPOINT_EVERY + 2)
+    victim = before.rank0_host()
+    fault_time = faults.kill_pod(victim)
+    before = Progress([r for r in progress().records if r["time"] <= fault_time])
+    resumed = recovery(progress, fault_time, f"SIGKILL of {victim}")
+    assert_resumed_from_checkpoint(before, resumed)
+    finish(jobs, progress, steps)
+    restarts = jobs.status().get("restarts")
+    assert restarts == 1, f"one killed pod must count as exactly one restart: {jobs.status()}"
+    record_recovery(f"SIGKILL rank-0 pod {victim}", resumed["time"] - fault_time, resumed["world_size"], restarts)
+
+
+def test_always_failing_script_exhausts_max_restarts(operator, jobs, progress):
+    manifest = job_manifest(jobs.namespace, max_restarts=1, train_args=train_args(10, extra=("--fail-exit-code", 3)))
+    jobs.create(manifest)
+    status = jobs.wait_phase("Failed", FINISH_TIMEOUT)
+    assert status.get("reason") == "MaxRestartsExceeded", status
+    assert "exit code 3" in status.get("message", ""), status
+    assert 3 in {f.get("exitCode") for f in status.get("lastFailures", [])}, status
+    assert len(progress()) == 0, "a step completed although every run exits at its first step"
+
+
+def test_fatal_exit_code_fails_the_job(operator, jobs, progress):
+    manifest = job_manifest(jobs.namespace, max_restarts=1, failurePolicy={"fatalExitCodes": [3]},
+                            train_args=train_args(10, extra=("--fail-exit-code", 3)))
+    jobs.create(manifest)
+    status = jobs.wait_phase("Failed", FINISH_TIMEOUT)
+    assert status.get("reason") == "FatalExitCode", status
+    assert "3" in status.get("message", ""), status
+    assert len(progress()) == 0
+
+
+# ---------------------------------------------------------------- slow
+
+
+@pytest.mark.slow
+def test_scale_up_through_the_scale_subresource(operator, jobs, progress, record_recovery):
+    steps = 80
+    start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2, min_step=3)
+    scaled_at = time.time()
+    jobs.scale(3)
+    grown = recovery(progress, scaled_at, "scaling to 3", world_size=3)
+    finish(jobs, progress, steps)
+    assert jobs.status().get("restarts") == 0, f"a join is no failure: {jobs.status()}"
+    record_recovery("scale 2 -> 3", grown["time"] - scaled_at, 3, jobs.status().get("restarts"))
+
+
+@pytest.mark.slow
+def test_scale_down_to_one(operator, jobs, progress, record_recovery):
+    steps = 60
+    start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2, min_step=3)
+    scaled_at = time.time()
+    jobs.scale(1)
+    shrunk = recovery(progress, scaled_at, "scaling to 1", world_size=1)
+    done = finish(jobs, progress, steps)
+    assert {r["world_size"] for r in done.records if r["step"] == steps} == {1}
+    assert jobs.status().get("restarts") == 0, f"a scale-down is no failure: {jobs.status()}"
+    record_recovery("scale 2 -> 1", shrunk["time"] - scaled_at, 1, jobs.status().get("restarts"))
+
+
+@pytest.mark.slow
+def test_rendezvous_pod_killed(operator, jobs, progress, faults, record_recovery):
+    steps = 60
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
+                   min_step=CHECKPOINT_EVERY + 2)
+    fault_time = faults.kill_pod("train-rdzv")
+    before = Progress([r for r in progress().records if r["time"] <= fault_time])
+    resumed = recovery(progress, fault_time, "the rendezvous pod was killed")
+    assert_resumed_from_checkpoint(before, resumed)
+    finish(jobs, progress, steps)
+    status = jobs.status()
+    assert not [f for f in status.get("lastFailures", []) if f.get("charged") and f.get("reason") != "RendezvousLost"], (
+        f"losing the store was charged to the job: {status.get('lastFailures')}")
+    record_recovery("SIGKILL rendezvous pod", resumed["time"] - fault_time, resumed["world_size"],
+                    status.get("restarts"))
+
+
+@pytest.mark.slow
+def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
+    if cluster.kind != "local":
+        pytest.skip("node loss is injected through the local cluster's faults API")
+    steps = 100
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
+                   min_step=CHECKPOINT_EVERY + 2)
+    node = jobs.pod(before.rank0_host()).spec.node_name
+    fault_time = faults.lose_node(node)
+    try:
+        resumed = recovery(progress, fault_time, f"node {node} was lost")
+        finish(jobs, progress, steps)
+    finally:
+        faults.restore_node(node)
+    record_recovery(f"node loss ({node})", resumed["time"] - fault_time, resumed["world_size"],
+                    jobs.status().get("restarts"))
+
+
+@pytest.mark.slow
+def test_hung_worker_is_restarted_by_the_watchdog(operator, jobs, progress, record_recovery):
+    steps, hang_at, step_timeout = 24, 8, 5
+    manifest = job_manifest(jobs.namespace, watchdog={"enabled": True, "stepTimeoutSeconds": step_timeout},
+                            train_args=train_args(steps, extra=("--hang-at-step", hang_at)))
+    start(jobs, progress, manifest, world_size=2)
+    # A join restarts workers without counting; only a failure (the watchdog's kill) raises the restart count.
+    restarted = wait_progress(progress, lambda p: [r for r in p.records if r["restart_count"] >= 1],
+                              START_TIMEOUT + RECOVERY_TIMEOUT, f"a step by workers restarted after the hang at {hang_at}")
+    resumed = min((r for r in restarted.records if r["restart_count"] >= 1), key=lambda r: r["time"])
+    hang_began = max(r["time"] for r in restarted.records if r["step"] == hang_at - 1 and r["time"] < resumed["time"])
+    assert not [r for r in restarted.records if r["step"] >= hang_at and r["time"] < resumed["time"]], (
+        f"step {hang_at} completed before the restart: rank 0 did not hang")
+    assert resumed["time"] - hang_began >= step_timeout, f"the group restarted before the step deadline: {resumed}"
+    finish(jobs, progress, steps)
+    record_recovery(f"rank 0 hung (timeout {step_timeout}s)", resumed["time"] - hang_began, resumed["world_size"],
+                    jobs.status().get("restarts"))
