@@ -50,8 +50,10 @@ cluster-up: $(VENV)/.installed ## Start the local cluster (real control plane + 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
 	$(VENV)/bin/localcluster down
 
-bench: $(VENV)/.installed ## Benchmarks (results printed as tables)
+bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per event, and job size on the local cluster
 	$(PY) bench/run.py
+	$(VENV)/bin/localcluster up --nodes $(NODES)
+	$(PY) bench/scale.py
 
 clean: ## Remove the virtualenv and the local cluster's state (not the cached Kubernetes binaries)
 	-$(VENV)/bin/localcluster down
