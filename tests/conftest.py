@@ -235,3 +235,10 @@ def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProces
     """One operator watching this test's namespace, stopped with SIGTERM at teardown (must exit 0, clean log)."""
     return operator_factory()
 
+
+@pytest.fixture
+def install_rbac(kube):
+    """Applies the chart's ServiceAccount and RBAC (rendered by Helm); returns the account's user name."""
+    import chart_rbac
+
+    yield from chart_rbac.install_rbac(kube)

@@ -90,6 +90,24 @@ def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, fault
     record_recovery(f"SIGKILL rank-0 pod {victim}", resumed["time"] - fault_time, resumed["world_size"], restarts)
 
 
+def test_trains_under_the_charts_least_privilege_rbac(cluster, operator_factory, install_rbac, kube, jobs,
+                                                     progress, tmp_path):
+    """The basic scenario with the operator acting as the chart's ServiceAccount (token from TokenRequest)."""
+    from pathlib import Path
+
+    from chart_rbac import service_account_kubeconfig
+
+    user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [jobs.namespace]}}, jobs.namespace)
+    kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), jobs.namespace, user.rsplit(":", 1)[1],
+                                            tmp_path / "operator.kubeconfig")
+    operator = operator_factory(namespaces=[jobs.namespace], env={"KUBECONFIG": str(kubeconfig)})
+    steps = 8
+    start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2)
+    finish(jobs, progress, steps)
+    denied = [line for line in operator.log_text().splitlines() if "orbidden" in line or " 403" in line]
+    assert not denied, "the chart's RBAC refused the operator:\n" + "\n".join(denied[:5])
+
+
 def test_always_failing_script_exhausts_max_restarts(operator, jobs, progress):
     manifest = job_manifest(jobs.namespace, max_restarts=1, train_args=train_args(10, extra=("--fail-exit-code", 3)))
     jobs.create(manifest)
