@@ -26,6 +26,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="kopf peering priority; default with --peering: random, so exactly one replica is active "
                           "(kopf pauses every operator that shares the highest priority)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    run.add_argument("--log-format", choices=["full", "plain", "json"], default="full",
+                     help="log lines as text (full: with time and logger) or JSON; each names its job")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     return parser.parse_args(argv)
 
@@ -44,8 +46,8 @@ def run_operator(args: argparse.Namespace) -> None:
     import elasticjob.handlers  # noqa: F401  (registers the handlers)
     from elasticjob import metrics
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # kopf's formatter prefixes every line about a job with [namespace/name].
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(QuietEventHandlers())
     if not args.verbose:

@@ -22,6 +22,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.INFO
+    settings.posting.reporting_component = "elasticjob-operator"  # the "From" of `kubectl describe ej`
     # Reconnect watches every few minutes, so a silently broken connection cannot stall the operator.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
