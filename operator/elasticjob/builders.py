@@ -12,17 +12,49 @@ from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
 # A lost node's pods are evicted this long after the node stops answering (Kubernetes' default is 300 s).
 NODE_LOST_TOLERATION_SECONDS = 30
 RENDEZVOUS_SCRIPT = r'''
-import os, signal, sys
+import base64, http.server, json, os, pickle, signal, sys, threading
 from datetime import timedelta
 import torch.distributed as dist
 # Blocked before the store's threads start, so that only sigwait below sees them (exit 0, not 143).
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 port = int(os.environ["ELASTICJOB_RDZV_PORT"])
+key = "torch.rendezvous." + os.environ["ELASTICJOB_RDZV_RUN_ID"]
 # Listens on every address whatever the host; the host is where the store's own client connects.
 # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
 store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                       timeout=timedelta(seconds=int(os.environ.get("ELASTICJOB_RDZV_READ_TIMEOUT", "60"))))
-print(f"elasticjob rendezvous store listening on port {port}", flush=True)
+lock = threading.Lock()
+
+
+def rendezvous_state():
+    # torch's c10d backend keeps the rendezvous as base64(pickle(_RendezvousState)) under this key.
+    with lock:
+        raw = store.get(key) if store.check([key]) else b""
+    try:
+        state = pickle.loads(base64.b64decode(raw)) if raw else None
+    except Exception:  # the backend's "no state yet" sentinel
+        state = None
+    if state is None:
+        return {"round": None}
+    return {"round": state.round, "complete": state.complete, "closed": state.closed,
+            "nodes": len(state.participants), "waiting": len(state.wait_list)}
+
+
+class State(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps(rendezvous_state()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("", port + 1), State)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(f"elasticjob rendezvous store listening on port {port}, state on {port + 1}", flush=True)
 signal.sigwait({signal.SIGTERM, signal.SIGINT})
 print("elasticjob rendezvous store stopping", flush=True)
 os._exit(0)  # the store's server thread is C++; skip its destructor
@@ -109,8 +141,10 @@ def rendezvous_pod(job: JobRef) -> dict[str, Any]:
             "image": job.spec.rendezvous.image or container.get("image", ""),
             "command": ["python", "-c", RENDEZVOUS_SCRIPT],
             "env": [{"name": "ELASTICJOB_RDZV_PORT", "value": str(port)},
+                    {"name": "ELASTICJOB_RDZV_RUN_ID", "value": job.uid},
                     {"name": "ELASTICJOB_RDZV_READ_TIMEOUT", "value": str(job.spec.rendezvous.read_timeout_seconds)}],
-            "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
+            "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"},
+                      {"name": "state", "containerPort": port + 1, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         }],
@@ -137,6 +171,7 @@ def rendezvous_service(job: JobRef) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": naming.rendezvous_labels(job.name),
-            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"},
+                      {"name": "state", "port": port + 1, "targetPort": port + 1, "protocol": "TCP"}],
         },
     }

@@ -62,6 +62,8 @@ PRINTER_COLUMNS = [
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Rendezvous", "type": "string", "jsonPath": ".status.rendezvous.endpoint", "priority": 1},
+    {"name": "Round", "type": "integer", "jsonPath": ".status.rendezvous.round", "priority": 1,
+     "description": "How often the worker group has (re)formed"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -42,7 +42,8 @@ class RendezvousSpec(Model):
     split brain under CPU load.
     """
 
-    port: int = Field(29400, ge=1, le=65535, description="Port of the rendezvous Service and store.")
+    port: int = Field(29400, ge=1, le=65534, description="Port of the rendezvous Service and store; the next "
+                      "port serves the rendezvous state (round, nodes) to the operator.")
     image: str | None = Field(None, description="Image of the rendezvous pod; defaults to the worker image "
                               "(it must hold the same torch version as the agents).")
     join_timeout_seconds: int = Field(600, ge=1, le=86400,
@@ -155,6 +156,9 @@ class RendezvousStatus(Model):
     run_id: str | None = None
     pod: str | None = None
     ready: bool = False
+    round: int | None = Field(None, description="torch's rendezvous round: how often the worker group has "
+                              "(re)formed, counting torchrun's in-place restarts and membership changes.")
+    nodes: int | None = Field(None, description="Nodes (agents) in the current round.")
     restarts: int = Field(0, description="Times the rendezvous pod was lost and recreated.")
     last_lost_time: str | None = None
 

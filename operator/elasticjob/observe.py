@@ -58,6 +58,14 @@ class PodView:
 
 
 @dataclass(frozen=True)
+class RendezvousView:
+    """torch's rendezvous as the store holds it."""
+
+    round: int
+    nodes: int
+
+
+@dataclass(frozen=True)
 class ServiceView:
     name: str
     cluster_ip: str | None

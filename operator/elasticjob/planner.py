@@ -20,7 +20,7 @@ from elasticjob.models import (
     FailureRecord,
     Phase,
 )
-from elasticjob.observe import PodView, ServiceView
+from elasticjob.observe import PodView, RendezvousView, ServiceView
 
 # Failures this close together are one incident: agents of one group tend to fail together.
 INCIDENT_WINDOW = timedelta(seconds=15)
@@ -175,7 +175,8 @@ def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, n
 # --- the plan ---------------------------------------------------------------------------------------------
 
 
-def plan(job: Job, pods: list[PodView], service: ServiceView | None, now: datetime) -> Plan:
+def plan(job: Job, pods: list[PodView], service: ServiceView | None, now: datetime,
+         rendezvous: RendezvousView | None = None) -> Plan:
     status = job.status.model_copy(deep=True)
     status.observed_generation = job.generation
     status.selector = naming.worker_selector(job.ref.name)
@@ -184,6 +185,8 @@ def plan(job: Job, pods: list[PodView], service: ServiceView | None, now: dateti
     result = Plan(status=status)
     workers = [p for p in pods if p.role == naming.ROLE_WORKER]
     count_workers(result, workers)
+    if rendezvous is not None:
+        status.rendezvous.round, status.rendezvous.nodes = rendezvous.round, rendezvous.nodes
     if not status.phase.finished:
         drive(result, job, pods, workers, service, now)
     if status.phase.finished:

@@ -87,6 +87,7 @@ def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, fault
     finish(jobs, progress, steps)
     restarts = jobs.status().get("restarts")
     assert restarts == 1, f"one killed pod must count as exactly one restart: {jobs.status()}"
+    assert (jobs.status()["rendezvous"].get("round") or 0) >= 1, f"the group re-formed: {jobs.status()}"
     record_recovery(f"SIGKILL rank-0 pod {victim}", resumed["time"] - fault_time, resumed["world_size"], restarts)
 
 

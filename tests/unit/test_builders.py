@@ -61,6 +61,8 @@ def test_rendezvous_pod_runs_a_store_in_the_worker_image():
     assert container["image"] == "trainer:1"
     assert container["command"][:2] == ["python", "-c"] and "TCPStore" in container["command"][2]
     assert container["readinessProbe"]["tcpSocket"]["port"] == 29500
+    assert [p["containerPort"] for p in container["ports"]] == [29500, 29501]
+    assert {"name": "ELASTICJOB_RDZV_RUN_ID", "value": UID} in container["env"]
     assert pod["metadata"]["labels"]["elasticjob.dev/role"] == "rendezvous"
 
 
@@ -72,7 +74,7 @@ def test_rendezvous_image_can_be_overridden():
 def test_rendezvous_service_selects_only_the_store():
     svc = builders.rendezvous_service(ref())
     assert svc["spec"]["selector"] == {"elasticjob.dev/job-name": "train", "elasticjob.dev/role": "rendezvous"}
-    assert svc["spec"]["ports"][0]["port"] == 29400
+    assert [p["port"] for p in svc["spec"]["ports"]] == [29400, 29401]
 
 
 def test_rendezvous_script_compiles():

@@ -374,3 +374,14 @@ def test_an_evicted_pod_being_deleted_is_recorded():
     result = plan(job(running_status()), [rdzv(), worker(0), evicted])
     assert [f.reason for f in result.status.last_failures] == ["Evicted"]
     assert result.status.restarts == 0
+
+
+def test_the_rendezvous_round_and_nodes_are_reported():
+    from elasticjob.observe import RendezvousView
+
+    result = planner.plan(job(running_status()), [rdzv(), worker(0), worker(1)], SERVICE, NOW,
+                          RendezvousView(round=3, nodes=2))
+    assert (result.status.rendezvous.round, result.status.rendezvous.nodes) == (3, 2)
+    unknown = planner.plan(job(result.status.model_dump(by_alias=True, mode="json")), [rdzv(), worker(0)],
+                           SERVICE, NOW)
+    assert unknown.status.rendezvous.round == 3, "an unreadable store keeps the last known round"

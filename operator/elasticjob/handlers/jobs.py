@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from elasticjob import k8s, metrics, naming, planner
+from elasticjob import k8s, metrics, naming, planner, rendezvous_client
 from elasticjob.builders import JobRef
 from elasticjob.models import GROUP, PLURAL, VERSION, ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView
@@ -61,7 +61,11 @@ async def reconcile(body: dict[str, Any], kube: k8s.Kube, pods: list[PodView], s
     ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec)
     job = planner.Job(ref=ref, generation=meta.get("generation", 0), status=status)
     service = next((s for s in services if s.name == naming.rendezvous_name(ref.name)), None)
-    plan = planner.plan(job, pods, service, now)
+    store_ready = any(p.role == naming.ROLE_RENDEZVOUS and p.ready and not p.deleting for p in pods)
+    rendezvous = None
+    if service is not None and service.cluster_ip and store_ready:
+        rendezvous = await rendezvous_client.fetch(service.cluster_ip, spec.rendezvous.port + 1)
+    plan = planner.plan(job, pods, service, now, rendezvous)
     # Status first: a failure is on record before its pod is deleted, so a restart of the operator
     # between the two can neither lose nor double-count it.
     await write_status(kube, ref, status, plan.status, body, logger)
