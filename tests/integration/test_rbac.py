@@ -195,15 +195,20 @@ def test_two_replicas_with_peering_keep_exactly_one_active(kube, cluster, namesp
     for operator in operators:
         operator.wait_for_log("elasticjob operator started", timeout=60)
 
-    def paused() -> list[bool]:
-        return ["Pausing operations in favour of" in op.log_text() for op in operators]
+    # kopf starts every peering operator paused; the one with the highest priority resumes at once and the
+    # other stays paused without a word (it only logs a pause that it enters, not the one it starts in).
+    def resumed() -> list[bool]:
+        return ["Resuming operations after the pause" in op.log_text() for op in operators]
 
-    wait_for(paused, 60, "one of the two operators to pause in favour of the other",
-             until=lambda flags: sum(flags) == 1)
+    wait_for(resumed, 60, "exactly one of the two operators to resume", until=lambda flags: sum(flags) == 1)
     custom = client.CustomObjectsApi(kube)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, small_job("peer"))
     wait_for(lambda: client.CoreV1Api(kube).read_namespaced_service("peer-rdzv", namespace), 60,
              "the active operator to create the rendezvous Service", ignore=(ApiException,))
+    wait_for(lambda: [f"[{namespace}/peer]" in op.log_text() for op in operators], 30,
+             "the active operator to log about the job", until=any)
+    acting = [f"[{namespace}/peer]" in op.log_text() for op in operators]
+    assert acting == resumed(), f"the paused operator acted on the job too: acting {acting}, resumed {resumed()}"
     for operator in operators:
         log = operator.log_text()
         assert "Pausing all operators" not in log, operator.log_tail()
