@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import secrets
+import socket
 import sys
 
 from elasticjob import crd
+from elasticjob.peering import Peering
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,9 +58,11 @@ def run_operator(args: argparse.Namespace) -> None:
         metrics.serve(args.metrics_port)
     clusterwide = args.all_namespaces or not args.namespace
     priority = args.priority if args.priority is not None else (secrets.randbelow(2**31) + 1 if args.peering else 0)
+    identity = f"elasticjob-{socket.gethostname()}-{secrets.token_hex(4)}"
+    peers = Peering(args.peering, identity, priority, clusterwide) if args.peering else None
     kopf.run(clusterwide=clusterwide, namespaces=[] if clusterwide else args.namespace,
              liveness_endpoint=args.liveness, standalone=args.peering is None, peering_name=args.peering,
-             priority=priority)
+             priority=priority, identity=identity, memo=kopf.Memo(peering=peers))
 
 
 def main(argv: list[str] | None = None) -> int:

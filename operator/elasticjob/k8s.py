@@ -119,5 +119,18 @@ class Kube:
         except NotFound:
             pass
 
+    async def peering_peers(self, name: str, namespace: str | None) -> dict[str, Any]:
+        """The peers kopf records in a (Cluster)KopfPeering's status; empty when the object is missing."""
+        custom = self.custom
+        try:
+            if namespace is None:
+                body = await _call(custom.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", name)
+            else:
+                body = await _call(custom.get_namespaced_custom_object, "kopf.dev", "v1", namespace,
+                                   "kopfpeerings", name)
+        except NotFound:
+            return {}
+        return dict(body.get("status") or {})
+
     def close(self) -> None:
         self.client.close()

@@ -248,17 +248,19 @@ def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> Non
                         for ns in roles}
 
 
-def test_rbac_peering_grants_list_watch_and_patch_of_its_own_object() -> None:
+def test_rbac_peering_grants_list_watch_and_get_patch_of_its_own_object() -> None:
     cluster = render(VARIANTS["peering"])
     assert grants(by_kind(cluster, "ClusterRole")) == {
         **NAMESPACED_GRANTS, **CRD_GRANT, ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
-    assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
+    assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "get"),
+                                                             ("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
     assert [p["metadata"]["name"] for p in by_kind(cluster, "ClusterKopfPeering")] == [FULLNAME]
 
     namespaced = render(VARIANTS["peering-namespaced"])
     (role,) = by_kind(namespaced, "Role")
     assert grants([role]) == {**NAMESPACED_GRANTS, ("kopf.dev", "kopfpeerings"): {"list", "watch"}}
-    assert named_grants([role]) == {("kopf.dev", "kopfpeerings", FULLNAME, "patch")}
+    assert named_grants([role]) == {("kopf.dev", "kopfpeerings", FULLNAME, "get"),
+                                    ("kopf.dev", "kopfpeerings", FULLNAME, "patch")}
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(namespaced, "KopfPeering")] == [
         ("team-a", FULLNAME)]
 

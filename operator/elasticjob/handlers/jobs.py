@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from elasticjob import k8s, metrics, naming, planner, rendezvous_client
+from elasticjob import k8s, metrics, naming, peering, planner, rendezvous_client
 from elasticjob.builders import JobRef
 from elasticjob.models import GROUP, PLURAL, VERSION, ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView
@@ -28,14 +28,19 @@ async def job_event(type: str | None, body: kopf.Body, namespace: str, name: str
         metrics.forget_job(namespace, name)
         return
     reconcile_job = functools.partial(reconcile_timed, kube=memo.kube, key=key, job_pods=job_pods,
-                                      job_services=job_services, logger=logger)
+                                      job_services=job_services, logger=logger,
+                                      peers=getattr(memo, "peering", None))
     memo.loops.observe(key, dict(body), reconcile_job, logger)
 
 
 async def reconcile_timed(body: dict[str, Any], *, kube: k8s.Kube, key: tuple[str, str], job_pods: kopf.Index,
-                          job_services: kopf.Index, logger: logging.Logger) -> float:
+                          job_services: kopf.Index, logger: logging.Logger,
+                          peers: peering.Peering | None = None) -> float:
     started = time.monotonic()
     try:
+        if peers is not None and not await active_replica(kube, peers, key[0]):
+            logger.debug("another operator replica is active (kopf peering); not reconciling")
+            return planner.RESYNC_SECONDS
         delay = await reconcile(body, kube, list(job_pods.get(key, [])), list(job_services.get(key, [])), logger)
         metrics.RECONCILES.labels("ok").inc()
     except k8s.NotFound:
@@ -46,6 +51,11 @@ async def reconcile_timed(body: dict[str, Any], *, kube: k8s.Kube, key: tuple[st
         delay = 5.0
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     return delay
+
+
+async def active_replica(kube: k8s.Kube, peers: peering.Peering, namespace: str) -> bool:
+    recorded = await kube.peering_peers(peers.name, None if peers.clusterwide else namespace)
+    return peering.is_active(recorded, peers.identity, peers.priority, datetime.now(timezone.utc))
 
 
 async def reconcile(body: dict[str, Any], kube: k8s.Kube, pods: list[PodView], services: list[ServiceView],
