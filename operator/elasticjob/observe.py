@@ -52,6 +52,11 @@ class PodView:
     generation: int | None = None
 
     @property
+    def serving(self) -> bool:
+        """Ready and not on its way out."""
+        return self.ready and not self.deleting
+
+    @property
     def active(self) -> bool:
         """Running or about to: counts towards the group."""
         return self.phase in ("Pending", "Running", "Unknown") and not self.deleting

@@ -212,11 +212,12 @@ def drive(plan: Plan, job: Job, pods: list[PodView], workers: list[PodView], ser
         return
     force_delete_stuck(plan, pods, now)
     ensure_rendezvous(plan, job, pods, service, now)
-    account_failures(plan, job, workers, now)
+    training_done = any(p.phase == "Succeeded" for p in workers)
+    account_failures(plan, job, workers, training_done, now)
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return
-    if any(p.phase == "Succeeded" for p in workers):
+    if training_done:
         complete(plan, job, workers, now)
         return
     scale(plan, job, workers, service)
@@ -302,23 +303,21 @@ def is_failed(pod: PodView) -> bool:
     return pod.phase == "Failed"
 
 
-def account_failures(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
+def account_failures(plan: Plan, job: Job, workers: list[PodView], training_done: bool, now: datetime) -> None:
+    """Record each failed pod once (by uid, before it is deleted), then delete it to make room for its
+    replacement."""
     status = plan.status
     seen = {f.uid for f in status.last_failures}
-    finished = any(p.phase == "Succeeded" for p in workers)
     for pod in sorted((p for p in workers if is_failed(p)), key=lambda p: p.name):
-        if pod.uid in seen:
-            if pod.phase == "Failed" and not pod.deleting:
-                plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
-            continue
-        if finished:
-            # An agent exits 0 only when its workers succeeded: training is done, a straggler's exit is not.
-            record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
-        else:
-            reason, charged = classify(pod, job, status, now)
-            record_failure(plan, job, pod, reason, charged, now)
-        if status.phase.finished:
-            return
+        if pod.uid not in seen:
+            if training_done:
+                # An agent exits 0 only when its workers succeeded: training is done, a straggler's exit is not.
+                record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
+            else:
+                reason, charged = classify(pod, job, status, now)
+                record_failure(plan, job, pod, reason, charged, now)
+            if status.phase.finished:
+                return
         if pod.phase == "Failed" and not pod.deleting:
             plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
 
@@ -373,7 +372,7 @@ def ensure_rendezvous(plan: Plan, job: Job, pods: list[PodView], service: Servic
         plan.act(CreateObject(builders.rendezvous_pod(job.ref)))
     elif rdzv.phase in ("Failed", "Succeeded") and not rdzv.deleting:
         plan.act(DeletePod(rdzv.name, rdzv.uid, grace_seconds=0))
-    ready = bool(rdzv and rdzv.ready and not rdzv.deleting)
+    ready = rdzv is not None and rdzv.serving
     if status.ready and not ready:
         status.restarts += 1
         status.last_lost_time = stamp(now)
@@ -402,7 +401,7 @@ def scale(plan: Plan, job: Job, workers: list[PodView], service: ServiceView | N
     if service is None or not service.cluster_ip:
         plan.soon(1)
         return
-    endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
+    endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
     missing = [i for i in range(desired) if i not in existing]
     budget = restart_budget(plan, job)
     for index in missing:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "charts"))
 
@@ -17,7 +19,7 @@ def test_readme_table_matches_values_yaml():
 
 
 def test_every_value_is_described():
-    missing = [row[0] for row in values_table.rows(
-        __import__("yaml").safe_load(values_table.VALUES.read_text()),
-        values_table.comments_by_key(values_table.VALUES.read_text())) if not row[2]]
+    text = values_table.VALUES.read_text()
+    missing = [path for path, _, note in values_table.rows(yaml.safe_load(text), values_table.comments_by_key(text))
+               if not note]
     assert not missing, f"values without a comment above them: {missing}"

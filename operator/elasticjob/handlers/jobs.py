@@ -71,7 +71,7 @@ async def reconcile(body: dict[str, Any], kube: k8s.Kube, pods: list[PodView], s
     ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec)
     job = planner.Job(ref=ref, generation=meta.get("generation", 0), status=status)
     service = next((s for s in services if s.name == naming.rendezvous_name(ref.name)), None)
-    store_ready = any(p.role == naming.ROLE_RENDEZVOUS and p.ready and not p.deleting for p in pods)
+    store_ready = any(p.role == naming.ROLE_RENDEZVOUS and p.serving for p in pods)
     rendezvous = None
     if service is not None and service.cluster_ip and store_ready:
         rendezvous = await rendezvous_client.fetch(service.cluster_ip, spec.rendezvous.port + 1)
