@@ -1,0 +1,59 @@
+"""Which rendezvous rounds formed, and which of them were failures: pure bookkeeping over observed states.
+
+When a worker process fails, every agent restarts its workers in place and the same nodes form the next
+round: a failure, which the operator charges to the job's restart budget. When nodes join or leave, the set
+of nodes changes: a membership change, never charged. So a newly completed round whose set of node addresses
+equals the previous completed round's is a failure round, unless the store's own restart (a waiter, see
+actions.add_waiter) caused it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from elasticjob_store.state import RendezvousState
+
+KEEP_ROUNDS = 10
+
+
+@dataclass(frozen=True)
+class CompletedRound:
+    round: int
+    nodes: tuple[str, ...]  # sorted participant addresses
+    completed_at: float  # unix time the store first saw it complete
+    failure: bool
+
+
+class RoundTracker:
+    """Fed every state the store reads, in order; remembers the last KEEP_ROUNDS completed rounds."""
+
+    def __init__(self, keep: int = KEEP_ROUNDS) -> None:
+        self.rounds: deque[CompletedRound] = deque(maxlen=keep)
+        self.failure_rounds = 0
+        self.last_failure_at: float | None = None
+        self._last: CompletedRound | None = None
+        self.restart_of: int | None = None  # the round the store's own restart ends
+
+    def note_restart(self, round_restarted: int) -> None:
+        """The store put a waiter into `round_restarted`: the next round to form is ours, not a failure."""
+        self.restart_of = round_restarted
+
+    def observe(self, state: RendezvousState | None, now: float) -> CompletedRound | None:
+        """Records the state's round if it is complete and new; returns it then, else None."""
+        if state is None or not state.complete:
+            return None
+        if self._last is not None and state.round == self._last.round:
+            return None
+        nodes = tuple(sorted({node.addr for node in state.participants}))
+        ours = self.restart_of is not None and state.round > self.restart_of
+        if ours:
+            self.restart_of = None
+        failure = self._last is not None and nodes == self._last.nodes and not ours
+        completed = CompletedRound(state.round, nodes, now, failure)
+        if failure:
+            self.failure_rounds += 1
+            self.last_failure_at = now
+        self.rounds.append(completed)
+        self._last = completed
+        return completed
