@@ -1,0 +1,178 @@
+"""The store-side loop: read the rendezvous state, apply an action, write it back the way the agents do.
+
+Agents update the state with compare_set(key, old_bytes, new_bytes): the whole old value is the fencing token,
+and a writer that lost the race re-reads and redoes its action. We write the same way, so an agent's
+heartbeat or join that lands between our read and our write is never overwritten; we redo our action on top
+of it instead. A background poller feeds the RoundTracker and takes the restart waiter out once the round it
+was meant to end has ended.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Protocol
+
+from elasticjob_store import actions
+from elasticjob_store.actions import Outcome
+from elasticjob_store.rounds import RoundTracker
+from elasticjob_store.state import RendezvousState, StateError, decode, encode, state_key
+
+WRITE_ATTEMPTS = 8
+POLL_INTERVAL = 0.25
+# A waiter the agents have not answered within this long is taken out anyway (the agents' own _sanitize
+# drops it after keep_alive_interval x keep_alive_max_attempt, but only in their copies until one writes).
+WAITER_TTL = 15.0
+
+
+class Store(Protocol):
+    """The part of torch.distributed.Store used here."""
+
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def compare_set(self, key: str, expected_value: bytes, desired_value: bytes) -> bytes: ...
+
+
+class ConflictError(RuntimeError):
+    """Every attempt to write lost a race with the agents."""
+
+
+class Control:
+    def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] = print) -> None:
+        self.run_id = run_id
+        self.key = state_key(run_id)
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes
+        self.tracker = RoundTracker()
+        self._store = store
+        self._clock = clock
+        self._log = log
+        # One TCPStore client serves the HTTP threads and the poller; the old script also serialised its use.
+        self._store_lock = threading.Lock()
+        # Guards the tracker and the waiter bookkeeping, which HTTP threads read while the poller writes.
+        self.lock = threading.Lock()
+        self._decoded: tuple[bytes, RendezvousState | None] = (b"", None)
+        self._waiter_round: int | None = None
+        self._waiter_added_at = 0.0
+
+    def log(self, message: str) -> None:
+        self._log(f"[rendezvous {self.run_id}] {message}")
+
+    def now(self) -> float:
+        return self._clock()
+
+    def read(self) -> tuple[bytes, RendezvousState | None]:
+        """The raw bytes under the key and the state they hold. Raises StateError for a state we refuse."""
+        with self._store_lock:
+            # get() would block until the key exists; the agents create it when their backend starts.
+            raw = self._store.get(self.key) if self._store.check([self.key]) else b""
+        return raw, self._decode(raw)
+
+    def _decode(self, raw: bytes) -> RendezvousState | None:
+        # The poller reads four times a second and the state rarely changes: decode each value once.
+        # Actions copy before they change anything, so sharing the decoded object is safe.
+        cached_raw, cached_state = self._decoded
+        if raw == cached_raw:
+            return cached_state
+        state = decode(raw)
+        self._decoded = (raw, state)
+        return state
+
+    def apply(self, action: Callable[[RendezvousState | None], Outcome]) -> Outcome:
+        """Runs `action` on the current state and writes its result, fenced by the bytes it read.
+
+        A lost race returns the value that won; the action is redone on it. Raises ConflictError after
+        WRITE_ATTEMPTS lost races, StateError when the stored state is one we refuse to decode.
+        """
+        raw, state = self.read()
+        for _ in range(WRITE_ATTEMPTS):
+            outcome = action(state)
+            if outcome.state is None:
+                return outcome
+            new_raw = encode(outcome.state)
+            with self._store_lock:
+                current = self._store.compare_set(self.key, raw, new_raw)
+            if current == new_raw:  # how torch's backend learns that its write took effect, too
+                return outcome
+            raw, state = current, self._decode(current)
+        raise ConflictError(f"lost {WRITE_ATTEMPTS} races with the agents writing the rendezvous state")
+
+    def _utc(self, unix: float) -> datetime:
+        return datetime.fromtimestamp(unix, timezone.utc)
+
+    def remove(self, addr: str, heartbeat_before: float) -> Outcome:
+        before = self._utc(heartbeat_before)
+        outcome = self.apply(lambda state: actions.remove_node(state, addr, before, self.min_nodes))
+        self.log(f"remove addr={addr} heartbeatBefore={heartbeat_before:.3f}: {outcome.reason}"
+                 + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
+        return outcome
+
+    def complete(self, live_nodes: int) -> Outcome:
+        now = self._utc(self.now())
+        outcome = self.apply(lambda state: actions.complete_round(state, live_nodes, self.min_nodes,
+                                                                  self.max_nodes, now))
+        self.log(f"complete liveNodes={live_nodes}: {outcome.reason}")
+        return outcome
+
+    def restart(self, round_seen: int) -> Outcome:
+        now = self.now()
+        # Recorded before the write: the poller must not take out a waiter it has not been told about.
+        with self.lock:
+            previous = (self._waiter_round, self._waiter_added_at, self.tracker.restart_of)
+            self._waiter_round, self._waiter_added_at = round_seen, now
+            self.tracker.note_restart(round_seen)
+        outcome = None
+        try:
+            outcome = self.apply(lambda state: actions.add_waiter(state, round_seen, self._utc(now)))
+        finally:
+            if outcome is None or outcome.state is None:  # nothing written: forget what we recorded
+                with self.lock:
+                    self._waiter_round, self._waiter_added_at, self.tracker.restart_of = previous
+        self.log(f"restart round={round_seen}: {outcome.reason}")
+        return outcome
+
+    def poll(self) -> None:
+        """One poller tick: record a newly completed round, take out a waiter that did its job."""
+        _, state = self.read()
+        now = self.now()
+        with self.lock:
+            completed = self.tracker.observe(state, now)
+        if completed is not None:
+            kind = "failure round" if completed.failure else "round"
+            self.log(f"{kind} {completed.round} formed with {len(completed.nodes)} node(s): "
+                     f"{', '.join(completed.nodes)}")
+        if actions.has_waiter(state) and self._waiter_finished(state, now):
+            outcome = self.apply(lambda current: actions.remove_waiter(current)
+                                 if self._waiter_finished(current, now) else Outcome(None, False, "still needed"))
+            if outcome.done:
+                self.log(f"waiter removed (round now {state.round})")
+
+    def _waiter_finished(self, state: RendezvousState | None, now: float) -> bool:
+        with self.lock:
+            waiter_round, added_at = self._waiter_round, self._waiter_added_at
+        # A waiter this process did not add (it restarted) has no known round: take it out.
+        return (state is not None and (waiter_round is None or state.round != waiter_round
+                                       or now - added_at > WAITER_TTL))
+
+
+def start_poller(control: Control, stop: threading.Event, interval: float = POLL_INTERVAL) -> threading.Thread:
+    """Polls until `stop` is set. Errors are logged once per distinct message, not four times a second."""
+
+    def run() -> None:
+        last_error = ""
+        while not stop.wait(interval):
+            try:
+                control.poll()
+                last_error = ""
+            except (StateError, ConflictError, RuntimeError, ValueError) as err:
+                message = f"{type(err).__name__}: {err}"
+                if message != last_error:
+                    control.log(f"poller: {message}")
+                last_error = message
+
+    thread = threading.Thread(target=run, name="rendezvous-poller", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,79 @@
+"""The rendezvous pod's process: the TCPStore the agents meet in, the control endpoint, the round poller.
+
+Environment (set by the operator on the pod):
+  ELASTICJOB_RDZV_PORT           the store's port; the control endpoint listens on port + 1
+  ELASTICJOB_RDZV_RUN_ID         torch's run id (the job's UID): the state is under torch.rendezvous.<run id>
+  ELASTICJOB_RDZV_MIN_NODES      the job's min nodes, as the agents' --nnodes (default 1)
+  ELASTICJOB_RDZV_MAX_NODES      the job's max nodes (default: no limit). The agents recheck both before they
+                                 complete a round, so wrong values make a nudge do nothing, never harm
+  ELASTICJOB_RDZV_READ_TIMEOUT   seconds, the store's timeout (default 60)
+  ELASTICJOB_RDZV_TOKEN_FILE     the file holding the control endpoint's bearer token (unset: every control
+                                 request is refused)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from datetime import timedelta
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+NO_LIMIT = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _int_env(name: str, default: int | None, low: int, high: int = NO_LIMIT) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise ConfigError(f"{name} is required")
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{name}={number} is outside {low}..{high}")
+    return number
+
+
+def main() -> None:
+    # Usually blocked already by __main__ before torch was imported; blocking again is harmless.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        port = _int_env("ELASTICJOB_RDZV_PORT", None, 1, 65534)
+        run_id = os.environ.get("ELASTICJOB_RDZV_RUN_ID", "")
+        if not run_id:
+            raise ConfigError("ELASTICJOB_RDZV_RUN_ID is required")
+        min_nodes = _int_env("ELASTICJOB_RDZV_MIN_NODES", 1, 1)
+        max_nodes = _int_env("ELASTICJOB_RDZV_MAX_NODES", NO_LIMIT, min_nodes)
+        read_timeout = _int_env("ELASTICJOB_RDZV_READ_TIMEOUT", 60, 1)
+    except ConfigError as err:
+        print(f"elasticjob rendezvous store: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    token_file = os.environ.get("ELASTICJOB_RDZV_TOKEN_FILE") or None
+
+    import torch.distributed as dist
+
+    from elasticjob_store.control import Control, start_poller
+    from elasticjob_store.server import make_server, read_token
+
+    # Listens on every address whatever the host; the host is where the store's own client connects.
+    # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
+                          timeout=timedelta(seconds=read_timeout))
+    control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True))
+    server = make_server(control, "", port + 1, token_file)
+    threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
+    start_poller(control, threading.Event())
+    auth = "token required" if read_token(token_file) else "no token configured: control requests refused"
+    print(f"elasticjob rendezvous store listening on port {port}, control on {port + 1} ({auth}); "
+          f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
+    signal.sigwait(STOP_SIGNALS)
+    print("elasticjob rendezvous store stopping", flush=True)
+    os._exit(0)  # the store's server thread is C++ with no clean shutdown path; skip its destructor

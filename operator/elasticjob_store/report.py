@@ -1,0 +1,49 @@
+"""The JSON the operator reads from GET /v1/state: a pure rendering of a decoded state and the round history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from elasticjob_store.actions import WAITER, has_waiter
+from elasticjob_store.rounds import RoundTracker
+from elasticjob_store.state import NodeDesc, RendezvousState
+
+
+def _age(state: RendezvousState, node: NodeDesc, now: float) -> float | None:
+    beat: datetime | None = state.last_heartbeats.get(node)
+    return None if beat is None else round(now - beat.timestamp(), 3)
+
+
+def _node(state: RendezvousState, node: NodeDesc, now: float) -> dict[str, Any]:
+    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "heartbeatAge": _age(state, node, now)}
+
+
+def node_ref(node: NodeDesc) -> dict[str, Any]:
+    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id}
+
+
+def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float, epoch: str, run_id: str,
+             min_nodes: int, max_nodes: int) -> dict[str, Any]:
+    """`epoch` changes when the store process restarts: the operator then knows the counts started over."""
+    body: dict[str, Any] = {
+        "epoch": epoch, "runId": run_id, "now": now, "minNodes": min_nodes, "maxNodes": max_nodes,
+        "round": None, "complete": False, "closed": False, "deadlineIn": None,
+        "participants": [], "waiting": [], "redundant": [],
+        "failureRounds": tracker.failure_rounds, "lastFailureRoundAt": tracker.last_failure_at,
+        "rounds": [{"round": r.round, "nodes": list(r.nodes), "completedAt": r.completed_at}
+                   for r in tracker.rounds],
+        "waiterActive": has_waiter(state),
+    }
+    if state is None:
+        return body
+    by_rank = sorted(state.participants.items(), key=lambda item: (item[1], item[0]))
+    body.update({
+        "round": state.round, "complete": state.complete, "closed": state.closed,
+        "deadlineIn": None if state.deadline is None else round(state.deadline.timestamp() - now, 3),
+        "participants": [{**_node(state, node, now), "rank": rank} for node, rank in by_rank],
+        # The store's own waiter is reported as waiterActive, not as a node.
+        "waiting": [_node(state, node, now) for node in sorted(state.wait_list) if node != WAITER],
+        "redundant": [_node(state, node, now) for node in sorted(state.redundancy_list)],
+    })
+    return body

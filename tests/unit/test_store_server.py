@@ -1,0 +1,393 @@
+"""The store's control endpoint against a real TCPStore: auth, input checks, and that each action changes the
+stored state exactly as the pure functions say. Also `python -m elasticjob_store` as the pod runs it."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from elasticjob_store import actions
+from elasticjob_store.control import Control
+from elasticjob_store.server import make_server
+from elasticjob_store.state import StateError, decode, state_key
+from helpers import wait_for
+from store_states import A, A2, B, C, fields, make_state
+
+RUN_ID = "run-1"
+TOKEN = "s3cret-token"
+T0 = 1_900_000_000.0  # the store's clock in these tests
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, token_file: str | None) -> None:
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                                   timeout=timedelta(seconds=10))
+        self.key = state_key(RUN_ID)
+        self.clock = Clock()
+        self.lines: list[str] = []
+        self.control = Control(self.store, RUN_ID, 2, 3, clock=self.clock, log=self.lines.append)
+        self.server = make_server(self.control, "127.0.0.1", 0, token_file)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def write(self, state) -> bytes:
+        """Writes as torch's backend does: compare_set against the current value."""
+        raw = base64.b64encode(pickle.dumps(state))
+        current = self.store.get(self.key) if self.store.check([self.key]) else b""
+        assert self.store.compare_set(self.key, current, raw) == raw
+        return raw
+
+    def stored(self):
+        return decode(self.store.get(self.key))
+
+    def call(self, method: str, path: str, body=None, token: str | None = TOKEN, raw: bytes | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+        conn.close()
+        try:
+            return response.status, json.loads(payload)
+        except ValueError:
+            return response.status, payload.decode()
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")  # a Secret edited by hand often ends in a newline
+    return path
+
+
+@pytest.fixture
+def harness(tmp_path, token_file):
+    h = Harness(tmp_path, str(token_file))
+    yield h
+    h.server.shutdown()
+    h.server.server_close()
+
+
+def test_healthz_needs_no_token(tmp_path):
+    h = Harness(tmp_path, None)
+    try:
+        assert h.call("GET", "/healthz", token=None) == (200, "ok")
+    finally:
+        h.server.shutdown()
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "/v1/state", None),
+    ("POST", "/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": T0}),
+    ("POST", "/v1/complete", {"liveNodes": 2}),
+    ("POST", "/v1/restart", {"round": 0}),
+    ("GET", "/no-such-path", None),
+])
+def test_every_control_request_needs_the_token(harness, method, path, body):
+    for token in (None, "wrong", TOKEN + "x", ""):
+        status, answer = harness.call(method, path, body, token=token)
+        assert status == 401, (token, answer)
+    assert harness.call(method, path, body)[0] in (200, 404)
+
+
+def test_basic_auth_is_not_a_bearer_token(harness):
+    conn = http.client.HTTPConnection("127.0.0.1", harness.port, timeout=10)
+    conn.request("GET", "/v1/state", headers={"Authorization": "Basic " + TOKEN})
+    assert conn.getresponse().status == 401
+
+
+@pytest.mark.parametrize("setup", ["unset", "missing file", "empty file"])
+def test_no_token_configured_refuses_everything_but_healthz(tmp_path, setup):
+    path = {"unset": None, "missing file": str(tmp_path / "absent"), "empty file": str(tmp_path / "empty")}[setup]
+    (tmp_path / "empty").write_text("\n")
+    h = Harness(tmp_path, path)
+    try:
+        for token in (TOKEN, "", None):
+            assert h.call("GET", "/v1/state", token=token)[0] == 401
+        assert h.call("GET", "/healthz", token=None) == (200, "ok")
+    finally:
+        h.server.shutdown()
+
+
+def test_a_rotated_token_takes_effect_at_once(harness, token_file):
+    token_file.write_text("new-token")
+    assert harness.call("GET", "/v1/state")[0] == 401
+    assert harness.call("GET", "/v1/state", token="new-token")[0] == 200
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/remove", {"addr": "pod-1", "heartbeatBefore": T0}, "IPv4 or IPv6"),
+    ("/v1/remove", {"addr": 167772161, "heartbeatBefore": T0}, "IPv4 or IPv6"),
+    ("/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": "now"}, "unix seconds"),
+    ("/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": -1}, "unix seconds"),
+    ("/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": 1e300}, "unix seconds"),
+    ("/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": True}, "unix seconds"),
+    ("/v1/remove", {"addr": "10.0.0.1"}, "missing field(s): heartbeatBefore"),
+    ("/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": T0, "force": True}, "unknown field(s): force"),
+    ("/v1/complete", {"liveNodes": 0}, "liveNodes must be an integer"),
+    ("/v1/complete", {"liveNodes": 2.0}, "liveNodes must be an integer"),
+    ("/v1/complete", {"liveNodes": True}, "liveNodes must be an integer"),
+    ("/v1/complete", {"liveNodes": "2"}, "liveNodes must be an integer"),
+    ("/v1/restart", {"round": -1}, "round must be an integer"),
+    ("/v1/restart", {"round": None}, "round must be an integer"),
+    ("/v1/restart", [1], "JSON object"),
+])
+def test_bad_input_is_400_with_a_message(harness, path, body, message):
+    harness.write(make_state(round=0, complete=True, participants=[A, B]))
+    before = harness.store.get(harness.key)
+    status, answer = harness.call("POST", path, body)
+    assert status == 400 and message in answer["error"]
+    assert harness.store.get(harness.key) == before
+
+
+@pytest.mark.parametrize("raw, status, message", [
+    (b"{not json", 400, "not JSON"),
+    (b'{"addr": "10.0.0.1", "heartbeatBefore": NaN}', 400, "unix seconds"),
+    (b"\xff\xfe", 400, "not JSON"),
+    (b"{" + b" " * 5000 + b"}", 413, "larger than"),
+])
+def test_bodies_that_are_not_small_json_objects(harness, raw, status, message):
+    got, answer = harness.call("POST", "/v1/remove", raw=raw)
+    assert got == status and message in answer["error"]
+
+
+def test_unknown_paths_and_methods(harness):
+    assert harness.call("GET", "/v1/remove")[0] == 405
+    assert harness.call("POST", "/v1/state", {})[0] == 405
+    assert harness.call("GET", "/v2/state")[0] == 404
+
+
+def test_state_before_the_agents_wrote_one(harness):
+    status, body = harness.call("GET", "/v1/state")
+    assert status == 200
+    assert body["round"] is None and body["participants"] == [] and body["runId"] == RUN_ID
+    assert (body["minNodes"], body["maxNodes"], body["now"]) == (2, 3, T0)
+    assert len(body["epoch"]) == 16 and body["failureRounds"] == 0 and body["waiterActive"] is False
+
+
+def test_state_reflects_what_the_agents_wrote(harness):
+    now = datetime.fromtimestamp(T0, timezone.utc)
+    state = make_state(round=4, deadline=now + timedelta(seconds=2), participants=[B, A], waiting=[C],
+                       redundant=[A2], beats={A: 0, B: 0, C: 0, A2: 0})
+    state.last_heartbeats = {A: now - timedelta(seconds=1.5), B: now, C: now - timedelta(seconds=3),
+                             A2: now - timedelta(seconds=4)}
+    harness.write(state)
+    status, body = harness.call("GET", "/v1/state")
+    assert status == 200
+    assert (body["round"], body["complete"], body["closed"], body["deadlineIn"]) == (4, False, False, 2.0)
+    assert body["participants"] == [
+        {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, "rank": 0},
+        {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, "rank": 1}]
+    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0}]
+    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0}]
+
+
+def test_remove_through_http_is_remove_node(harness):
+    killed = T0 - 2
+    state = make_state(round=2, complete=True, participants=[A, B, C])
+    state.last_heartbeats[A] = datetime.fromtimestamp(killed - 3, timezone.utc)
+    harness.write(state)
+    status, body = harness.call("POST", "/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": killed})
+    assert status == 200
+    assert body["removed"] == [{"addr": "10.0.0.1", "pid": 1, "localId": 0}] and body["refused"] is None
+    expected = actions.remove_node(state, "10.0.0.1", datetime.fromtimestamp(killed, timezone.utc), 2).state
+    assert fields(harness.stored()) == fields(expected)
+    assert any(RUN_ID in line and "remove addr=10.0.0.1" in line for line in harness.lines)
+
+
+def test_remove_that_would_empty_a_complete_round_is_refused(harness):
+    state = make_state(round=2, complete=True, participants=[A], beats={A: 100})
+    raw = harness.write(state)
+    status, body = harness.call("POST", "/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": time.time()})
+    assert status == 200 and body["removed"] == [] and "would empty complete round 2" in body["refused"]
+    assert harness.store.get(harness.key) == raw
+
+
+def test_complete_through_http_is_complete_round(harness):
+    state = make_state(round=3, deadline=datetime.fromtimestamp(T0 + 2, timezone.utc), participants=[A, B])
+    harness.write(state)
+    assert harness.call("POST", "/v1/complete", {"liveNodes": 3})[1]["completed"] is False
+    status, body = harness.call("POST", "/v1/complete", {"liveNodes": 2})
+    assert status == 200 and body["completed"] is True
+    now = datetime.fromtimestamp(T0, timezone.utc)
+    assert fields(harness.stored()) == fields(actions.complete_round(state, 2, 2, 3, now).state)
+
+
+def test_restart_puts_a_waiter_that_the_poller_takes_out_once_the_round_moved_on(harness):
+    harness.write(make_state(round=5, complete=True, participants=[A, B]))
+    harness.control.poll()
+    assert harness.call("POST", "/v1/restart", {"round": 4})[1]["restarting"] is False  # fenced
+    status, body = harness.call("POST", "/v1/restart", {"round": 5})
+    assert status == 200 and body["restarting"] is True
+    assert actions.has_waiter(harness.stored()) and harness.call("GET", "/v1/state")[1]["waiterActive"]
+    assert harness.call("GET", "/v1/state")[1]["waiting"] == []  # the waiter is not shown as a node
+    harness.control.poll()
+    assert actions.has_waiter(harness.stored()), "taken out before the round moved on"
+    # The agents left round 5 (it emptied: round 6, not complete), keeping the waiter they found.
+    moved = make_state(round=6, participants=[A])
+    moved.wait_list.add(actions.WAITER)
+    moved.last_heartbeats[actions.WAITER] = datetime.fromtimestamp(T0, timezone.utc)
+    harness.write(moved)
+    harness.control.poll()
+    assert not actions.has_waiter(harness.stored())
+    # The round the restart caused re-forms with the same nodes, and is not a failure.
+    harness.write(make_state(round=6, complete=True, participants=[A, B]))
+    harness.control.poll()
+    assert harness.call("GET", "/v1/state")[1]["failureRounds"] == 0
+    harness.write(make_state(round=7, complete=True, participants=[A, B]))
+    harness.control.poll()
+    _, body = harness.call("GET", "/v1/state")
+    assert body["failureRounds"] == 1 and body["lastFailureRoundAt"] == T0
+    assert [(r["round"], r["nodes"]) for r in body["rounds"]] == [
+        (5, ["10.0.0.1", "10.0.0.2"]), (6, ["10.0.0.1", "10.0.0.2"]), (7, ["10.0.0.1", "10.0.0.2"])]
+
+
+def test_a_waiter_the_agents_ignore_is_taken_out_after_its_ttl(harness):
+    harness.write(make_state(round=5, complete=True, participants=[A, B]))
+    harness.call("POST", "/v1/restart", {"round": 5})
+    harness.clock.now += 16
+    harness.control.poll()
+    assert not actions.has_waiter(harness.stored())
+
+
+def test_a_lost_race_is_redone_on_the_agents_write(harness):
+    """An agent's heartbeat lands between our read and our compare_set: it must survive our write."""
+    old = datetime.fromtimestamp(T0 - 100, timezone.utc)
+    state = make_state(round=2, complete=True, participants=[A, B, C])
+    state.last_heartbeats[A] = old
+    harness.write(state)
+    beat = datetime.fromtimestamp(T0 + 1, timezone.utc)
+    real_compare_set = harness.store.compare_set
+    raced = []
+
+    class RacingStore:
+        def check(self, keys):
+            return harness.store.check(keys)
+
+        def get(self, key):
+            return harness.store.get(key)
+
+        def compare_set(self, key, expected, desired):
+            if not raced:
+                raced.append(True)
+                agent_state = decode(harness.store.get(key))
+                agent_state.last_heartbeats[B] = beat
+                harness.write(agent_state)
+            return real_compare_set(key, expected, desired)
+
+    control = Control(RacingStore(), RUN_ID, 2, 3, clock=harness.clock, log=lambda line: None)
+    outcome = control.remove("10.0.0.1", T0 - 10)
+    assert raced and outcome.done
+    stored = harness.stored()
+    assert A not in stored.participants and stored.last_heartbeats[B] == beat
+
+
+def test_a_hostile_state_is_reported_not_run(harness, tmp_path):
+    class Run:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'pwned'}",)
+
+    raw = base64.b64encode(pickle.dumps(Run()))
+    assert harness.store.compare_set(harness.key, "", raw) == raw
+    status, body = harness.call("GET", "/v1/state")
+    assert status == 500 and "rendezvous state refused" in body["error"] and "posix.system" in body["error"]
+    assert harness.call("POST", "/v1/complete", {"liveNodes": 2})[0] == 500
+    with pytest.raises(StateError):
+        harness.control.poll()
+    assert harness.call("GET", "/healthz", token=None) == (200, "ok")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_package_never_imports_the_operator():
+    code = ("import sys, elasticjob_store.main, elasticjob_store.server, elasticjob_store.control\n"
+            "leaked = [m for m in sys.modules if m == 'elasticjob' or m.startswith('elasticjob.')]\n"
+            "assert not leaked, leaked\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    for _ in range(20):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:  # the control endpoint needs port + 1 free as well
+            try:
+                s.bind(("", port + 1))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_python_m_elasticjob_store_as_the_pod_runs_it(token_file):
+    port = _free_port()
+    env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": RUN_ID,
+           "ELASTICJOB_RDZV_MIN_NODES": "1", "ELASTICJOB_RDZV_MAX_NODES": "3",
+           "ELASTICJOB_RDZV_TOKEN_FILE": str(token_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def state(token):
+            conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=2)
+            conn.request("GET", "/v1/state", headers={"Authorization": f"Bearer {token}"})
+            response = conn.getresponse()
+            return response.status, response.read()
+
+        status, body = wait_for(lambda: state(TOKEN), 60, "the control endpoint", ignore=(OSError,),
+                                until=lambda got: got[0] == 200)
+        assert json.loads(body)["round"] is None and json.loads(body)["maxNodes"] == 3
+        assert state("wrong")[0] == 401
+        # The agents' store answers on the port itself.
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("hello", "world")
+        assert client.get("hello") == b"world"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, output
+    assert f"listening on port {port}, control on {port + 1}" in output
+    assert "rendezvous store stopping" in output
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "ELASTICJOB_RDZV_PORT is required"),
+    ({"ELASTICJOB_RDZV_PORT": "x"}, "not an integer"),
+    ({"ELASTICJOB_RDZV_PORT": "29400"}, "ELASTICJOB_RDZV_RUN_ID is required"),
+    ({"ELASTICJOB_RDZV_PORT": "29400", "ELASTICJOB_RDZV_RUN_ID": "r", "ELASTICJOB_RDZV_MIN_NODES": "3",
+      "ELASTICJOB_RDZV_MAX_NODES": "2"}, "outside 3.."),
+])
+def test_bad_configuration_exits_2_with_a_message(env, message):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ELASTICJOB_RDZV_")}
+    result = subprocess.run([sys.executable, "-m", "elasticjob_store"], env={**clean, **env},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
