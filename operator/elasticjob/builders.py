@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from elasticjob import naming, torchrun
@@ -11,54 +13,28 @@ from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
 
 # A lost node's pods are evicted this long after the node stops answering (Kubernetes' default is 300 s).
 NODE_LOST_TOLERATION_SECONDS = 30
-RENDEZVOUS_SCRIPT = r'''
-import base64, http.server, json, os, pickle, signal, sys, threading
-from datetime import timedelta
-import torch.distributed as dist
-# Blocked before the store's threads start, so that only sigwait below sees them (exit 0, not 143).
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-port = int(os.environ["ELASTICJOB_RDZV_PORT"])
-key = "torch.rendezvous." + os.environ["ELASTICJOB_RDZV_RUN_ID"]
-# Listens on every address whatever the host; the host is where the store's own client connects.
-# multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
-store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                      timeout=timedelta(seconds=int(os.environ.get("ELASTICJOB_RDZV_READ_TIMEOUT", "60"))))
-lock = threading.Lock()
+# torchrun's own restart budget: one it never reaches while an operator runs, which alone enforces
+# maxRestarts (torch spends its budget on peers that leave, too). A backstop for when no operator runs.
+AGENT_RESTART_BACKSTOP = 10000
+TOKEN_DIR = "/etc/elasticjob"
+TOKEN_KEY = "token"
+# Pod Security "restricted" for the store pod, whatever the namespace enforces.
+STORE_USER = 65532
+STORE_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+STORE_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+# What the store pod takes from the workers' template, so that it lands where they can reach it.
+SCHEDULING_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "imagePullSecrets", "schedulerName")
 
 
-def rendezvous_state():
-    # torch's c10d backend keeps the rendezvous as base64(pickle(_RendezvousState)) under this key.
-    with lock:
-        raw = store.get(key) if store.check([key]) else b""
-    try:
-        state = pickle.loads(base64.b64decode(raw)) if raw else None
-    except Exception:  # the backend's "no state yet" sentinel
-        state = None
-    if state is None:
-        return {"round": None}
-    return {"round": state.round, "complete": state.complete, "closed": state.closed,
-            "nodes": len(state.participants), "waiting": len(state.wait_list)}
+@dataclass(frozen=True)
+class Settings:
+    """How this operator installation builds objects (from its command line)."""
 
-
-class State(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps(rendezvous_state()).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-server = http.server.ThreadingHTTPServer(("", port + 1), State)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-print(f"elasticjob rendezvous store listening on port {port}, state on {port + 1}", flush=True)
-signal.sigwait({signal.SIGTERM, signal.SIGINT})
-print("elasticjob rendezvous store stopping", flush=True)
-os._exit(0)  # the store's server thread is C++; skip its destructor
-'''
+    network_policy: bool = True
+    # Who may reach the store's control port besides the job's pods: the operator's pods.
+    operator_namespace: str | None = None
+    operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
 
 
 @dataclass(frozen=True)
@@ -97,7 +73,7 @@ def _node_lost_tolerations(existing: list[dict[str, Any]]) -> list[dict[str, Any
     return existing + added
 
 
-def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int, generation: int = 0) -> dict[str, Any]:
+def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0) -> dict[str, Any]:
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -107,7 +83,7 @@ def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int, gene
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     container["env"] = list(container.get("env") or []) + torchrun.agent_env(
         job_name=job.name, run_id=job.uid, spec=job.spec, container=container, endpoint=endpoint,
-        restart_budget=restart_budget)
+        restart_budget=AGENT_RESTART_BACKSTOP)
     # The operator replaces failed pods itself and torchrun restarts workers in place; a kubelet restart
     # would hide failures from both.
     spec["restartPolicy"] = "Never"
@@ -120,7 +96,6 @@ def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int, gene
             "namespace": job.namespace,
             "labels": {**(meta.get("labels") or {}), **naming.worker_labels(job.name, index)},
             "annotations": {**(meta.get("annotations") or {}),
-                            naming.RESTART_BUDGET_ANNOTATION: str(restart_budget),
                             naming.RESTART_GENERATION_ANNOTATION: str(generation)},
             "ownerReferences": [owner_reference(job)],
         },
@@ -129,35 +104,85 @@ def worker_pod(job: JobRef, index: int, endpoint: str, restart_budget: int, gene
 
 
 def rendezvous_pod(job: JobRef) -> dict[str, Any]:
+    """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
+    Pod Security "restricted", scheduled like the workers."""
     template_spec = job.spec.template.get("spec") or {}
     container = worker_container(job.spec.template) or {}
-    port = job.spec.rendezvous.port
+    rdzv, name = job.spec.rendezvous, naming.rendezvous_name(job.name)
+    user = (template_spec.get("securityContext") or {}).get("runAsUser") or STORE_USER
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 5,
-        "tolerations": _node_lost_tolerations([]),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {**STORE_POD_SECURITY, "runAsUser": user, "runAsGroup": user},
+        "tolerations": _node_lost_tolerations(copy.deepcopy(template_spec.get("tolerations") or [])),
+        "volumes": [{"name": "token", "secret": {"secretName": name, "defaultMode": 0o440}}],
         "containers": [{
             "name": naming.RENDEZVOUS_CONTAINER,
-            "image": job.spec.rendezvous.image or container.get("image", ""),
-            "command": ["python", "-c", RENDEZVOUS_SCRIPT],
-            "env": [{"name": "ELASTICJOB_RDZV_PORT", "value": str(port)},
+            "image": rdzv.image or container.get("image", ""),
+            "command": ["python", "-m", "elasticjob_store"],
+            "env": [{"name": "ELASTICJOB_RDZV_PORT", "value": str(rdzv.port)},
                     {"name": "ELASTICJOB_RDZV_RUN_ID", "value": job.uid},
-                    {"name": "ELASTICJOB_RDZV_READ_TIMEOUT", "value": str(job.spec.rendezvous.read_timeout_seconds)}],
-            "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"},
-                      {"name": "state", "containerPort": port + 1, "protocol": "TCP"}],
-            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+                    {"name": "ELASTICJOB_RDZV_READ_TIMEOUT", "value": str(rdzv.read_timeout_seconds)},
+                    {"name": "ELASTICJOB_RDZV_MIN_NODES", "value": str(job.spec.min_replicas)},
+                    {"name": "ELASTICJOB_RDZV_MAX_NODES", "value": str(job.spec.max_replicas)},
+                    {"name": "ELASTICJOB_RDZV_TOKEN_FILE", "value": f"{TOKEN_DIR}/{TOKEN_KEY}"},
+                    {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+            "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
+                      {"name": "control", "containerPort": rdzv.port + 1, "protocol": "TCP"}],
+            "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 2},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            "securityContext": copy.deepcopy(STORE_CONTAINER_SECURITY),
+            "volumeMounts": [{"name": "token", "mountPath": TOKEN_DIR, "readOnly": True}],
         }],
     }
-    for key in ("imagePullSecrets", "priorityClassName", "securityContext"):
+    for key in SCHEDULING_FIELDS:
         if key in template_spec:
             spec[key] = copy.deepcopy(template_spec[key])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
+        "metadata": {"name": name, "namespace": job.namespace,
                      "labels": naming.rendezvous_labels(job.name), "ownerReferences": [owner_reference(job)]},
         "spec": spec,
+    }
+
+
+def rendezvous_secret(job: JobRef, token: str) -> dict[str, Any]:
+    """The token the store's control endpoint asks for; the operator derives it, so it never reads it back."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
+                     "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
+    """Only the job's own pods reach its store, and only the operator its control port. Takes effect where
+    the network plugin enforces NetworkPolicies."""
+    port = job.spec.rendezvous.port
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(settings.operator_labels)}}
+    if settings.operator_namespace:
+        operator["namespaceSelector"] = {"matchLabels": {
+            "kubernetes.io/metadata.name": settings.operator_namespace}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
+                     "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
+        "spec": {
+            "podSelector": {"matchLabels": naming.rendezvous_labels(job.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": naming.job_labels(job.name)}}],
+                 "ports": [{"protocol": "TCP", "port": port}]},
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": port + 1}]},
+            ],
+        },
     }
 
 
@@ -172,6 +197,30 @@ def rendezvous_service(job: JobRef) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": naming.rendezvous_labels(job.name),
             "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"},
-                      {"name": "state", "port": port + 1, "targetPort": port + 1, "protocol": "TCP"}],
+                      {"name": "control", "port": port + 1, "targetPort": port + 1, "protocol": "TCP"}],
         },
+    }
+
+
+def event(job: dict[str, Any], kind: str, reason: str, message: str, now: datetime, component: str,
+          instance: str) -> dict[str, Any]:
+    """A core/v1 Event about the job, as `kubectl describe ej` lists them."""
+    meta = job["metadata"]
+    when = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"],
+                           "resourceVersion": meta.get("resourceVersion")},
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": instance,
+        "firstTimestamp": when,
+        "lastTimestamp": when,
+        "count": 1,
     }

@@ -161,6 +161,11 @@ class RendezvousStatus(Model):
     nodes: int | None = Field(None, description="Nodes (agents) in the current round.")
     restarts: int = Field(0, description="Times the rendezvous pod was lost and recreated.")
     last_lost_time: str | None = None
+    epoch: str | None = Field(None, description="Identity of the store process whose counters failureRounds "
+                              "refers to; a new store starts counting from zero.")
+    failure_rounds: int = Field(0, description="Rounds the store saw re-formed by the same nodes (torchrun "
+                                "restarting its workers in place after a failure) that the operator has "
+                                "counted, for this epoch.")
 
 
 class ElasticJobStatus(Model):
@@ -176,6 +181,9 @@ class ElasticJobStatus(Model):
     infrastructure_failures: int = Field(0, description="Pods lost to evictions, preemptions and lost "
                                          "nodes (not charged unless failurePolicy says so).")
     last_failures: list[FailureRecord] = Field(default_factory=list)
+    counted_failures: list[str] = Field(default_factory=list, description="UIDs of failed pods already "
+                                        "counted, kept while the pod exists: no failure is counted twice, "
+                                        "however long its pod takes to go.")
     last_restart_time: str | None = None
     rendezvous: RendezvousStatus = Field(default_factory=RendezvousStatus)
     start_time: str | None = None

@@ -7,7 +7,6 @@ from elasticjob.models import GROUP
 JOB_LABEL = f"{GROUP}/job-name"
 ROLE_LABEL = f"{GROUP}/role"
 INDEX_LABEL = f"{GROUP}/replica-index"
-RESTART_BUDGET_ANNOTATION = f"{GROUP}/restart-budget"
 # status.restarts when the pod was created: tells a failure of the last incident from a new one.
 RESTART_GENERATION_ANNOTATION = f"{GROUP}/restart-generation"
 ROLE_WORKER = "worker"

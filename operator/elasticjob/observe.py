@@ -29,7 +29,7 @@ _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)", re.IGNORECASE)
 _STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
     name: str
     uid: str
@@ -39,6 +39,7 @@ class PodView:
     ready: bool = False
     deleting: bool = False
     deletion_time: datetime | None = None
+    deletion_grace: int | None = None
     node: str | None = None
     unschedulable: str | None = None
     exit_code: int | None = None
@@ -50,6 +51,9 @@ class PodView:
     disruption: str | None = None
     finished_at: datetime | None = None
     generation: int | None = None
+    owner_uid: str | None = None
+    ip: str | None = None
+    started: bool = False
 
     @property
     def serving(self) -> bool:
@@ -61,19 +65,44 @@ class PodView:
         """Running or about to: counts towards the group."""
         return self.phase in ("Pending", "Running", "Unknown") and not self.deleting
 
+    @property
+    def never_ran(self) -> bool:
+        """Waiting for a node or for its containers to start: it has trained nothing and holds no rank."""
+        return self.active and not self.started
+
+
+@dataclass(frozen=True, slots=True)
+class StoreNode:
+    """One torch agent in the rendezvous: its address (--local-addr, the pod IP) and heartbeat age."""
+
+    addr: str
+    heartbeat_age: float | None = None
+
 
 @dataclass(frozen=True)
-class RendezvousView:
-    """torch's rendezvous as the store holds it."""
+class StoreView:
+    """torch's rendezvous as the job's store reports it (validated by the client; never unpickled here)."""
 
-    round: int
-    nodes: int
+    epoch: str
+    round: int | None
+    complete: bool = False
+    closed: bool = False
+    participants: tuple[StoreNode, ...] = ()
+    waiting: tuple[StoreNode, ...] = ()
+    failure_rounds: int = 0
+    last_failure_round_at: datetime | None = None
+
+    @property
+    def nodes(self) -> int:
+        return len(self.participants)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceView:
     name: str
     cluster_ip: str | None
+    uid: str = ""
+    owner_uid: str | None = None
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -107,6 +136,19 @@ def parse_agent_message(message: str) -> tuple[bool, int | None]:
     return gave_up, int(codes[-1]) if codes else None
 
 
+# torchrun's agent, each time a worker fails: "E1122 23:01:44.105000 18 .../api.py:1002] failed (exitcode: 3) ..."
+_FAILED_LINE = re.compile(r"^[EWI](\d{4} \d\d:\d\d:\d\d\.\d+)\b.*\bfailed \(exitcode: (-?\d+)\)")
+
+
+def last_worker_failure(log: str) -> tuple[str, int, str] | None:
+    """The last worker failure an agent logged: (its glog time 'MMDD hh:mm:ss.ffffff', exit code, line)."""
+    found = None
+    for line in log.splitlines():
+        if (match := _FAILED_LINE.match(line.strip())) is not None:
+            found = (match.group(1), int(match.group(2)), line.strip()[-512:])
+    return found
+
+
 def lost_store(message: str) -> bool:
     return any(marker in message for marker in _STORE_LOST)
 
@@ -129,6 +171,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         ready=_condition(status, "Ready").get("status") == "True",
         deleting=meta.get("deletionTimestamp") is not None,
         deletion_time=parse_time(meta.get("deletionTimestamp")),
+        deletion_grace=meta.get("deletionGracePeriodSeconds"),
         node=(body.get("spec") or {}).get("nodeName"),
         unschedulable=scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None,
         exit_code=terminated.get("exitCode"),
@@ -139,8 +182,29 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         message=message or status.get("message") or "",
         disruption=_disruption(status),
         finished_at=parse_time(terminated.get("finishedAt")),
-        generation=_int(meta.get("annotations", {}).get(naming.RESTART_GENERATION_ANNOTATION)),
+        generation=_int((meta.get("annotations") or {}).get(naming.RESTART_GENERATION_ANNOTATION)),
+        owner_uid=controller_uid(meta),
+        ip=status.get("podIP"),
+        started=_ever_started(status),
     )
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controlling owner: which job, of all that ever had this name, made it."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def _ever_started(status: Mapping[str, Any]) -> bool:
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    for container in status.get("containerStatuses") or []:
+        state, last = container.get("state") or {}, container.get("lastState") or {}
+        if "running" in state or "terminated" in state or "terminated" in last:
+            return True
+    return False
 
 
 def _int(value: Any) -> int | None:
@@ -148,5 +212,7 @@ def _int(value: Any) -> int | None:
 
 
 def observe_service(body: Mapping[str, Any]) -> ServiceView:
+    meta = body.get("metadata") or {}
     ip = (body.get("spec") or {}).get("clusterIP")
-    return ServiceView(name=(body.get("metadata") or {}).get("name", ""), cluster_ip=ip if ip not in ("", "None") else None)
+    return ServiceView(name=meta.get("name", ""), cluster_ip=ip if ip not in ("", "None") else None,
+                       uid=meta.get("uid", ""), owner_uid=controller_uid(meta))

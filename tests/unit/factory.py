@@ -8,11 +8,11 @@ from typing import Any
 from elasticjob import naming, planner
 from elasticjob.builders import JobRef
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
-from elasticjob.observe import PodView, ServiceView
+from elasticjob.observe import PodView, ServiceView, StoreNode, StoreView
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 UID = "0b7c6a52-1111-2222-3333-444455556666"
-SERVICE = ServiceView(name="train-rdzv", cluster_ip="10.96.0.42")
+SERVICE = ServiceView(name="train-rdzv", cluster_ip="10.96.0.42", uid="uid-s", owner_uid=UID)
 
 
 def template(**container: Any) -> dict[str, Any]:
@@ -38,7 +38,8 @@ def running_status(**extra: Any) -> dict[str, Any]:
 
 def worker(index: int, phase: str = "Running", **fields: Any) -> PodView:
     defaults = dict(name=naming.worker_pod_name("train", index), uid=f"uid-w{index}", role=naming.ROLE_WORKER,
-                    index=index, phase=phase, ready=phase == "Running", node="node-a")
+                    index=index, phase=phase, ready=phase == "Running", node="node-a", owner_uid=UID,
+                    ip=f"10.244.0.{10 + index}", started=phase != "Pending")
     return PodView(**{**defaults, **fields})
 
 
@@ -49,7 +50,17 @@ def failed(index: int, exit_code: int = 1, ago: float = 1.0, **fields: Any) -> P
 
 def rdzv(ready: bool = True, phase: str = "Running", **fields: Any) -> PodView:
     return PodView(**{**dict(name="train-rdzv", uid="uid-r", role=naming.ROLE_RENDEZVOUS, index=None,
-                             phase=phase, ready=ready), **fields})
+                             phase=phase, ready=ready, owner_uid=UID, started=True), **fields})
+
+
+def store(epoch: str = "e1", round: int = 1, failure_rounds: int = 0, nodes: int = 2, **fields: Any) -> StoreView:
+    participants = tuple(StoreNode(f"10.244.0.{10 + i}", 0.5) for i in range(nodes))
+    return StoreView(epoch=epoch, round=round, complete=True, participants=participants,
+                     failure_rounds=failure_rounds, **fields)
+
+
+def observed(pods: list[PodView], service: ServiceView | None = SERVICE, **fields: Any) -> planner.Observed:
+    return planner.Observed(pods=pods, service=service, **fields)
 
 
 def creates(result: planner.Plan, kind: str = "Pod") -> list[str]:

@@ -55,15 +55,55 @@ def test_lost_node_tolerations_are_short_unless_the_user_set_them():
     assert unreachable == own["spec"]["tolerations"]
 
 
-def test_rendezvous_pod_runs_a_store_in_the_worker_image():
-    pod = builders.rendezvous_pod(ref(rendezvous={"port": 29500}))
+def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():
+    pod = builders.rendezvous_pod(ref(rendezvous={"port": 29500}, minReplicas=2, maxReplicas=4, replicas=3))
     container = pod["spec"]["containers"][0]
     assert container["image"] == "trainer:1"
-    assert container["command"][:2] == ["python", "-c"] and "TCPStore" in container["command"][2]
+    assert container["command"] == ["python", "-m", "elasticjob_store"]
     assert container["readinessProbe"]["tcpSocket"]["port"] == 29500
     assert [p["containerPort"] for p in container["ports"]] == [29500, 29501]
-    assert {"name": "ELASTICJOB_RDZV_RUN_ID", "value": UID} in container["env"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["ELASTICJOB_RDZV_RUN_ID"] == UID
+    assert (env["ELASTICJOB_RDZV_MIN_NODES"], env["ELASTICJOB_RDZV_MAX_NODES"]) == ("2", "4")
+    assert env["ELASTICJOB_RDZV_TOKEN_FILE"] == "/etc/elasticjob/token"
+    assert pod["spec"]["volumes"] == [{"name": "token", "secret": {"secretName": "train-rdzv", "defaultMode": 0o440}}]
     assert pod["metadata"]["labels"]["elasticjob.dev/role"] == "rendezvous"
+
+
+def test_rendezvous_pod_meets_pod_security_restricted():
+    spec = builders.rendezvous_pod(ref())["spec"]
+    container = spec["containers"][0]["securityContext"]
+    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_rendezvous_pod_lands_where_the_workers_can_reach_it():
+    tpl = template()
+    tpl["spec"].update({"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training",
+                        "imagePullSecrets": [{"name": "registry"}],
+                        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [
+                                {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}})
+    spec = builders.rendezvous_pod(ref(template=tpl))["spec"]
+    for key in ("nodeSelector", "priorityClassName", "imagePullSecrets", "affinity"):
+        assert spec[key] == tpl["spec"][key]
+    assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_the_token_secret_and_the_network_policy_belong_to_the_job():
+    secret = builders.rendezvous_secret(ref(), "t0ken")
+    assert secret["stringData"] == {"token": "t0ken"} and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    policy = builders.network_policy(ref(), builders.Settings(operator_namespace="elasticjob-system"))
+    store_port, control = policy["spec"]["ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["elasticjob.dev/role"] == "rendezvous"
+    assert store_port["from"] == [{"podSelector": {"matchLabels": {"elasticjob.dev/job-name": "train"}}}]
+    assert store_port["ports"] == [{"protocol": "TCP", "port": 29400}]
+    assert control["ports"] == [{"protocol": "TCP", "port": 29401}]
+    assert control["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "elasticjob-system"}}
 
 
 def test_rendezvous_image_can_be_overridden():
@@ -75,7 +115,3 @@ def test_rendezvous_service_selects_only_the_store():
     svc = builders.rendezvous_service(ref())
     assert svc["spec"]["selector"] == {"elasticjob.dev/job-name": "train", "elasticjob.dev/role": "rendezvous"}
     assert [p["port"] for p in svc["spec"]["ports"]] == [29400, 29401]
-
-
-def test_rendezvous_script_compiles():
-    compile(builders.RENDEZVOUS_SCRIPT, "<rendezvous>", "exec")

@@ -13,8 +13,10 @@ from factory import (
     deletes,
     failed,
     job,
+    observed,
     rdzv,
     running_status,
+    store,
     template,
     worker,
 )
@@ -23,8 +25,8 @@ from elasticjob import planner
 from elasticjob.observe import PodView
 
 
-def plan(j, pods, service=SERVICE, now=NOW):
-    return planner.plan(j, pods, service, now)
+def plan(j, pods, service=SERVICE, now=NOW, **seen):
+    return planner.plan(j, observed(pods, service, **seen), now)
 
 
 # --- start-up and scaling ---------------------------------------------------------------------------------
@@ -107,13 +109,12 @@ def test_a_failed_worker_is_recorded_then_deleted_and_counted_once():
     assert not any(e.reason == "WorkerFailed" for e in again.events)
 
 
-def test_the_replacement_gets_the_remaining_restart_budget():
+def test_agents_get_a_budget_they_never_reach_the_operator_enforces_max_restarts():
     status = running_status(restarts=2, lastRestartTime="2026-01-01T11:50:00Z")
     result = plan(job(status, maxRestarts=3), [rdzv(), worker(0)])
     pod = _created(result, "train-worker-1")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["PET_MAX_RESTARTS"] == "1"
-    assert pod["metadata"]["annotations"]["elasticjob.dev/restart-budget"] == "1"
+    assert env["PET_MAX_RESTARTS"] == "10000"
 
 
 def test_failures_close_together_are_one_restart():
@@ -148,7 +149,7 @@ def test_an_agent_that_used_up_its_budget_fails_the_job_with_the_workers_exit_co
     pod = failed(0, exit_code=1, worker_exit_code=7, agent_gave_up=True)
     result = plan(job(running_status(), maxRestarts=2), [rdzv(), pod, worker(1)])
     assert (result.status.phase, result.status.reason) == ("Failed", "MaxRestartsExceeded")
-    assert "exit code 7" in result.status.message and "maxRestarts=2" in result.status.message
+    assert "exit code 7" in result.status.message and "torchrun used up its restart budget" in result.status.message
     assert result.status.restarts == 2
     # The rest of the group is stopped; the store goes too.
     assert ("train-worker-1", None) in deletes(result) and ("train-rdzv", None) in deletes(result)
@@ -199,12 +200,29 @@ def test_losing_the_store_pod_recreates_it_and_says_so():
     assert any(e.reason == "RendezvousLost" for e in result.events)
 
 
-def test_pods_stuck_terminating_on_a_dead_node_are_force_deleted():
+@pytest.mark.parametrize("node_ready, forced, why", [
+    (None, True, "its node node-a no longer exists"),
+    (False, True, "its node node-a is not Ready"),
+    (True, False, None),       # its kubelet is alive: it finishes the pod, or a finalizer holds it on purpose
+    ("unknown", False, None),  # not looked up yet
+])
+def test_pods_stuck_terminating_are_force_deleted_only_when_no_kubelet_can_confirm(node_ready, forced, why):
     stuck = worker(1, deleting=True, deletion_time=NOW - timedelta(seconds=20))
     fresh = worker(2, deleting=True, deletion_time=NOW - timedelta(seconds=5))
-    result = plan(job(running_status(), replicas=3), [rdzv(), worker(0), stuck, fresh])
-    assert deletes(result) == [("train-worker-1", 0)]
+    nodes = {} if node_ready == "unknown" else {"node-a": node_ready}
+    result = plan(job(running_status(), replicas=3), [rdzv(), worker(0), stuck, fresh], nodes=nodes)
+    assert deletes(result) == ([("train-worker-1", 0)] if forced else [])
+    if forced:
+        event = next(a.event for a in result.actions if isinstance(a, planner.DeletePod))
+        assert why in event.message
     assert result.requeue_after <= 10
+    assert planner.stuck_nodes([stuck, fresh], NOW) == {"node-a"}
+
+
+def test_a_pod_already_forced_is_not_forced_again():
+    held = worker(1, deleting=True, deletion_time=NOW - timedelta(seconds=60), deletion_grace=0)
+    result = plan(job(running_status()), [rdzv(), worker(0), held], nodes={"node-a": False})
+    assert deletes(result) == []
 
 
 # --- success, suspension, deadlines, TTL ------------------------------------------------------------------
@@ -377,11 +395,7 @@ def test_an_evicted_pod_being_deleted_is_recorded():
 
 
 def test_the_rendezvous_round_and_nodes_are_reported():
-    from elasticjob.observe import RendezvousView
-
-    result = planner.plan(job(running_status()), [rdzv(), worker(0), worker(1)], SERVICE, NOW,
-                          RendezvousView(round=3, nodes=2))
+    result = plan(job(running_status()), [rdzv(), worker(0), worker(1)], store=store(round=3, nodes=2))
     assert (result.status.rendezvous.round, result.status.rendezvous.nodes) == (3, 2)
-    unknown = planner.plan(job(result.status.model_dump(by_alias=True, mode="json")), [rdzv(), worker(0)],
-                           SERVICE, NOW)
+    unknown = plan(job(result.status.model_dump(by_alias=True, mode="json")), [rdzv(), worker(0)])
     assert unknown.status.rendezvous.round == 3, "an unreadable store keeps the last known round"

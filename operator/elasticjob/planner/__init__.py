@@ -1,0 +1,27 @@
+"""Decisions, pure: from a job and what was observed, the next status and the actions that get there.
+
+Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
+failures (what each failure costs), rendezvous (the store and its Service), scaling (which pods).
+"""
+
+from elasticjob.planner.base import (
+    RESYNC_SECONDS,
+    Action,
+    CreateObject,
+    DefaultReplicas,
+    DeleteJob,
+    DeletePod,
+    DeleteService,
+    Event,
+    Job,
+    Observed,
+    Plan,
+    RoundFailure,
+)
+from elasticjob.planner.lifecycle import plan, reject, validate
+from elasticjob.planner.scaling import stuck_nodes
+
+__all__ = [
+    "RESYNC_SECONDS", "Action", "CreateObject", "DefaultReplicas", "DeleteJob", "DeletePod", "DeleteService",
+    "Event", "Job", "Observed", "Plan", "RoundFailure", "plan", "reject", "stuck_nodes", "validate",
+]

@@ -1,0 +1,147 @@
+"""What a plan is made of: the job, what was observed, the actions and events that come out. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Union
+
+from elasticjob.builders import JobRef
+from elasticjob.models import Condition, ElasticJobStatus, Phase
+from elasticjob.observe import PodView, ServiceView, StoreView
+
+RESYNC_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreateObject:
+    manifest: dict
+    event: Event | None = None  # posted only when the object was really created
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    grace_seconds: int | None = None
+    event: Event | None = None  # posted only when the pod was really there
+
+
+@dataclass(frozen=True)
+class DeleteService:
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class DefaultReplicas:
+    replicas: int
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    pass
+
+
+Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob]
+
+
+@dataclass(frozen=True)
+class Job:
+    ref: JobRef
+    generation: int
+    status: ElasticJobStatus
+
+
+@dataclass(frozen=True)
+class RoundFailure:
+    """A worker failure torchrun handled in place, as its agent logged it (read from the pod's log)."""
+
+    pod: str
+    exit_code: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the planner decides on besides the job itself."""
+
+    pods: list[PodView]
+    service: ServiceView | None
+    store: StoreView | None = None
+    # Ready per node, for the nodes of pods stuck terminating; None: the node is gone.
+    nodes: Mapping[str, bool | None] = field(default_factory=dict)
+    # The failures behind new in-place restarts, from the agents' logs (empty when not read).
+    round_failures: list[RoundFailure] = field(default_factory=list)
+    # The API server's words when it last refused to create the job's objects, and when to try again.
+    refused: str | None = None
+    retry_at: datetime | None = None
+
+    @property
+    def workers(self) -> list[PodView]:
+        return [p for p in self.pods if p.role == "worker"]
+
+
+@dataclass
+class Plan:
+    status: ElasticJobStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float = RESYNC_SECONDS
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def normal(self, reason: str, message: str) -> None:
+        self.events.append(Event("Normal", reason, message))
+
+    def warn(self, reason: str, message: str) -> None:
+        self.events.append(Event("Warning", reason, message))
+
+    def soon(self, seconds: float) -> None:
+        self.requeue_after = max(1.0, min(self.requeue_after, seconds))
+
+
+def stamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def since(value: str | None, now: datetime) -> timedelta | None:
+    if not value:
+        return None
+    return now - datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str, message: str,
+                  now: datetime, generation: int) -> None:
+    wanted = "True" if value else "False"
+    for cond in status.conditions:
+        if cond.type == kind:
+            if cond.status != wanted:
+                cond.last_transition_time = stamp(now)
+            cond.status, cond.reason, cond.message, cond.observed_generation = wanted, reason, message, generation
+            return
+    status.conditions.append(Condition(type=kind, status=wanted, reason=reason, message=message,
+                                       last_transition_time=stamp(now), observed_generation=generation))
+
+
+def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, now: datetime) -> None:
+    status = plan.status
+    if status.phase != phase or status.reason != reason:
+        event = plan.warn if phase in (Phase.FAILED, Phase.RESTARTING) else plan.normal
+        event(reason, message)
+    status.phase, status.reason, status.message = phase, reason, message
+    if phase.finished and not status.completion_time:
+        status.completion_time = stamp(now)
+    for kind in ("Running", "Restarting", "Succeeded", "Failed", "Suspended"):
+        active = kind == phase.value
+        set_condition(status, kind, active, reason if active else f"Not{kind}", message if active else "",
+                      now, job.generation)

@@ -1,0 +1,175 @@
+"""Failures: each failed pod and each in-place restart counted once, and what it costs the restart budget. Pure.
+
+The operator alone enforces maxRestarts. torchrun spends its own budget on membership changes too (a peer
+that leaves breaks the survivors' collective, which torch counts as a failure), so agents get a budget they
+never reach, and the operator charges:
+- a worker pod that failed (not an eviction, preemption, lost node or lost store), once per incident;
+- a round that the same nodes re-formed (torchrun restarted its workers in place after a failure), as the
+  store reports it. Rounds in which nodes joined or left are membership changes and cost nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob.models import MAX_FAILURES_KEPT, ElasticJobStatus, FailureRecord, Phase
+from elasticjob.observe import PodView
+from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure, enter_phase, since, stamp
+
+# Failures this close together are one incident: agents of one group tend to fail together.
+INCIDENT_WINDOW = timedelta(seconds=15)
+INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost")
+
+
+def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime) -> tuple[str, bool]:
+    """(reason, charged to the restart budget) of a worker pod that ended badly."""
+    policy = job.ref.spec.failure_policy
+    if pod.disruption:
+        return pod.disruption, policy.count_infrastructure_failures
+    if pod.store_lost or rendezvous_just_lost(pod, status, now):
+        return "RendezvousLost", False
+    if pod.worker_exit_code in policy.fatal_exit_codes:
+        return "FatalExitCode", True
+    if pod.agent_gave_up:
+        return "MaxRestartsExceeded", True
+    if pod.exit_code is not None and pod.exit_code >= 128:
+        return "Killed", True
+    return pod.reason or "Error", True
+
+
+def rendezvous_just_lost(pod: PodView, status: ElasticJobStatus, now: datetime) -> bool:
+    """Agents exit about a second after their store goes away; failures that close to it are its doing."""
+    lost = since(status.rendezvous.last_lost_time, pod.finished_at or now)
+    return lost is not None and -INCIDENT_WINDOW <= lost <= INCIDENT_WINDOW
+
+
+def same_incident(generation: int | None, status: ElasticJobStatus, when: datetime) -> bool:
+    """A pod that predates the last restart and failed right around it went down with that restart;
+    a replacement started after it, or a failure long after it, is a new restart."""
+    if generation is not None and generation >= status.restarts:
+        return False
+    last = since(status.last_restart_time, when)
+    return last is not None and abs(last) <= INCIDENT_WINDOW
+
+
+def describe(pod: PodView) -> str:
+    code = f"exit code {pod.worker_exit_code}" if pod.worker_exit_code is not None else "no exit code"
+    where = f" on node {pod.node}" if pod.node else ""
+    return f"pod {pod.name} (replica {pod.index}){where}: {code}, {pod.reason or pod.phase}"
+
+
+def is_failed(pod: PodView) -> bool:
+    """A pod deleted on purpose (scale-down, suspend, a user) is no failure; an evicted one is."""
+    if pod.deleting:
+        return pod.disruption is not None
+    return pod.phase == "Failed"
+
+
+# --- failed pods ------------------------------------------------------------------------------------------
+
+
+def account_failures(plan: Plan, job: Job, observed: Observed, training_done: bool, now: datetime) -> None:
+    """Count each failed pod once (by uid, remembered while the pod exists), then delete it to make room for
+    its replacement."""
+    status = plan.status
+    counted = set(status.counted_failures)
+    known = counted | {f.uid for f in status.last_failures}
+    for pod in sorted((p for p in observed.workers if is_failed(p)), key=lambda p: p.name):
+        if pod.uid not in known and not status.phase.finished:
+            counted.add(pod.uid)
+            if training_done:
+                # An agent exits 0 only when its workers succeeded: training is done, a straggler's exit is not.
+                record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
+            else:
+                reason, charged = classify(pod, job, status, now)
+                record_failure(plan, job, pod, reason, charged, now)
+        if pod.phase == "Failed" and not pod.deleting:
+            plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
+    present = {p.uid for p in observed.pods}
+    status.counted_failures = sorted(uid for uid in counted if uid in present)
+
+
+def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime,
+                   why_uncharged: str = "not charged to maxRestarts") -> None:
+    finished = pod.finished_at or now
+    remember(plan.status, FailureRecord(
+        pod=pod.name, uid=pod.uid, replica_index=pod.index, exit_code=pod.worker_exit_code, reason=reason,
+        message=pod.message[-1024:], charged=charged, time=stamp(finished)))
+    text = describe(pod)
+    if reason == "FatalExitCode":
+        enter_phase(plan, job, Phase.FAILED, "FatalExitCode",
+                    f"{text}; {pod.worker_exit_code} is in failurePolicy.fatalExitCodes", now)
+    elif reason == "MaxRestartsExceeded":
+        plan.status.restarts = max(plan.status.restarts, job.ref.spec.max_restarts)
+        enter_phase(plan, job, Phase.FAILED, "MaxRestartsExceeded", f"torchrun used up its restart budget; "
+                    f"last failure: {text}", now)
+    elif not charged:
+        if reason in INFRASTRUCTURE_REASONS:
+            plan.status.infrastructure_failures += 1
+        plan.warn(reason, f"{text}; {why_uncharged}")
+    else:
+        charge(plan, job, 0 if same_incident(pod.generation, plan.status, finished) else 1, finished, text, now)
+
+
+def remember(status: ElasticJobStatus, record: FailureRecord) -> None:
+    status.last_failures = (status.last_failures + [record])[-MAX_FAILURES_KEPT:]
+
+
+def charge(plan: Plan, job: Job, restarts: int, when: datetime, text: str, now: datetime) -> None:
+    """Restarts against the budget; the job fails once they exceed it."""
+    status, limit = plan.status, job.ref.spec.max_restarts
+    if restarts:
+        status.restarts += restarts
+        status.last_restart_time = stamp(when)
+    if status.restarts > limit:
+        enter_phase(plan, job, Phase.FAILED, "MaxRestartsExceeded",
+                    f"{status.restarts} restarts exceed maxRestarts={limit}; last failure: {text}", now)
+    else:
+        plan.warn("WorkerFailed", f"{text}; restarting the group (restart {status.restarts} of {limit})")
+
+
+# --- restarts torchrun made in place ----------------------------------------------------------------------
+
+
+def account_round_failures(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    """Charge each round the store saw re-formed by the same nodes, once (counted per store process)."""
+    store, seen = observed.store, plan.status.rendezvous
+    if store is None:
+        return
+    if store.epoch != seen.epoch:
+        seen.epoch, seen.failure_rounds = store.epoch, 0
+    new = store.failure_rounds - seen.failure_rounds
+    if new <= 0:
+        return
+    seen.failure_rounds = store.failure_rounds
+    when = store.last_failure_round_at or now
+    cause = root_cause(observed.round_failures, job.ref.spec.failure_policy.fatal_exit_codes)
+    text = round_text(cause, new)
+    remember(plan.status, FailureRecord(
+        pod=cause.pod if cause else "", uid=f"{store.epoch}/{store.failure_rounds}", exit_code=cause.exit_code
+        if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
+        charged=True, time=stamp(when)))
+    if fatal(cause, job):
+        enter_phase(plan, job, Phase.FAILED, "FatalExitCode",
+                    f"{text}; {cause.exit_code} is in failurePolicy.fatalExitCodes", now)
+        return
+    # Each is a restart of its own: a worker that fails at every start must use up the budget.
+    charge(plan, job, new, when, text, now)
+
+
+def root_cause(failures: list[RoundFailure], fatal_codes: list[int]) -> RoundFailure | None:
+    """A fatal code wherever it shows; else the first failure logged (agents list theirs in time order)."""
+    return next((f for f in failures if f.exit_code in fatal_codes), failures[0] if failures else None)
+
+
+def fatal(cause: RoundFailure | None, job: Job) -> bool:
+    return cause is not None and cause.exit_code in job.ref.spec.failure_policy.fatal_exit_codes
+
+
+def round_text(cause: RoundFailure | None, rounds: int) -> str:
+    what = "a worker failed and torchrun restarted the group in place"
+    if rounds > 1:
+        what = f"{rounds} times a worker failed and torchrun restarted the group in place"
+    if cause is None:
+        return what
+    return f"{what}: pod {cause.pod}, exit code {cause.exit_code}"

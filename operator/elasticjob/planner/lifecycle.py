@@ -1,0 +1,215 @@
+"""From a job and what was observed, the next status and the actions that get there. Pure.
+
+Level-based: every call recomputes from the whole observed state, whatever woke the operator, and every
+action is idempotent (deterministic names; the handlers treat 'already exists' / 'already gone' as done).
+The phase is derived here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob import builders, naming, torchrun
+from elasticjob.builders import JobRef, Settings
+from elasticjob.models import CleanPodPolicy, ElasticJobStatus, Phase
+from elasticjob.observe import PodView
+from elasticjob.planner.base import (
+    CreateObject,
+    DefaultReplicas,
+    DeleteJob,
+    DeletePod,
+    DeleteService,
+    Event,
+    Job,
+    Observed,
+    Plan,
+    enter_phase,
+    set_condition,
+    since,
+    stamp,
+)
+from elasticjob.planner.failures import account_failures, account_round_failures
+from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
+from elasticjob.planner.scaling import force_delete_stuck, scale
+
+# Phase stays Restarting at most this long while replacements start.
+RESTARTING_WINDOW = timedelta(seconds=60)
+
+
+def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None = None, token: str = "") -> Plan:
+    status = job.status.model_copy(deep=True)
+    status.observed_generation = job.generation
+    status.selector = naming.worker_selector(job.ref.name)
+    status.desired_replicas = job.ref.spec.desired_replicas
+    status.rendezvous.run_id = job.ref.uid
+    result = Plan(status=status)
+    count_workers(result, observed.workers)
+    report_round(result, observed)
+    if not status.phase.finished:
+        drive(result, job, observed, settings or Settings(), token, now)
+    if status.phase.finished:
+        finish(result, job, observed, now)
+    return result
+
+
+def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str, now: datetime) -> None:
+    spec = job.ref.spec
+    problems = validate(job.ref)
+    if problems:
+        enter_phase(plan, job, Phase.FAILED, "InvalidSpec", "; ".join(problems), now)
+        return
+    if spec.replicas is None:
+        plan.act(DefaultReplicas(spec.max_replicas))
+    if spec.run_policy.suspend:
+        suspend(plan, job, observed, now)
+        return
+    if plan.status.start_time is None:
+        plan.status.start_time = stamp(now)
+    if deadline_passed(plan, job, now):
+        return
+    force_delete_stuck(plan, observed, now)
+    ensure_rendezvous(plan, job, observed, settings, token, now)
+    training_done = any(p.phase == "Succeeded" for p in observed.workers)
+    account_failures(plan, job, observed, training_done, now)
+    if not training_done and not plan.status.phase.finished:
+        account_round_failures(plan, job, observed, now)
+    if plan.status.phase.finished:
+        plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
+        return
+    if training_done:
+        complete(plan, job, observed.workers, now)
+        return
+    scale(plan, job, observed)
+    derive_running_phase(plan, job, observed.workers, now)
+    show_refusal(plan, job, observed, now)
+
+
+def reject(job: Job, status: ElasticJobStatus, message: str, now: datetime) -> Plan:
+    """The API server refused an object built from the spec: the spec is invalid."""
+    result = Plan(status=status.model_copy(deep=True))
+    enter_phase(result, job, Phase.FAILED, "InvalidSpec", message, now)
+    return result
+
+
+def validate(ref: JobRef) -> list[str]:
+    """What the schema cannot check. Each message says what to fix."""
+    container = builders.worker_container(ref.spec.template)
+    if container is None:
+        return ["template.spec.containers is empty: add the worker container that runs torchrun"]
+    name = container.get("name", "?")
+    problems = []
+    if not container.get("image"):
+        problems.append(f"container {name!r} has no image")
+    if not container.get("command") and not container.get("args"):
+        problems.append(f"container {name!r} has no command: set command: [torchrun, train.py, ...]")
+    reserved = sorted({e.get("name") for e in container.get("env") or []} & torchrun.RESERVED_ENV)
+    if reserved:
+        problems.append(f"container {name!r} sets {', '.join(reserved)}, which the operator or torchrun "
+                        f"sets itself: remove them")
+    gpus = torchrun.requested_gpus(container)
+    nproc = ref.spec.nproc_per_node
+    if isinstance(nproc, int) and gpus and nproc > gpus:
+        problems.append(f"nprocPerNode {nproc} exceeds the {gpus} GPUs container {name!r} requests: "
+                        f"use nprocPerNode: auto or request more GPUs")
+    return problems
+
+
+def count_workers(plan: Plan, workers: list[PodView]) -> None:
+    live = [p for p in workers if p.active]
+    plan.status.replicas = len(live)
+    plan.status.ready_replicas = sum(1 for p in live if p.ready)
+
+
+def deadline_passed(plan: Plan, job: Job, now: datetime) -> bool:
+    limit = job.ref.spec.run_policy.active_deadline_seconds
+    elapsed = since(plan.status.start_time, now)
+    if limit is None or elapsed is None:
+        return False
+    if elapsed >= timedelta(seconds=limit):
+        enter_phase(plan, job, Phase.FAILED, "DeadlineExceeded",
+                    f"the job ran longer than activeDeadlineSeconds={limit}", now)
+        return True
+    plan.soon((timedelta(seconds=limit) - elapsed).total_seconds())
+    return False
+
+
+def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
+    """A worker exited 0: training finished. Succeed once no worker that ever ran still runs; a pod that
+    never started (no capacity, a cordoned node) holds no part of the training and is removed."""
+    for pod in workers:
+        if pod.never_ran:
+            plan.act(DeletePod(pod.name, pod.uid, event=Event(
+                "Normal", "RemovedUnstarted", f"training finished before pod {pod.name} started; removed it")))
+    running = [p for p in workers if p.active and not p.never_ran]
+    if running:
+        names = ", ".join(p.name for p in running)
+        enter_phase(plan, job, Phase.RUNNING, "Completing", f"training finished; waiting for {names} to exit", now)
+        plan.soon(2)
+        return
+    done = sum(1 for p in workers if p.phase == "Succeeded")
+    enter_phase(plan, job, Phase.SUCCEEDED, "Succeeded", f"{done} worker pod(s) completed with exit code 0", now)
+
+
+def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
+    status, spec = plan.status, job.ref.spec
+    live = [p for p in workers if p.active]
+    ready = status.ready_replicas
+    desired = spec.desired_replicas
+    pending = [p for p in live if p.unschedulable]
+    detail = f"{ready}/{desired} workers ready (min {spec.min_replicas}, max {spec.max_replicas})"
+    if pending:
+        detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
+    recent = since(status.last_restart_time, now)
+    if recent is not None and recent < RESTARTING_WINDOW and ready < desired:
+        plan.soon((RESTARTING_WINDOW - recent).total_seconds())
+        enter_phase(plan, job, Phase.RESTARTING, "Restarting",
+                    f"replacing failed workers (restart {status.restarts} of {spec.max_restarts}); {detail}", now)
+    elif ready >= spec.min_replicas and status.rendezvous.ready:
+        enter_phase(plan, job, Phase.RUNNING, "Running", detail, now)
+    else:
+        waiting = "rendezvous store" if not status.rendezvous.ready else f"at least {spec.min_replicas} workers"
+        enter_phase(plan, job, Phase.PENDING, "Waiting", f"waiting for the {waiting}; {detail}", now)
+        plan.soon(5)
+
+
+def show_refusal(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    """A refusal (Pod Security, a quota, RBAC, a webhook) stays on the job until a create succeeds; until
+    the retry time nothing is created."""
+    status = plan.status
+    if observed.refused is None:
+        if any(c.type == "ReplicaFailure" and c.status == "True" for c in status.conditions):
+            set_condition(status, "ReplicaFailure", False, "Created", "", now, job.generation)
+        return
+    set_condition(status, "ReplicaFailure", True, "FailedCreate", observed.refused, now, job.generation)
+    status.message = f"{status.message}; the API server refused to create pods: {observed.refused}"
+    if observed.retry_at is not None and now < observed.retry_at:
+        plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
+        plan.soon((observed.retry_at - now).total_seconds())
+
+
+def suspend(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    for pod in observed.pods:
+        if not pod.deleting:
+            plan.act(DeletePod(pod.name, pod.uid))
+    plan.status.rendezvous.ready = False
+    plan.status.start_time = None
+    enter_phase(plan, job, Phase.SUSPENDED, "Suspended", "runPolicy.suspend is true: all pods stopped", now)
+
+
+def finish(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    policy = job.ref.spec.run_policy
+    if policy.clean_pod_policy != CleanPodPolicy.NONE:
+        for pod in observed.pods:
+            stop = policy.clean_pod_policy == CleanPodPolicy.ALL or pod.active or pod.role == naming.ROLE_RENDEZVOUS
+            if stop and not pod.deleting:
+                plan.act(DeletePod(pod.name, pod.uid))
+        if observed.service is not None:
+            plan.act(DeleteService(observed.service.name, observed.service.uid))
+    plan.status.rendezvous.ready = False
+    ttl = policy.ttl_seconds_after_finished
+    elapsed = since(plan.status.completion_time, now)
+    if ttl is not None and elapsed is not None:
+        if elapsed >= timedelta(seconds=ttl):
+            plan.act(DeleteJob())
+        else:
+            plan.soon((timedelta(seconds=ttl) - elapsed).total_seconds())

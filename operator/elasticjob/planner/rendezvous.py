@@ -1,0 +1,48 @@
+"""The job's rendezvous: its Service, the store pod with its token and NetworkPolicy, and whether it serves. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from elasticjob import builders, naming
+from elasticjob.builders import Settings
+from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition, stamp
+
+
+def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
+                      now: datetime) -> None:
+    status = plan.status.rendezvous
+    status.pod = naming.rendezvous_name(job.ref.name)
+    store = next((p for p in observed.pods if p.role == naming.ROLE_RENDEZVOUS), None)
+    service = observed.service
+    if service is None:
+        plan.act(CreateObject(builders.rendezvous_service(job.ref), Event(
+            "Normal", "RendezvousCreated", f"created Service {status.pod} for the c10d rendezvous store")))
+        if settings.network_policy:
+            plan.act(CreateObject(builders.network_policy(job.ref, settings)))
+    elif service.cluster_ip:
+        status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
+    if store is None:
+        # The Secret goes with every store pod: the operator never reads Secrets, so it cannot tell whether
+        # one survived; creating it again is a 409 at worst.
+        plan.act(CreateObject(builders.rendezvous_secret(job.ref, token)))
+        plan.act(CreateObject(builders.rendezvous_pod(job.ref)))
+    elif store.phase in ("Failed", "Succeeded") and not store.deleting:
+        plan.act(DeletePod(store.name, store.uid, grace_seconds=0))
+    serving = store is not None and store.serving
+    if status.ready and not serving:
+        status.restarts += 1
+        status.last_lost_time = stamp(now)
+        plan.warn("RendezvousLost", f"rendezvous pod {status.pod} stopped serving; bringing it back, agents "
+                                    f"re-form the group at the same endpoint {status.endpoint}")
+    status.ready = serving
+    set_condition(plan.status, "RendezvousReady", serving, "StoreReady" if serving else "StoreNotReady",
+                  f"c10d store at {status.endpoint}" if serving else "waiting for the rendezvous pod",
+                  now, job.generation)
+
+
+def report_round(plan: Plan, observed: Observed) -> None:
+    """torch's round and the nodes in it, as the store last reported them (kept when it cannot be read)."""
+    store = observed.store
+    if store is not None and store.round is not None:
+        plan.status.rendezvous.round, plan.status.rendezvous.nodes = store.round, store.nodes

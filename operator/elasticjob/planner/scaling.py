@@ -1,0 +1,67 @@
+"""How many worker pods, which ones to start or stop, and pods that no kubelet will ever remove. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob import builders, naming
+from elasticjob.observe import PodView
+from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan
+
+# A pod still present this long after its deletion deadline, on a node that is gone or not Ready, has no
+# kubelet left to remove it. On a Ready node its kubelet is still at work (or a finalizer holds it).
+FORCE_DELETE_AFTER = timedelta(seconds=15)
+
+
+def scale(plan: Plan, job: Job, observed: Observed) -> None:
+    desired = job.ref.spec.desired_replicas
+    workers = observed.workers
+    existing = {p.index for p in workers}
+    for pod in workers:
+        if pod.active and pod.index is not None and pod.index >= desired:
+            plan.act(DeletePod(pod.name, pod.uid, event=Event(
+                "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is {desired}")))
+    service = observed.service
+    if service is None or not service.cluster_ip:
+        plan.soon(1)
+        return
+    endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
+    for index in (i for i in range(desired) if i not in existing):
+        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts)
+        plan.act(CreateObject(pod, Event(
+            "Normal", "CreatedWorker", f"created worker pod {naming.worker_pod_name(job.ref.name, index)}")))
+
+
+def force_delete_stuck(plan: Plan, observed: Observed, now: datetime) -> None:
+    for pod in observed.pods:
+        if not pod.deleting or pod.deletion_time is None or pod.deletion_grace == 0:
+            continue  # not leaving, or already forced (what holds it now is a finalizer)
+        overdue = now - pod.deletion_time
+        if overdue < FORCE_DELETE_AFTER:
+            plan.soon((FORCE_DELETE_AFTER - overdue).total_seconds())
+            continue
+        why = no_kubelet(pod, observed)
+        if why is None:
+            plan.soon(30)  # its kubelet is alive: it removes the pod, or a finalizer holds it on purpose
+            continue
+        plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0, event=Event(
+            "Warning", "ForceDeleted", f"pod {pod.name} stayed terminating {int(overdue.total_seconds())}s past "
+            f"its deadline and {why}: no kubelet can confirm it stopped; removed it")))
+
+
+def no_kubelet(pod: PodView, observed: Observed) -> str | None:
+    """Why no kubelet can finish this pod, or None when one can."""
+    if pod.node is None:
+        return "it was never scheduled"
+    if pod.node not in observed.nodes:
+        return None  # not looked up yet: the next reconcile asks
+    ready = observed.nodes[pod.node]
+    if ready is None:
+        return f"its node {pod.node} no longer exists"
+    return None if ready else f"its node {pod.node} is not Ready"
+
+
+def stuck_nodes(pods: list[PodView], now: datetime) -> set[str]:
+    """The nodes to look up before planning: those of pods overdue in terminating."""
+    return {p.node for p in pods if p.deleting and p.deletion_time is not None and p.node
+            and now - p.deletion_time >= FORCE_DELETE_AFTER}
