@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import socket
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from elasticjob import crd
+from elasticjob.builders import Settings
 from elasticjob.peering import Peering
+
+log = logging.getLogger("elasticjob")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What the startup handler needs from the command line."""
+
+    namespaces: list[str] | None  # None: every namespace
+    key: bytes
+    settings: Settings
+    identity: str
+    peering: Peering | None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,16 +47,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["full", "plain", "json"], default="full",
                      help="log lines as text (full: with time and logger) or JSON; each names its job")
+    run.add_argument("--rendezvous-key-file", default=os.environ.get("ELASTICJOB_RENDEZVOUS_KEY_FILE"),
+                     metavar="PATH", help="secret the tokens of the stores' control endpoints derive from; "
+                     "default: a random one (stores made by an earlier operator process then ignore this one)")
+    run.add_argument("--no-network-policy", action="store_true",
+                     help="do not create a NetworkPolicy per job around its rendezvous store")
+    run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
+                     help="namespace of the operator's pods, which the NetworkPolicies admit to the control port")
+    run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
+                     help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     return parser.parse_args(argv)
 
 
-class QuietEventHandlers(logging.Filter):
-    """kopf logs every watch-event handler call; ours only wake a reconcile loop, which logs what matters."""
+def rendezvous_key(path: str | None) -> bytes:
+    if path:
+        return Path(path).read_bytes().strip()
+    log.warning("no --rendezvous-key-file: using a random key; stores created before a restart of this operator "
+                "will refuse it, and their jobs recover at torch's own pace")
+    return secrets.token_bytes(32)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Handler '") and message.endswith("_event' succeeded."))
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    clusterwide = args.all_namespaces or not args.namespace
+    priority = args.priority if args.priority is not None else (secrets.randbelow(2**31) + 1 if args.peering else 0)
+    identity = f"elasticjob-{socket.gethostname()}-{secrets.token_hex(4)}"
+    peers = None
+    if args.peering:
+        peers = Peering(args.peering, identity, priority, None if clusterwide else args.namespace[0])
+    labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
+    settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
+                        operator_labels=labels)
+    return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
+                     settings, identity, peers)
 
 
 def run_operator(args: argparse.Namespace) -> None:
@@ -50,19 +90,15 @@ def run_operator(args: argparse.Namespace) -> None:
 
     # kopf's formatter prefixes every line about a job with [namespace/name].
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=True)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(QuietEventHandlers())
     if not args.verbose:
         logging.getLogger("kubernetes").setLevel(logging.WARNING)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    clusterwide = args.all_namespaces or not args.namespace
-    priority = args.priority if args.priority is not None else (secrets.randbelow(2**31) + 1 if args.peering else 0)
-    identity = f"elasticjob-{socket.gethostname()}-{secrets.token_hex(4)}"
-    peers = Peering(args.peering, identity, priority, clusterwide) if args.peering else None
-    kopf.run(clusterwide=clusterwide, namespaces=[] if clusterwide else args.namespace,
-             liveness_endpoint=args.liveness, standalone=args.peering is None, peering_name=args.peering,
-             priority=priority, identity=identity, memo=kopf.Memo(peering=peers))
+    config = run_config(args)
+    kopf.run(clusterwide=config.namespaces is None, namespaces=config.namespaces or [],
+             liveness_endpoint=args.liveness, standalone=config.peering is None, peering_name=args.peering,
+             priority=config.peering.priority if config.peering else 0, identity=config.identity,
+             memo=kopf.Memo(config=config))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,14 @@
 """A thin async wrapper over the official kubernetes client; API errors become the project's own.
 
-The client is synchronous, so calls run in threads; creates and deletes of one job run concurrently.
+The client is synchronous, so calls run in threads (a pool sized in handlers/startup.py). Responses the
+operator does not read are not decoded into client models: at fleet size that was most of its CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -15,6 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.models import GROUP, PLURAL, VERSION
 
 CLIENT_CONNECTIONS = 32
+# How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
+QUOTA_MARKER = "exceeded quota"
 
 
 class KubeError(Exception):
@@ -30,7 +34,7 @@ class NotFound(KubeError):
 
 
 class Conflict(KubeError):
-    pass
+    """409: the object exists already, or a resourceVersion precondition failed."""
 
 
 class Invalid(KubeError):
@@ -38,10 +42,14 @@ class Invalid(KubeError):
 
 
 class Forbidden(KubeError):
-    pass
+    """403: RBAC, Pod Security admission, a ResourceQuota, an admission webhook said no."""
 
 
-_BY_STATUS = {404: NotFound, 409: Conflict, 422: Invalid, 400: Invalid, 403: Forbidden}
+class Gone(KubeError):
+    """410: a resourceVersion or a list's continue token is too old."""
+
+
+_BY_STATUS = {404: NotFound, 409: Conflict, 422: Invalid, 400: Invalid, 403: Forbidden, 410: Gone}
 
 
 def translate(exc: ApiException) -> KubeError:
@@ -64,11 +72,15 @@ def api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(config)
 
 
-async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except ApiException as exc:
         raise translate(exc) from None
+
+
+def _json(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
 
 
 class Kube:
@@ -76,48 +88,90 @@ class Kube:
         self.client = client
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.networking = kubernetes.client.NetworkingV1Api(client)
+        self._creators = {"Pod": self.core.create_namespaced_pod,
+                          "Service": self.core.create_namespaced_service,
+                          "Secret": self.core.create_namespaced_secret,
+                          "NetworkPolicy": self.networking.create_namespaced_network_policy}
+
+    # --- objects the jobs own ---------------------------------------------------------------------------
 
     async def create(self, manifest: dict[str, Any]) -> bool:
-        """Create a Pod or Service; False when it already exists (409 counts as done)."""
-        create = {"Pod": self.core.create_namespaced_pod,
-                  "Service": self.core.create_namespaced_service}[manifest["kind"]]
+        """Create a Pod, Service, Secret or NetworkPolicy; False when it already exists (409 counts as done)."""
+        create = self._creators[manifest["kind"]]
         try:
-            await _call(create, manifest["metadata"]["namespace"], manifest)
+            await _call(create, manifest["metadata"]["namespace"], manifest, _preload_content=False)
         except Conflict:
             return False
         return True
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Delete that very pod (by uid, so a replacement of the same name is never hit); gone is done."""
-        body = kubernetes.client.V1DeleteOptions(
-            grace_period_seconds=grace_seconds,
-            preconditions=kubernetes.client.V1Preconditions(uid=uid) if uid else None)
+        body = {"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid} if uid else None}
         try:
-            await _call(self.core.delete_namespaced_pod, name, namespace, body=body)
+            await _call(self.core.delete_namespaced_pod, name, namespace,
+                        body={k: v for k, v in body.items() if v is not None}, _preload_content=False)
         except (NotFound, Conflict):
             return False
         return True
 
-    async def delete_service(self, namespace: str, name: str) -> None:
+    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
         try:
-            await _call(self.core.delete_namespaced_service, name, namespace)
-        except NotFound:
+            await _call(self.core.delete_namespaced_service, name, namespace, body=body, _preload_content=False)
+        except (NotFound, Conflict):
             pass
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await _call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name,
-                    {"status": status})
+    async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int) -> str:
+        """The last lines a container wrote ('' when the kubelet cannot say)."""
+        try:
+            response = await _call(self.core.read_namespaced_pod_log, name, namespace, container=container,
+                                   tail_lines=lines, limit_bytes=64 * 1024, _preload_content=False)
+        except (NotFound, KubeError):
+            return ""
+        return response.data.decode(errors="replace")
 
-    async def patch_job_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
-        await _call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-                    {"spec": spec})
+    async def node_ready(self, name: str) -> bool | None:
+        """True/False from the node's Ready condition; None when the node no longer exists."""
+        try:
+            body = _json(await _call(self.core.read_node_status, name, _preload_content=False))
+        except NotFound:
+            return None
+        conditions = (body.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
-    async def delete_job(self, namespace: str, name: str) -> None:
+    # --- the jobs ---------------------------------------------------------------------------------------
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return await _call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                               resource_version: str) -> dict[str, Any]:
+        """Write status only if the job is still at the version it was planned from (else Conflict)."""
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return await _call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL,
+                           name, patch)
+
+    async def patch_job_spec(self, namespace: str, name: str, spec: dict[str, Any],
+                             resource_version: str) -> dict[str, Any]:
+        patch = {"metadata": {"resourceVersion": resource_version}, "spec": spec}
+        return await _call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+                           patch)
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         try:
             await _call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-                        propagation_policy="Background")
-        except NotFound:
+                        propagation_policy="Background", body={"preconditions": {"uid": uid}})
+        except (NotFound, Conflict):
             pass
+
+    # --- events -----------------------------------------------------------------------------------------
+
+    async def post_event(self, event: dict[str, Any]) -> None:
+        await _call(self.core.create_namespaced_event, event["metadata"]["namespace"], event,
+                    _preload_content=False)
+
+    # --- kopf peering ------------------------------------------------------------------------------------
 
     async def peering_peers(self, name: str, namespace: str | None) -> dict[str, Any]:
         """The peers kopf records in a (Cluster)KopfPeering's status; empty when the object is missing."""

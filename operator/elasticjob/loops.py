@@ -2,7 +2,8 @@
 
 kopf daemons would do this too, but they put a finalizer on every job: with the operator stopped or
 uninstalled, deleting a job (or its namespace) would then hang. Owned pods need no finalizer (garbage
-collection removes them), so the loops live here and end when the job's DELETED event arrives.
+collection removes them), so the loops live here and end when the job leaves the mirror (a DELETED event,
+or a list after a watch gap that no longer has it).
 Many events between two reconciles coalesce into one wake-up, so the work per event stays bounded.
 """
 
@@ -14,29 +15,34 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-# Reconcile once with the job's latest body; returns the seconds after which to run again unwoken.
-Reconcile = Callable[[dict[str, Any]], Awaitable[float]]
+RETRY_SECONDS = 5.0
 
 
 @dataclass
 class JobLoop:
-    body: dict[str, Any]
+    key: Hashable
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    memory: Any = None  # what the reconcile keeps between runs
+
+
+# Reconcile once; returns the seconds after which to run again unwoken.
+Reconcile = Callable[[JobLoop], Awaitable[float]]
 
 
 class JobLoops:
-    def __init__(self) -> None:
+    def __init__(self, reconcile: Reconcile, logger: logging.Logger) -> None:
+        self._reconcile, self._log = reconcile, logger
         self._loops: dict[Hashable, JobLoop] = {}
 
-    def observe(self, key: Hashable, body: dict[str, Any], reconcile: Reconcile, logger: logging.Logger) -> None:
-        """Record the job's latest state and wake its loop, starting it on first sight."""
+    def observe(self, key: Hashable) -> JobLoop:
+        """Wake the job's loop, starting it on first sight."""
         loop = self._loops.get(key)
         if loop is None:
-            loop = self._loops[key] = JobLoop(body=body)
-            loop.task = asyncio.create_task(self._run(loop, reconcile, logger), name=f"reconcile {key}")
-        loop.body = body
+            loop = self._loops[key] = JobLoop(key=key)
+            loop.task = asyncio.create_task(self._run(loop), name=f"reconcile {key}")
         loop.wake.set()
+        return loop
 
     def wake(self, key: Hashable) -> None:
         if (loop := self._loops.get(key)) is not None:
@@ -54,17 +60,19 @@ class JobLoops:
     def __len__(self) -> int:
         return len(self._loops)
 
-    @staticmethod
-    async def _run(loop: JobLoop, reconcile: Reconcile, logger: logging.Logger) -> None:
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._loops
+
+    async def _run(self, loop: JobLoop) -> None:
         while True:
             loop.wake.clear()
             try:
-                delay = await reconcile(loop.body)
+                delay = await self._reconcile(loop)
             except asyncio.CancelledError:
                 raise
             except Exception:  # one job's surprise must not end its loop, nor touch the others
-                logger.exception("reconcile failed; retrying in 5 s")
-                delay = 5.0
+                self._log.exception(f"reconcile of {loop.key} failed; retrying in {RETRY_SECONDS:.0f} s")
+                delay = RETRY_SECONDS
             try:
                 await asyncio.wait_for(loop.wake.wait(), delay)
             except asyncio.TimeoutError:

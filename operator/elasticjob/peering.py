@@ -20,7 +20,7 @@ class Peering:
     name: str
     identity: str
     priority: int
-    clusterwide: bool
+    namespace: str | None  # None: a ClusterKopfPeering; else the KopfPeering in the first watched namespace
 
 
 def _alive(info: Mapping[str, Any], now: datetime) -> bool:

@@ -1,28 +1,121 @@
-"""Reads what the rendezvous pod serves about torch's rendezvous (round, nodes): HTTP JSON, short timeout.
+"""Talks to each job's store (elasticjob_store) over its authenticated control endpoint.
 
-torchrun restarts its workers in place without the pod noticing; the rendezvous round is where such
-restarts (and membership changes) show, so the operator reports it in status.rendezvous.
+Everything read from the network is validated before use: a reply is untrusted input (anyone who reaches the
+store's port could have written torch's state), so nothing here unpickles or evaluates it, sizes are capped and
+every field has a type and a range. Unreadable means "unknown": the caller keeps what it knew.
+
+Tokens are HMAC(operator key, job uid): the operator never stores or reads them back; the store gets its own
+through a Secret the operator creates (create-only RBAC).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import ipaddress
+import json
+from datetime import datetime, timezone
+from typing import Any
 
 import aiohttp
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from elasticjob.observe import RendezvousView
+from elasticjob.observe import StoreNode, StoreView
 
-TIMEOUT_SECONDS = 1.0
+TIMEOUT_SECONDS = 2.0
+MAX_REPLY_BYTES = 1 << 20
+MAX_NODES = 4096
 
 
-async def fetch(host: str, port: int) -> RendezvousView | None:
-    """None when the state cannot be read now (store starting, network policy): status keeps its last value."""
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class _Node(_Strict):
+    addr: str = Field(max_length=64)
+    heartbeat_age: float | None = Field(None, alias="heartbeatAge", ge=-3600, le=1e9)
+
+    @field_validator("addr")
+    @classmethod
+    def _ip(cls, value: str) -> str:
+        ipaddress.ip_address(value)
+        return value
+
+
+class _State(_Strict):
+    epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
+    round: int | None = Field(None, ge=0, le=1 << 40)
+    complete: bool = False
+    closed: bool = False
+    participants: list[_Node] = Field(default_factory=list, max_length=MAX_NODES)
+    waiting: list[_Node] = Field(default_factory=list, max_length=MAX_NODES)
+    failure_rounds: int = Field(0, alias="failureRounds", ge=0, le=1 << 40)
+    last_failure_round_at: float | None = Field(None, alias="lastFailureRoundAt", ge=0, le=1e11)
+
+
+def parse_state(raw: bytes) -> StoreView | None:
+    """A store's /v1/state reply as the planner sees it; None when it is not a valid reply."""
+    if len(raw) > MAX_REPLY_BYTES:
+        return None
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)) as session:
-            async with session.get(f"http://{host}:{port}/") as response:
-                data = await response.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        state = _State.model_validate(json.loads(raw))
+    except (ValueError, ValidationError):
         return None
-    if not isinstance(data, dict) or data.get("round") is None:
-        return None
-    return RendezvousView(round=int(data["round"]), nodes=int(data.get("nodes") or 0))
+    at = state.last_failure_round_at
+    return StoreView(
+        epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
+        participants=tuple(StoreNode(n.addr, n.heartbeat_age) for n in state.participants),
+        waiting=tuple(StoreNode(n.addr, n.heartbeat_age) for n in state.waiting),
+        failure_rounds=state.failure_rounds,
+        last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None)
+
+
+def derive_token(key: bytes, job_uid: str) -> str:
+    return hmac.new(key, job_uid.encode(), hashlib.sha256).hexdigest()
+
+
+class StoreClient:
+    """One HTTP session for every store the operator talks to."""
+
+    def __init__(self, key: bytes):
+        self._key = key
+        self._session: aiohttp.ClientSession | None = None
+
+    def token(self, job_uid: str) -> str:
+        return derive_token(self._key, job_uid)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS))
+        return self._session
+
+    async def state(self, host: str, port: int, job_uid: str) -> StoreView | None:
+        raw = await self._request("GET", host, port, "/v1/state", job_uid)
+        return parse_state(raw) if raw is not None else None
+
+    async def act(self, host: str, port: int, job_uid: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one control action; the store's JSON reply, or {"error": ...} when there was none."""
+        raw = await self._request("POST", host, port, f"/v1/{action}", job_uid, body)
+        if raw is None:
+            return {"error": "no answer from the store"}
+        try:
+            reply = json.loads(raw) if len(raw) <= MAX_REPLY_BYTES else None
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) else {"error": "the store's answer was not a JSON object"}
+
+    async def _request(self, method: str, host: str, port: int, path: str, job_uid: str,
+                       body: dict[str, Any] | None = None) -> bytes | None:
+        headers = {"Authorization": f"Bearer {self.token(job_uid)}"}
+        try:
+            async with self._client().request(method, f"http://{host}:{port}{path}", json=body,
+                                              headers=headers) as response:
+                raw = await response.content.read(MAX_REPLY_BYTES + 1)
+                return raw if response.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -153,7 +153,8 @@ def test_a_killed_worker_is_replaced_and_counted_once(api, namespace, operator, 
                      until=lambda ps: len(ps) == 2 and ps[1].metadata.uid != before[1].metadata.uid
                      and ps[1].status.phase == "Running")
     env = {e.name: e.value for e in after[1].spec.containers[0].env}
-    assert env["PET_MAX_RESTARTS"] == "1"  # the remaining budget
+    assert env["PET_MAX_RESTARTS"] == "10000"  # agents never give up first: the operator enforces maxRestarts
+    assert after[1].metadata.annotations["elasticjob.dev/restart-generation"] == "1"
     wait_phase(api, namespace, "train", "Running")
     assert status_of(api, namespace, "train")["restarts"] == 1
 

@@ -19,40 +19,59 @@ async def until(predicate, timeout=2.0):
 
 def test_events_during_a_reconcile_coalesce_into_one_more_reconcile():
     async def scenario():
-        loops, seen, gate = JobLoops(), [], asyncio.Event()
+        seen, gate, state = [], asyncio.Event(), {"v": 1}
 
-        async def reconcile(body):
-            seen.append(body["v"])
+        async def reconcile(loop):
+            seen.append(state["v"])
             if len(seen) == 1:
                 await gate.wait()
             return 60.0
 
-        loops.observe("k", {"v": 1}, reconcile, LOG)
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("k")
         await until(lambda: seen == [1])
         for v in (2, 3, 4):  # three events while the first reconcile runs
-            loops.observe("k", {"v": v}, reconcile, LOG)
+            state["v"] = v
+            loops.observe("k")
         gate.set()
         await until(lambda: len(seen) == 2)
         await asyncio.sleep(0.05)
-        assert seen == [1, 4], "one reconcile with the latest body, not one per event"
+        assert seen == [1, 4], "one reconcile with the latest state, not one per event"
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
+def test_a_loop_keeps_its_memory_between_runs():
+    async def scenario():
+        runs = []
+
+        async def reconcile(loop):
+            loop.memory = (loop.memory or 0) + 1
+            runs.append(loop.memory)
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("k")
+        await until(lambda: runs == [1])
+        loops.wake("k")
+        await until(lambda: runs == [1, 2])
         await loops.stop_all()
     asyncio.run(scenario())
 
 
 def test_a_failing_reconcile_is_retried_and_other_jobs_go_on():
     async def scenario():
-        loops, calls = JobLoops(), {"bad": 0, "good": 0}
+        calls = {"bad": 0, "good": 0}
 
-        async def bad(body):
-            calls["bad"] += 1
-            raise RuntimeError("boom")
-
-        async def good(body):
-            calls["good"] += 1
+        async def reconcile(loop):
+            calls[loop.key] += 1
+            if loop.key == "bad":
+                raise RuntimeError("boom")
             return 60.0
 
-        loops.observe("bad", {}, bad, LOG)
-        loops.observe("good", {}, good, LOG)
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("bad")
+        loops.observe("good")
         await until(lambda: calls["bad"] == 1 and calls["good"] == 1)
         loops.wake("bad")
         await until(lambda: calls["bad"] == 2)
@@ -63,17 +82,18 @@ def test_a_failing_reconcile_is_retried_and_other_jobs_go_on():
 
 def test_forget_stops_the_loop():
     async def scenario():
-        loops, calls = JobLoops(), []
+        calls = []
 
-        async def reconcile(body):
+        async def reconcile(loop):
             calls.append(1)
             return 0.01
 
-        loops.observe("k", {}, reconcile, LOG)
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("k")
         await until(lambda: len(calls) >= 2)  # the requested delay wakes it by itself
         await loops.forget("k")
         stopped_at = len(calls)
         await asyncio.sleep(0.1)
-        assert len(calls) == stopped_at and len(loops) == 0
+        assert len(calls) == stopped_at and len(loops) == 0 and "k" not in loops
         loops.wake("k")  # waking a forgotten job is harmless
     asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""The operator's reader of the rendezvous pod's state endpoint, against a real HTTP server."""
+"""The operator's client of each job's store: replies are untrusted input, requests carry the job's token."""
 
 from __future__ import annotations
 
@@ -11,15 +11,67 @@ import threading
 import pytest
 
 from elasticjob import rendezvous_client
-from elasticjob.observe import RendezvousView
+from elasticjob.observe import StoreNode
+
+GOOD = {"epoch": "ab12", "round": 3, "complete": True, "closed": False, "failureRounds": 1,
+        "lastFailureRoundAt": 1767268800.0,
+        "participants": [{"addr": "10.244.0.5", "pid": 1, "localId": 0, "rank": 0, "heartbeatAge": 0.7}],
+        "waiting": [{"addr": "10.244.0.6", "heartbeatAge": None}]}
 
 
-def serve(body: bytes):
+def test_a_valid_state_becomes_a_store_view():
+    view = rendezvous_client.parse_state(json.dumps(GOOD).encode())
+    assert (view.epoch, view.round, view.complete, view.failure_rounds, view.nodes) == ("ab12", 3, True, 1, 1)
+    assert view.participants == (StoreNode("10.244.0.5", 0.7),)
+    assert view.waiting == (StoreNode("10.244.0.6", None),)
+    assert view.last_failure_round_at.isoformat() == "2026-01-01T12:00:00+00:00"
+
+
+@pytest.mark.parametrize("change", [
+    {"round": "x"},                      # the reply that made every reconcile fail for ever
+    {"round": -1},
+    {"round": 2.5},
+    {"failureRounds": "1"},
+    {"epoch": "../../etc"},
+    {"epoch": ""},
+    {"complete": "yes"},
+    {"participants": [{"addr": "not-an-ip"}]},
+    {"participants": [{"addr": "10.0.0.1; rm -rf /"}]},
+    {"participants": "all"},
+    {"participants": [{"addr": "10.0.0.1", "heartbeatAge": "old"}]},
+    {"lastFailureRoundAt": -5},
+])
+def test_malformed_replies_are_rejected(change):
+    assert rendezvous_client.parse_state(json.dumps({**GOOD, **change}).encode()) is None
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b"null", b'"text"', b"{" * 5000,
+                                 json.dumps({**GOOD, "pad": "x" * (2 << 20)}).encode()])
+def test_garbage_and_oversized_replies_are_rejected(raw):
+    assert rendezvous_client.parse_state(raw) is None
+
+
+def test_tokens_differ_per_job_and_per_key():
+    a = rendezvous_client.derive_token(b"k1", "uid-1")
+    assert a == rendezvous_client.derive_token(b"k1", "uid-1")
+    assert a != rendezvous_client.derive_token(b"k1", "uid-2")
+    assert a != rendezvous_client.derive_token(b"k2", "uid-1")
+
+
+def serve(reply: bytes, seen: list):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(reply)
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            seen.append((self.path, self.headers.get("Authorization"), json.loads(self.rfile.read(length))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"removed": []}')
 
         def log_message(self, *args):
             pass
@@ -29,21 +81,40 @@ def serve(body: bytes):
     return server
 
 
-@pytest.mark.parametrize("body, expected", [
-    (json.dumps({"round": 2, "nodes": 3, "complete": True}).encode(), RendezvousView(round=2, nodes=3)),
-    (json.dumps({"round": None}).encode(), None),
-    (b"not json", None),
-])
-def test_fetch(body, expected):
-    server = serve(body)
+def test_requests_carry_the_jobs_token_and_replies_are_parsed():
+    seen: list = []
+    server = serve(json.dumps(GOOD).encode(), seen)
+    client = rendezvous_client.StoreClient(b"key")
+
+    async def talk():
+        try:
+            port = server.server_address[1]
+            return (await client.state("127.0.0.1", port, "uid-1"),
+                    await client.act("127.0.0.1", port, "uid-1", "remove", {"addr": "10.0.0.1"}))
+        finally:
+            await client.close()
+
     try:
-        assert asyncio.run(rendezvous_client.fetch("127.0.0.1", server.server_address[1])) == expected
+        view, reply = asyncio.run(talk())
     finally:
         server.shutdown()
+    token = rendezvous_client.derive_token(b"key", "uid-1")
+    assert view.round == 3 and reply == {"removed": []}
+    assert seen[0] == ("/v1/state", f"Bearer {token}")
+    assert seen[1] == ("/v1/remove", f"Bearer {token}", {"addr": "10.0.0.1"})
 
 
-def test_nothing_listening_is_none():
+def test_nothing_listening_is_unknown():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert asyncio.run(rendezvous_client.fetch("127.0.0.1", port)) is None
+    client = rendezvous_client.StoreClient(b"key")
+
+    async def talk():
+        try:
+            return await client.state("127.0.0.1", port, "u"), await client.act("127.0.0.1", port, "u", "complete", {})
+        finally:
+            await client.close()
+
+    state, reply = asyncio.run(talk())
+    assert state is None and "error" in reply

@@ -1,3 +1,3 @@
-"""kopf handlers: importing this package registers them."""
+"""kopf handlers: importing this package registers them (startup, cleanup, the liveness probe)."""
 
-from elasticjob.handlers import jobs, pods, startup  # noqa: F401
+from elasticjob.handlers import startup  # noqa: F401

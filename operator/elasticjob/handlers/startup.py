@@ -1,41 +1,81 @@
-"""All process-wide settings in one place, and the clients kept in memo."""
+"""All process-wide settings in one place: the clients, the watches and the loops, kept in memo."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 
-from elasticjob import k8s
-from elasticjob.models import GROUP
+from elasticjob import k8s, peering
+from elasticjob.handlers import watch
+from elasticjob.handlers.context import Context
+from elasticjob.handlers.reconcile import reconcile
 from elasticjob.loops import JobLoops
+from elasticjob.mirror import Mirror
+from elasticjob.rendezvous_client import StoreClient
 
 API_THREADS = 32
+PEERING_CHECK_SECONDS = 5.0
+# A watch silent this long (bookmarks arrive about every minute) means the operator lost the API server.
+SILENT_LIMIT_SECONDS = 600.0
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    # Annotations, not status: the CRD's structural schema would prune kopf's status fields.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.posting.level = logging.INFO
-    settings.posting.reporting_component = "elasticjob-operator"  # the "From" of `kubectl describe ej`
-    # Reconnect watches every few minutes, so a silently broken connection cannot stall the operator.
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    settings.posting.enabled = False  # the loops post their own Events, exactly one per transition
     settings.networking.error_backoffs = [1, 2, 5, 10]
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(API_THREADS, "kube-api"))
-    memo.kube = k8s.Kube(k8s.api_client())
-    memo.loops = JobLoops()
+    config = memo.config
+    ctx = Context(kube=k8s.Kube(k8s.api_client()), mirror=Mirror(), stores=StoreClient(config.key),
+                  settings=config.settings, logger=logging.getLogger("elasticjob"), instance=config.identity)
+    ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger)
+    memo.ctx = ctx
+    memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
+    if config.peering is not None:
+        ctx.gate.active = False
+        memo.tasks.append(asyncio.create_task(follow_peering(ctx, config.peering), name="peering"))
     logger.info("elasticjob operator started")
+
+
+async def follow_peering(ctx: Context, peers: peering.Peering) -> None:
+    """One replica acts: the same rule kopf pauses its own watches by, checked every few seconds."""
+    while True:
+        try:
+            recorded = await ctx.kube.peering_peers(peers.name, peers.namespace)
+            active = peering.is_active(recorded, peers.identity, peers.priority, datetime.now(timezone.utc))
+            if active and not ctx.gate.active:
+                ctx.logger.info("this replica is now the active one (kopf peering)")
+                for key in ctx.mirror.jobs.keys():
+                    ctx.loops.wake(key)
+            ctx.gate.active = active
+        except k8s.KubeError as exc:
+            ctx.logger.warning(f"could not read the peering object: {exc}")
+            ctx.gate.active = False
+        await asyncio.sleep(PEERING_CHECK_SECONDS)
+
+
+@kopf.on.probe(id="watches")
+def watches(memo: kopf.Memo, **_: Any) -> float:
+    """Seconds since the quietest watch last heard from the API server; fails liveness past the limit."""
+    reflectors = getattr(memo, "reflectors", [])
+    silent = max((r.silent_for() for r in reflectors), default=0.0)
+    if silent > SILENT_LIMIT_SECONDS:
+        raise kopf.PermanentError(f"a watch has heard nothing from the API server for {silent:.0f}s")
+    return round(silent, 1)
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    if getattr(memo, "loops", None) is not None:
-        await memo.loops.stop_all()
-    if getattr(memo, "kube", None) is not None:
-        memo.kube.close()
+    for task in getattr(memo, "tasks", []):
+        task.cancel()
+    await asyncio.gather(*getattr(memo, "tasks", []), return_exceptions=True)
+    ctx: Context | None = getattr(memo, "ctx", None)
+    if ctx is not None:
+        await ctx.loops.stop_all()
+        await ctx.stores.close()
+        ctx.kube.close()

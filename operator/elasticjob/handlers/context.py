@@ -1,0 +1,100 @@
+"""What the handlers share: clients, the mirror, the loops, and what each job's loop remembers between runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from elasticjob import builders, k8s, naming
+from elasticjob.builders import Settings
+from elasticjob.loops import JobLoops
+from elasticjob.mirror import JobKey, Mirror
+from elasticjob.planner import Event, RoundFailure
+from elasticjob.rendezvous_client import StoreClient
+
+COMPONENT = "elasticjob-operator"  # the "From" of `kubectl describe ej`
+
+
+@dataclass
+class Refusal:
+    """The API server refused to create a job's objects: shown on the job, retried with backoff."""
+
+    message: str
+    count: int
+    retry_at: datetime
+
+
+@dataclass
+class JobMemory:
+    # The body our last write returned: newer than the mirror's until the watch catches up.
+    written: dict[str, Any] | None = None
+    refusal: Refusal | None = None
+    # The store's failure rounds whose causes were read from the agents' logs, and what they said.
+    logs_read_for: tuple[str, int] | None = None
+    round_failures: list[RoundFailure] = field(default_factory=list)
+
+
+class Gate:
+    """Whether this replica may act (kopf peering); always open for a standalone operator."""
+
+    active: bool = True
+
+
+@dataclass
+class Context:
+    kube: k8s.Kube
+    mirror: Mirror
+    stores: StoreClient
+    settings: Settings
+    logger: logging.Logger
+    instance: str
+    gate: Gate = field(default_factory=Gate)
+    loops: JobLoops | None = None
+    synced: bool = False
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+
+    def spawn(self, coro: Any) -> None:
+        """Fire and forget, keeping a reference until done (events must not slow a reconcile)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def post(self, body: dict[str, Any], event: Event, log: logging.LoggerAdapter) -> None:
+        (log.warning if event.type == "Warning" else log.info)(f"{event.reason}: {event.message}")
+        manifest = builders.event(body, event.type, event.reason, event.message, datetime.now().astimezone(),
+                                  COMPONENT, self.instance)
+        self.spawn(self._post(manifest, log))
+
+    async def _post(self, manifest: dict[str, Any], log: logging.LoggerAdapter) -> None:
+        try:
+            await self.kube.post_event(manifest)
+        except k8s.KubeError as exc:
+            log.warning(f"could not post event {manifest['reason']}: {exc}")
+
+
+def job_logger(logger: logging.Logger, key: JobKey, uid: str = "") -> logging.LoggerAdapter:
+    """Lines prefixed [namespace/name] by kopf's formatter (text) or carrying the object (JSON)."""
+    namespace, name = key
+    ref = {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "name": name, "uid": uid,
+           "namespace": namespace}
+    return logging.LoggerAdapter(logger, {"k8s_ref": ref, "k8s_skip": True})
+
+
+def newest(*bodies: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The body with the highest resourceVersion (comparable as integers on every API server since 1.35,
+    KEP-5504); the first one present when they cannot be compared."""
+    present = [b for b in bodies if b is not None]
+    if not present:
+        return None
+    try:
+        return max(present, key=lambda b: int(b["metadata"]["resourceVersion"]))
+    except (KeyError, TypeError, ValueError):
+        return present[0]
+
+
+def owner_key(body: dict[str, Any]) -> JobKey:
+    meta = body["metadata"]
+    return naming.job_key(meta["namespace"], meta["name"])

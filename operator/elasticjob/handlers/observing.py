@@ -1,0 +1,66 @@
+"""What a reconcile looks at besides the job: its own pods and Service (from the mirror, by owner uid), the
+store's state, the readiness of nodes that hold stuck pods, and the agents' account of in-place failures."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+from elasticjob import builders, naming, planner
+from elasticjob.handlers.context import Context, JobMemory
+from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
+
+# Agents' logs are read only when the store reports a new in-place restart, from at most this many pods.
+LOG_PODS = 16
+LOG_LINES = 60
+
+
+async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: datetime) -> planner.Observed:
+    ref = job.ref
+    key = naming.job_key(ref.namespace, ref.name)
+    pods = ctx.mirror.owned_pods(key, ref.uid)
+    service = ctx.mirror.owned_service(key, ref.uid)
+    store = await read_store(ctx, job, pods, service)
+    nodes = dict(zip(stuck := sorted(planner.stuck_nodes(pods, now)),
+                     await asyncio.gather(*(ctx.kube.node_ready(n) for n in stuck))))
+    failures = await read_round_failures(ctx, memory, job, pods, store)
+    refusal = memory.refusal
+    return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
+                            refused=refusal.message if refusal else None,
+                            retry_at=refusal.retry_at if refusal else None)
+
+
+async def read_store(ctx: Context, job: planner.Job, pods: list[PodView],
+                     service: ServiceView | None) -> StoreView | None:
+    serving = any(p.role == naming.ROLE_RENDEZVOUS and p.serving for p in pods)
+    if service is None or not service.cluster_ip or not serving:
+        return None
+    return await ctx.stores.state(service.cluster_ip, job.ref.spec.rendezvous.port + 1, job.ref.uid)
+
+
+async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job, pods: list[PodView],
+                              store: StoreView | None) -> list[planner.RoundFailure]:
+    """Once per new in-place restart: which worker failed, and how, from the agents' last log lines."""
+    seen = job.status.rendezvous
+    if store is None:
+        return []
+    counted = seen.failure_rounds if store.epoch == seen.epoch else 0
+    if store.failure_rounds <= counted:
+        return []
+    mark = (store.epoch, store.failure_rounds)
+    if memory.logs_read_for != mark:
+        memory.round_failures = await agent_failures(ctx, job.ref, pods)
+        memory.logs_read_for = mark
+    return memory.round_failures
+
+
+async def agent_failures(ctx: Context, ref: builders.JobRef, pods: list[PodView]) -> list[planner.RoundFailure]:
+    container = (builders.worker_container(ref.spec.template) or {}).get("name", naming.WORKER_CONTAINER)
+    workers = [p for p in pods if p.role == naming.ROLE_WORKER and p.active and p.started][:LOG_PODS]
+    logs = await asyncio.gather(*(ctx.kube.pod_log_tail(ref.namespace, p.name, container, LOG_LINES)
+                                  for p in workers))
+    found = []
+    for pod, log in zip(workers, logs):
+        if (failure := last_worker_failure(log)) is not None:
+            found.append((failure[0], pod.name, failure[1], failure[2]))
+    return [planner.RoundFailure(pod=name, exit_code=code, message=line) for _, name, code, line in sorted(found)]

@@ -1,0 +1,129 @@
+"""One reconcile of one job: observe, plan, write status, act, post events.
+
+Writes are optimistic: status goes to the API server only if the job is still at the resourceVersion it was
+planned from. A reconcile that started from a stale body (a pod event can arrive before the job's own
+MODIFIED event) gets a 409, reads the job again and plans anew, so a newer status is never overwritten.
+What the server returns is the loop's latest body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from pydantic import ValidationError
+
+from elasticjob import k8s, metrics, planner
+from elasticjob.builders import JobRef
+from elasticjob.handlers import observing
+from elasticjob.handlers.apply import apply
+from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
+from elasticjob.loops import JobLoop
+from elasticjob.models import ElasticJobSpec, ElasticJobStatus
+
+CONFLICT_RETRIES = 3
+ERROR_RETRY_SECONDS = 5.0
+REFUSAL_BACKOFF = (2, 4, 8, 15, 30, 60, 120, 300)
+
+
+async def reconcile(ctx: Context, loop: JobLoop) -> float:
+    memory: JobMemory = loop.memory or JobMemory()
+    loop.memory = memory
+    current = ctx.mirror.job(loop.key)
+    if current is None:
+        return planner.RESYNC_SECONDS  # gone: the mirror's next dispatch ends this loop
+    uid = current["metadata"]["uid"]
+    written = memory.written if memory.written and memory.written["metadata"].get("uid") == uid else None
+    log = job_logger(ctx.logger, loop.key, uid)
+    if not ctx.gate.active:
+        log.debug("another operator replica is active (kopf peering); not reconciling")
+        return planner.RESYNC_SECONDS
+    started = time.monotonic()
+    try:
+        delay = await reconcile_fresh(ctx, memory, newest(current, written), log)
+        metrics.RECONCILES.labels("ok").inc()
+    except k8s.NotFound:
+        delay = planner.RESYNC_SECONDS  # deleted meanwhile; the mirror ends this loop
+    except k8s.KubeError as exc:
+        log.warning(f"reconcile failed, retrying in {ERROR_RETRY_SECONDS:.0f}s: {exc}")
+        metrics.RECONCILES.labels("error").inc()
+        delay = ERROR_RETRY_SECONDS
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    return delay
+
+
+async def reconcile_fresh(ctx: Context, memory: JobMemory, body: dict[str, Any], log: logging.LoggerAdapter) -> float:
+    """Reconcile; on a lost write race, read the job again and plan anew."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return await reconcile_body(ctx, memory, body, log)
+        except k8s.Conflict:
+            meta = body["metadata"]
+            log.debug("the job changed since it was read: reading it again and planning anew")
+            body = memory.written = await ctx.kube.get_job(meta["namespace"], meta["name"])
+    return 1.0
+
+
+async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], log: logging.LoggerAdapter) -> float:
+    meta = body["metadata"]
+    try:
+        spec = ElasticJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        log.error(f"spec does not parse: {exc}")
+        return planner.RESYNC_SECONDS
+    now = datetime.now(timezone.utc)
+    ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec)
+    job = planner.Job(ref=ref, generation=meta.get("generation", 0),
+                      status=ElasticJobStatus.model_validate(body.get("status") or {}))
+    observed = await observing.observe(ctx, memory, job, now)
+    plan = planner.plan(job, observed, now, ctx.settings, ctx.stores.token(ref.uid))
+    defaulted = next((a for a in plan.actions if isinstance(a, planner.DefaultReplicas)), None)
+    if defaulted is not None:
+        # The spec first: the status planned here was planned without it.
+        memory.written = await ctx.kube.patch_job_spec(ref.namespace, ref.name, {"replicas": defaulted.replicas},
+                                                       meta["resourceVersion"])
+        return 0.0
+    body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
+    for event in plan.events:
+        ctx.post(body, event, log)
+    try:
+        refused = await apply(ctx, ref, plan.actions, body, log)
+    except k8s.Invalid as exc:
+        rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
+                                                    f"template: {exc.message}", now)
+        body = await write_status(ctx, memory, ref, plan.status, rejected.status, body, log)
+        for event in rejected.events:
+            ctx.post(body, event, log)
+        return planner.RESYNC_SECONDS
+    metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
+    return remember_refusal(ctx, memory, plan, refused, body, now, log)
+
+
+def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refused: str | None,
+                     body: dict[str, Any], now: datetime, log: logging.LoggerAdapter) -> float:
+    """Put a refusal on the job at once (re-plan now), back off before creating again, clear it once a
+    create goes through."""
+    if refused is not None:
+        count = memory.refusal.count + 1 if memory.refusal else 1
+        wait = REFUSAL_BACKOFF[min(count, len(REFUSAL_BACKOFF)) - 1]
+        memory.refusal = Refusal(refused, count, now + timedelta(seconds=wait))
+        ctx.post(body, planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)"), log)
+        return 0.0
+    if memory.refusal is not None and any(isinstance(a, planner.CreateObject) for a in plan.actions):
+        memory.refusal = None
+        return 0.0
+    return plan.requeue_after
+
+
+async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: ElasticJobStatus,
+                       new: ElasticJobStatus, body: dict[str, Any], log: logging.LoggerAdapter) -> dict[str, Any]:
+    wire = new.model_dump(by_alias=True, mode="json")
+    if wire == old.model_dump(by_alias=True, mode="json"):
+        return body
+    result = await ctx.kube.patch_job_status(ref.namespace, ref.name, wire, body["metadata"]["resourceVersion"])
+    memory.written = result
+    if new.phase != old.phase or new.reason != old.reason:
+        log.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
+    return result

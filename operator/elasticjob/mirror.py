@@ -1,0 +1,152 @@
+"""What the operator knows of the cluster: its jobs, and the pods and Services labelled with a job's name. Pure.
+
+Watches feed it one event at a time; a (re)list replaces everything it held for that namespace, so an object
+deleted while no watch ran (an API server restart, a 410 Gone, an operator restart) leaves the mirror with the
+next list. kopf's indexes never drop an object without a DELETED event; that is why this exists.
+
+Every change reports the job keys it touched, so that exactly those jobs are woken. Updates that change nothing
+the planner looks at (a new resourceVersion, a kubelet heartbeat) wake no one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from elasticjob import naming
+from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
+
+JobKey = tuple[str, str]
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[V]):
+    key: JobKey
+    view: V
+
+
+# From a raw object to (its uid, the entry), or None when it is none of ours (no job label).
+Convert = Callable[[Mapping[str, Any]], "tuple[str, Entry[V]] | None"]
+
+
+class Store(Generic[V]):
+    """One kind of object, by uid, grouped by the job it belongs to."""
+
+    def __init__(self, convert: Convert[V], same: Callable[[V, V], bool] | None = None):
+        self._convert = convert
+        self._same = same or (lambda a, b: a == b)
+        self._by_uid: dict[str, Entry[V]] = {}
+        self._by_job: dict[JobKey, dict[str, V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def of(self, key: JobKey) -> list[V]:
+        return list(self._by_job.get(key, {}).values())
+
+    def keys(self) -> set[JobKey]:
+        return set(self._by_job)
+
+    def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
+        """One watch event (ADDED, MODIFIED, DELETED); returns the jobs it touched."""
+        converted = self._convert(body)
+        if converted is None:
+            return set()
+        uid, entry = converted
+        if kind == "DELETED":
+            return self._drop(uid)
+        return self._put(uid, entry)
+
+    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+        """A complete list of one namespace (None: all of them): what it lacks is gone."""
+        fresh: dict[str, Entry[V]] = {}
+        for body in bodies:
+            if (converted := self._convert(body)) is not None:
+                fresh[converted[0]] = converted[1]
+        touched: set[JobKey] = set()
+        for uid, entry in list(self._by_uid.items()):
+            if (namespace is None or entry.key[0] == namespace) and uid not in fresh:
+                touched |= self._drop(uid)
+        for uid, entry in fresh.items():
+            touched |= self._put(uid, entry)
+        return touched
+
+    def _put(self, uid: str, entry: Entry[V]) -> set[JobKey]:
+        old = self._by_uid.get(uid)
+        if old is not None and old.key == entry.key and self._same(old.view, entry.view):
+            return set()
+        touched = self._drop(uid) if old is not None and old.key != entry.key else set()
+        self._by_uid[uid] = entry
+        self._by_job.setdefault(entry.key, {})[uid] = entry.view
+        return touched | {entry.key}
+
+    def _drop(self, uid: str) -> set[JobKey]:
+        entry = self._by_uid.pop(uid, None)
+        if entry is None:
+            return set()
+        group = self._by_job.get(entry.key, {})
+        group.pop(uid, None)
+        if not group:
+            self._by_job.pop(entry.key, None)
+        return {entry.key}
+
+
+def _labelled(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], JobKey] | None:
+    meta = body.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(naming.JOB_LABEL)
+    if not job or not meta.get("uid"):
+        return None
+    return meta, naming.job_key(meta.get("namespace", ""), job)
+
+
+def _pod(body: Mapping[str, Any]) -> tuple[str, Entry[PodView]] | None:
+    if (found := _labelled(body)) is None:
+        return None
+    meta, key = found
+    return meta["uid"], Entry(key, observe_pod(body))
+
+
+def _service(body: Mapping[str, Any]) -> tuple[str, Entry[ServiceView]] | None:
+    if (found := _labelled(body)) is None:
+        return None
+    meta, key = found
+    return meta["uid"], Entry(key, observe_service(body))
+
+
+def _job(body: Mapping[str, Any]) -> tuple[str, Entry[dict[str, Any]]] | None:
+    meta = body.get("metadata") or {}
+    if not meta.get("uid") or not meta.get("name"):
+        return None
+    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), dict(body))
+
+
+def _same_version(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (a.get("metadata") or {}).get("resourceVersion") == (b.get("metadata") or {}).get("resourceVersion")
+
+
+class Mirror:
+    """Jobs (whole bodies: the planner needs the spec), their pods and Services (views: what it decides on)."""
+
+    def __init__(self) -> None:
+        self.jobs: Store[dict[str, Any]] = Store(_job, _same_version)
+        self.pods: Store[PodView] = Store(_pod)
+        self.services: Store[ServiceView] = Store(_service)
+
+    def store(self, kind: str) -> Store[Any]:
+        return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services}[kind]
+
+    def job(self, key: JobKey) -> dict[str, Any] | None:
+        """The job now under that name; while an old job of that name is still being removed, the newest."""
+        bodies = self.jobs.of(key)
+        if not bodies:
+            return None
+        return max(bodies, key=lambda b: (b.get("metadata") or {}).get("creationTimestamp") or "")
+
+    def owned_pods(self, key: JobKey, uid: str) -> list[PodView]:
+        """Pods this very job made: a pod left by an earlier job of the same name is not ours to count."""
+        return [p for p in self.pods.of(key) if p.owner_uid == uid]
+
+    def owned_service(self, key: JobKey, uid: str) -> ServiceView | None:
+        return next((s for s in self.services.of(key) if s.owner_uid == uid), None)

@@ -1,0 +1,171 @@
+"""List, then watch from the list's resourceVersion: the objects the operator owns, selected by label on the server.
+
+The official client is synchronous, so each watch stream is read in a thread of its own and its events are
+handed to the event loop. Raw JSON is decoded once; no client models are built (at fleet size that
+deserialization was most of the operator's CPU).
+
+Recovery: a watch that ends normally (server timeout) resumes from the last resourceVersion, which bookmarks
+keep fresh, so nothing is missed. A 410 Gone or an error lists again, and the list replaces what the mirror held:
+objects deleted meanwhile disappear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from elasticjob import k8s
+
+LIST_PAGE = 500
+WATCH_SECONDS = 300  # the server ends each watch after this; it resumes from the last resourceVersion
+BACKOFF_SECONDS = (0.5, 1, 2, 5, 10)
+
+OnList = Callable[[str | None, list[dict[str, Any]]], None]
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Source:
+    """What to list and watch: a resource, optionally one namespace, optionally a label selector.
+    `list_fn` is the client's list call for that namespace (or all), taking only keyword arguments."""
+
+    kind: str
+    namespace: str | None
+    label_selector: str | None
+    list_fn: Callable[..., Any]
+
+
+class Reflector:
+    def __init__(self, source: Source, on_list: OnList, on_event: OnEvent, executor: ThreadPoolExecutor,
+                 logger: logging.Logger):
+        self.source, self._on_list, self._on_event = source, on_list, on_event
+        self._executor, self._log = executor, logger
+        self.lists = 0  # how often it listed: the first, then after every gap
+        self.synced = asyncio.Event()  # set after the first complete list
+        self.last_contact = time.monotonic()
+        self._response: Any = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.source.kind} in {self.source.namespace}" if self.source.namespace else self.source.kind
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                version = await self._list()
+                failures = 0
+                while True:
+                    version = await self._watch(version)
+            except k8s.Gone:
+                self._log.info(f"watch of {self.where} expired (410 Gone): listing again")
+            except asyncio.CancelledError:
+                self.stop()
+                raise
+            except Exception as exc:  # any failure of the stream: list again, after a pause
+                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+                self._log.warning(f"watch of {self.where} failed ({describe(exc)}); listing again in {delay}s")
+                await asyncio.sleep(delay)
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_contact
+
+    def stop(self) -> None:
+        response = self._response
+        if response is not None:
+            response.shutdown()  # unblocks the reading thread
+
+    async def _list(self) -> str:
+        items, version = await asyncio.get_running_loop().run_in_executor(self._executor, self._list_all)
+        self._on_list(self.source.namespace, items)
+        self.lists += 1
+        self.last_contact = time.monotonic()
+        self.synced.set()
+        return version
+
+    def _list_all(self) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = json.loads(self._call(limit=LIST_PAGE, _continue=token).data)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, page["metadata"]["resourceVersion"]
+
+    def _call(self, **params: Any) -> Any:
+        source = self.source
+        if source.label_selector:
+            params["label_selector"] = source.label_selector
+        try:
+            return source.list_fn(_preload_content=False, **{k: v for k, v in params.items() if v})
+        except ApiException as exc:
+            raise k8s.translate(exc) from None
+
+    async def _watch(self, version: str) -> str:
+        """One watch request; returns the resourceVersion to resume from."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        def pump() -> None:
+            try:
+                for event in self._stream(version):
+                    loop.call_soon_threadsafe(events.put_nowait, event)
+            except BaseException as exc:  # handed over to the loop, raised there
+                loop.call_soon_threadsafe(events.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(events.put_nowait, done)
+
+        reader = loop.run_in_executor(self._executor, pump)
+        try:
+            while (event := await events.get()) is not done:
+                if isinstance(event, BaseException):
+                    raise event
+                version = self._handle(event, version)
+        finally:
+            self.stop()
+            await asyncio.shield(reader)
+        return version
+
+    def _stream(self, version: str) -> Iterator[dict[str, Any]]:
+        response = self._call(watch=True, resource_version=version, allow_watch_bookmarks=True,
+                              timeout_seconds=WATCH_SECONDS, _request_timeout=(10, WATCH_SECONDS + 30))
+        self._response = response
+        try:
+            for line in response:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _handle(self, event: dict[str, Any], version: str) -> str:
+        self.last_contact = time.monotonic()
+        kind, body = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            error = k8s.Gone if body.get("code") == 410 else k8s.KubeError
+            raise error(body.get("code") or 0, body.get("reason") or "", body.get("message") or "")
+        version = (body.get("metadata") or {}).get("resourceVersion") or version
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._on_event(kind, body)
+        return version
+
+
+def describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def watch_threads(sources: int) -> ThreadPoolExecutor:
+    """A thread per stream, plus a few for lists: a watch holds its thread for minutes."""
+    return ThreadPoolExecutor(sources + 2, "watch")
+

@@ -1,0 +1,77 @@
+"""The mirror of the cluster: watch events, relists that remove what was deleted unseen, ownership by uid."""
+
+from __future__ import annotations
+
+from elasticjob.mirror import Mirror
+
+
+def pod(name: str, job: str = "train", ns: str = "ml", uid: str | None = None, owner: str = "job-uid-1",
+        phase: str = "Running", rv: str = "1") -> dict:
+    return {"metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}", "resourceVersion": rv,
+                         "labels": {"elasticjob.dev/job-name": job, "elasticjob.dev/role": "worker",
+                                    "elasticjob.dev/replica-index": name[-1]},
+                         "ownerReferences": [{"kind": "ElasticJob", "name": job, "uid": owner, "controller": True}]},
+            "status": {"phase": phase}}
+
+
+def jobbody(name: str = "train", uid: str = "job-uid-1", rv: str = "5", ns: str = "ml", created: str = "") -> dict:
+    return {"metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv,
+                         "creationTimestamp": created}, "spec": {}}
+
+
+def test_a_relist_removes_pods_deleted_while_no_watch_ran_and_wakes_their_jobs():
+    mirror = Mirror()
+    mirror.pods.replace(None, [pod("train-worker-0"), pod("train-worker-1"), pod("other-worker-0", job="other")])
+    # An API server restart: the DELETED event of worker-1 was never seen.
+    touched = mirror.pods.replace(None, [pod("train-worker-0"), pod("other-worker-0", job="other")])
+    assert touched == {("ml", "train")}
+    assert [p.name for p in mirror.pods.of(("ml", "train"))] == ["train-worker-0"]
+
+
+def test_a_relist_of_one_namespace_leaves_the_others_alone():
+    mirror = Mirror()
+    mirror.pods.replace("ml", [pod("train-worker-0")])
+    mirror.pods.replace("cv", [pod("seg-worker-0", job="seg", ns="cv")])
+    assert mirror.pods.replace("ml", []) == {("ml", "train")}
+    assert len(mirror.pods.of(("cv", "seg"))) == 1
+
+
+def test_updates_that_change_nothing_the_planner_reads_wake_no_one():
+    mirror = Mirror()
+    assert mirror.pods.apply("ADDED", pod("train-worker-0")) == {("ml", "train")}
+    assert mirror.pods.apply("MODIFIED", pod("train-worker-0", rv="2")) == set()
+    assert mirror.pods.apply("MODIFIED", pod("train-worker-0", phase="Failed", rv="3")) == {("ml", "train")}
+    assert mirror.pods.apply("DELETED", pod("train-worker-0")) == {("ml", "train")}
+    assert mirror.pods.of(("ml", "train")) == []
+
+
+def test_objects_without_the_job_label_are_ignored():
+    mirror = Mirror()
+    stray = pod("x")
+    del stray["metadata"]["labels"]["elasticjob.dev/job-name"]
+    assert mirror.pods.apply("ADDED", stray) == set() and len(mirror.pods) == 0
+
+
+def test_a_recreated_job_sees_only_what_it_made():
+    """delete + apply under the same name: the old job's completed workers linger until garbage collected."""
+    mirror = Mirror()
+    mirror.pods.apply("ADDED", pod("train-worker-0", uid="old-0", owner="old-job", phase="Succeeded"))
+    mirror.pods.apply("ADDED", pod("train-worker-1", uid="new-1", owner="new-job"))
+    assert [p.uid for p in mirror.owned_pods(("ml", "train"), "new-job")] == ["new-1"]
+    assert mirror.owned_service(("ml", "train"), "new-job") is None
+
+
+def test_jobs_change_only_with_their_resource_version_and_leave_on_relist():
+    mirror = Mirror()
+    assert mirror.jobs.apply("ADDED", jobbody()) == {("ml", "train")}
+    assert mirror.jobs.apply("MODIFIED", jobbody()) == set()
+    assert mirror.jobs.apply("MODIFIED", jobbody(rv="6")) == {("ml", "train")}
+    assert mirror.jobs.replace(None, []) == {("ml", "train")}
+    assert mirror.job(("ml", "train")) is None
+
+
+def test_of_two_jobs_under_one_name_the_newest_is_the_job():
+    mirror = Mirror()
+    mirror.jobs.apply("ADDED", jobbody(uid="old", created="2026-01-01T10:00:00Z"))
+    mirror.jobs.apply("ADDED", jobbody(uid="new", created="2026-01-01T11:00:00Z"))
+    assert mirror.job(("ml", "train"))["metadata"]["uid"] == "new"
