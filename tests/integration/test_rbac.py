@@ -25,24 +25,29 @@ PERMISSION_ERRORS = ("Forbidden", "forbidden", " 403", "Not enough permissions")
 
 # (verb, group, resource, subresource) the operator uses in each namespace it watches.
 OPERATOR_NEEDS = [
-    ("list", GROUP, "elasticjobs", ""), ("watch", GROUP, "elasticjobs", ""),
+    ("get", GROUP, "elasticjobs", ""), ("list", GROUP, "elasticjobs", ""), ("watch", GROUP, "elasticjobs", ""),
     ("patch", GROUP, "elasticjobs", ""), ("delete", GROUP, "elasticjobs", ""),
     ("patch", GROUP, "elasticjobs", "status"),
     ("list", "", "pods", ""), ("watch", "", "pods", ""), ("create", "", "pods", ""), ("delete", "", "pods", ""),
+    ("get", "", "pods", "log"),
     ("list", "", "services", ""), ("watch", "", "services", ""),
     ("create", "", "services", ""), ("delete", "", "services", ""),
+    ("create", "", "secrets", ""), ("create", "networking.k8s.io", "networkpolicies", ""),
     ("create", "", "events", ""),
 ]
-# Cluster-scoped reads kopf makes to follow CRDs (and, with a namespace list, namespaces).
+# Cluster-scoped reads: kopf follows CRDs (and, with a namespace list, namespaces); the operator reads the
+# node of a pod stuck terminating.
 KOPF_CLUSTER_NEEDS = [
     ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("get", "", "nodes", ""),
 ]
 NAMESPACE_LIST_NEEDS = [("list", "", "namespaces", ""), ("watch", "", "namespaces", "")]
 # Things the operator never does, in its own namespace.
 NEVER_IN_NAMESPACE = [
     ("get", "", "secrets", ""), ("list", "", "secrets", ""), ("watch", "", "secrets", ""),
-    ("create", "apps", "deployments", ""), ("create", "", "pods", "exec"), ("get", "", "pods", "log"),
+    ("update", "", "secrets", ""), ("delete", "", "secrets", ""), ("get", "", "configmaps", ""),
+    ("create", "apps", "deployments", ""), ("create", "", "pods", "exec"),
     ("update", GROUP, "elasticjobs", ""), ("create", GROUP, "elasticjobs", ""),
     ("update", GROUP, "elasticjobs", "scale"), ("patch", GROUP, "elasticjobs", "scale"),
     ("update", GROUP, "elasticjobs", "status"),

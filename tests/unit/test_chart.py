@@ -6,6 +6,8 @@ the RBAC rules against the table of what the operator really calls.
 
 from __future__ import annotations
 
+import base64
+
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "elasticjob-operator"
 RELEASE, RELEASE_NAMESPACE = "ej", "elasticjob-system"
 FULLNAME = f"{RELEASE}-elasticjob-operator"
+SELECTOR = f"app.kubernetes.io/name=elasticjob-operator,app.kubernetes.io/instance={RELEASE}"
 # kubernetes-validate ships schemas up to 1.37; the local cluster runs 1.36.
 KUBE_VERSION = "1.36"
 
@@ -26,6 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
     "peering": {"replicas": 2},
+    "no-network-policy": {"networkPolicy": {"enabled": False}},
     "peering-namespaced": {"replicas": 3, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "debug-no-metrics": {"logLevel": "debug", "metrics": {"enabled": False}},
@@ -34,13 +38,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
 NAMESPACED_GRANTS = {
-    ("elasticjob.dev", "elasticjobs"): {"list", "watch", "patch", "delete"},
+    ("elasticjob.dev", "elasticjobs"): {"get", "list", "watch", "patch", "delete"},
     ("elasticjob.dev", "elasticjobs/status"): {"patch"},
     ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "pods/log"): {"get"},
     ("", "services"): {"list", "watch", "create", "delete"},
+    ("", "secrets"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"create"},
     ("", "events"): {"create"},
 }
-CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}, ("", "nodes"): {"get"}}
 NAMESPACES_GRANT = {("", "namespaces"): {"list", "watch"}}
 
 # Kinds with no schema in kubernetes-validate: checked against the CRDs that define them instead.
@@ -178,12 +185,16 @@ def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
 
 
 @pytest.mark.parametrize("variant, expected_args", [
-    ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090"]),
+    ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                 "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
     ("namespaced", ["--namespace", "team-a", "--namespace", "team-b", "--liveness",
-                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090"]),
+                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
     ("peering", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-                 "--peering", FULLNAME]),
-    ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--verbose"]),
+                 "--peering", FULLNAME, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+    ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--verbose",
+                          "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+    ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                           "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", "--operator-selector", SELECTOR]),
 ])
 def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
     (container,) = deployment(render(VARIANTS[variant]))["spec"]["template"]["spec"]["containers"]
@@ -213,16 +224,33 @@ def test_deployment_probe_security_and_rollout() -> None:
     assert not by_kind(render(VARIANTS["debug-no-metrics"]), "Service")
 
 
+def test_the_rendezvous_key_is_a_secret_mounted_into_the_operator() -> None:
+    docs = render()
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == f"{FULLNAME}-rendezvous-key"]
+    assert len(base64.b64decode(secret["data"]["key"])) == 48
+    pod = deployment(docs)["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "rendezvous-key")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_without_network_policies_the_operator_may_not_create_them() -> None:
+    docs = render(VARIANTS["no-network-policy"])
+    assert ("networking.k8s.io", "networkpolicies") not in grants(by_kind(docs, "ClusterRole"))
+
+
 # ---------------------------------------------------------------- RBAC
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_rbac_has_no_wildcards_and_no_secrets(variant: str) -> None:
+def test_rbac_has_no_wildcards_and_reads_no_secrets(variant: str) -> None:
     for role in [d for d in render(VARIANTS[variant]) if d["kind"] in ("Role", "ClusterRole")]:
         for rule in role["rules"]:
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
-            assert "secrets" not in rule["resources"], (role["metadata"]["name"], rule)
+            if "secrets" in rule["resources"]:  # created for the stores, never read
+                assert rule["verbs"] == ["create"] and rule["resources"] == ["secrets"], rule
             assert not rule.get("nonResourceURLs"), rule
 
 
