@@ -18,7 +18,7 @@ from typing import Protocol
 from elasticjob_store import actions
 from elasticjob_store.actions import Outcome
 from elasticjob_store.rounds import RoundTracker
-from elasticjob_store.state import RendezvousState, StateError, decode, encode, state_key
+from elasticjob_store.state import RendezvousState, decode, encode, state_key
 
 WRITE_ATTEMPTS = 8
 POLL_INTERVAL = 0.25
@@ -153,7 +153,7 @@ class Control:
     def _waiter_finished(self, state: RendezvousState | None, now: float) -> bool:
         with self.lock:
             waiter_round, added_at = self._waiter_round, self._waiter_added_at
-        # A waiter this process did not add (it restarted) has no known round: take it out.
+        # A waiter no restart request of this process added (waiter_round None) has no purpose: take it out.
         return (state is not None and (waiter_round is None or state.round != waiter_round
                                        or now - added_at > WAITER_TTL))
 
@@ -167,7 +167,7 @@ def start_poller(control: Control, stop: threading.Event, interval: float = POLL
             try:
                 control.poll()
                 last_error = ""
-            except (StateError, ConflictError, RuntimeError, ValueError) as err:
+            except Exception as err:  # the thread's top: a bad state or a store hiccup must not end polling
                 message = f"{type(err).__name__}: {err}"
                 if message != last_error:
                     control.log(f"poller: {message}")
