@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the local cluster's optional add-ons from the Go modules pinned in schedplugins/go.mod and kueue/go.mod
+# into a cache keyed by their versions, once:
+#   scheduler-plugins-kube-scheduler  sigs.k8s.io/scheduler-plugins/cmd/scheduler (Coscheduling and the rest)
+#   kueue-manager                     sigs.k8s.io/kueue/cmd/kueue
+# stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# The version of module $1 required (or replaced) in go.mod $2.
+modversion() {
+  awk -v m="$1" '$1 !~ "^//" { for (i = 1; i < NF; i++) if ($i == m && $(i + 1) ~ /^v[0-9]+[.][0-9]+[.][0-9]+/) { print $(i + 1); exit } }' "$2"
+}
+sp_version=$(modversion sigs.k8s.io/scheduler-plugins "$here/schedplugins/go.mod")
+sp_k8s=$(modversion k8s.io/kubernetes "$here/schedplugins/go.mod")
+kueue_version=$(modversion sigs.k8s.io/kueue "$here/kueue/go.mod")
+kueue_k8s=$(modversion k8s.io/kubernetes "$here/kueue/go.mod")
+for v in sp_version sp_k8s kueue_version kueue_k8s; do
+  [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/go.mod or kueue/go.mod" >&2; exit 1; }
+done
+cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
+bin=$cache/addons-scheduler-plugins-$sp_version-kueue-$kueue_version/bin
+# binary name -> "module dir|package|Kubernetes version of its libraries"
+declare -A builds=(
+  [scheduler-plugins-kube-scheduler]="schedplugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|$sp_k8s"
+  [kueue-manager]="kueue|sigs.k8s.io/kueue/cmd/kueue|$kueue_k8s"
+)
+missing() {
+  local b
+  for b in "${!builds[@]}"; do [[ -x $bin/$b ]] || echo "$b"; done | sort
+}
+[[ -z $(missing) ]] && { echo "$bin"; exit 0; }
+command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build the add-ons" >&2; exit 1; }
+# Two sessions may ask at once: one builds, the other waits and reuses the binaries.
+mkdir -p "$cache"
+exec 9>"$cache/.build-addons-$sp_version-$kueue_version.lock"
+flock 9
+mapfile -t todo < <(missing)
+[[ ${#todo[@]} == 0 ]] && { echo "$bin"; exit 0; }
+source "$here/progress.sh"
+export CGO_ENABLED=0
+echo "building ${todo[*]} into $bin (first time only; several minutes on 2 cores)" >&2
+rm -rf "$bin.partial" && mkdir -p "$bin.partial"
+for b in "${todo[@]}"; do
+  IFS='|' read -r dir pkg k8s <<<"${builds[$b]}"
+  minor=${k8s#v1.}; minor=${minor%%.*}
+  cb=k8s.io/component-base/version
+  # The Kubernetes libraries' version, as kube-scheduler derives its binary/emulation version from it.
+  ldflags="-s -w -X $cb.gitVersion=$k8s -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X $cb.gitTreeState=clean"
+  ldflags="$ldflags -X $cb.buildDate=1970-01-01T00:00:00Z"
+  [[ $b == kueue-manager ]] && ldflags="$ldflags -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
+  [[ $b == kueue-manager ]] && ldflags="$ldflags -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+  (cd "$here/$dir" && go_build_with_progress "build $b" -trimpath -ldflags "$ldflags" -o "$bin.partial/$b" -- "$pkg")
+done
+if [[ -d $bin ]]; then
+  for f in "$bin.partial"/*; do mv -f "$f" "$bin/"; done
+  rmdir "$bin.partial"
+else
+  mv "$bin.partial" "$bin"
+fi
+echo "$bin"
