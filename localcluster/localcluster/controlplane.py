@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import ssl
 import subprocess
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import components, sessions
+from localcluster.health import Health, api_json, check, ready_nodes, wait_healthy
 from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
 
@@ -56,12 +54,6 @@ class ComponentStatus:
     detail: str = ""
 
 
-@dataclass
-class _Health:
-    ok: bool
-    detail: str
-
-
 # ---------------------------------------------------------------- binaries
 
 
@@ -79,80 +71,6 @@ def ensure_binaries(root: Path, log: Log = _print) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"{script} failed with exit code {proc.returncode}")
     return Path(out.strip().splitlines()[-1])
-
-
-# ---------------------------------------------------------------- health
-
-
-def _admin_context(layout: Layout) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
-    ctx.load_cert_chain(str(layout.pki / "admin.crt"), str(layout.pki / "admin.key"))
-    return ctx
-
-
-def _insecure_context() -> ssl.SSLContext:
-    # The controller-manager and scheduler serve /healthz with a self-signed cert generated in memory.
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> _Health:
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as response:
-            return _Health(response.status == 200, response.read().decode(errors="replace").strip()[:200])
-    except urllib.error.HTTPError as err:
-        return _Health(False, f"HTTP {err.code}: {err.read().decode(errors='replace').strip()[-300:]}")
-    except (OSError, ssl.SSLError) as err:
-        return _Health(False, str(getattr(err, "reason", err)))
-
-
-def _health(endpoints: Endpoints, name: str) -> _Health:
-    ports = endpoints.ports
-    if name == "etcd":
-        return _get(f"http://127.0.0.1:{ports['etcd']}/health")
-    if name == "apiserver":
-        return _get(f"{endpoints.server}/readyz", _admin_context(endpoints.layout))
-    if name in ("controller-manager", "scheduler"):
-        return _get(f"https://127.0.0.1:{ports[name]}/healthz", _insecure_context())
-    if name == "nodeagent":
-        return _Health(True, "process running")
-    raise ValueError(name)
-
-
-def _api_json(endpoints: Endpoints, path: str) -> dict:
-    with urllib.request.urlopen(f"{endpoints.server}{path}", context=_admin_context(endpoints.layout), timeout=5) as r:
-        return json.loads(r.read())
-
-
-def _ready_nodes(endpoints: Endpoints) -> list[str]:
-    ready = []
-    for node in _api_json(endpoints, "/api/v1/nodes").get("items", []):
-        conditions = node.get("status", {}).get("conditions", [])
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            ready.append(node["metadata"]["name"])
-    return ready
-
-
-def _wait_healthy(endpoints: Endpoints, name: str, proc: subprocess.Popen, timeout: float, log: Log) -> None:
-    started = time.monotonic()
-    last = _Health(False, "not probed")
-    while time.monotonic() - started < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{name} exited with code {proc.returncode}; log {endpoints.layout.log_file(name)}:\n"
-                f"{sessions.tail(endpoints.layout.log_file(name))}"
-            )
-        last = _health(endpoints, name)
-        if last.ok:
-            log(f"  {name} ready ({time.monotonic() - started:.1f}s)")
-            return
-        time.sleep(0.25)
-    raise RuntimeError(
-        f"{name} not healthy after {timeout:.0f}s (last: {last.detail}); log tail:\n"
-        f"{sessions.tail(endpoints.layout.log_file(name))}"
-    )
 
 
 # ---------------------------------------------------------------- lifecycle
@@ -183,7 +101,7 @@ def status(root: Path) -> list[ComponentStatus]:
         if pid is None:
             continue
         running = sessions.ours(layout, pid)
-        health = _health(endpoints, name) if running and endpoints else _Health(False, "not running")
+        health = check(endpoints, name) if running and endpoints else Health(False, "not running")
         result.append(ComponentStatus(name, pid, running, health.ok, health.detail))
     return result
 
@@ -205,14 +123,14 @@ def _cluster(layout: Layout, endpoints: Endpoints, nodes: int, started_now: bool
 
 def _start_control_plane(layout: Layout, bin_dir: Path, endpoints: Endpoints, log: Log) -> None:
     etcd = sessions.start(layout, "etcd", components.etcd_argv(bin_dir, endpoints))
-    _wait_healthy(endpoints, "etcd", etcd, 30, log)
+    wait_healthy(endpoints, "etcd", etcd, 30, log)
     apiserver = sessions.start(layout, "apiserver", components.apiserver_argv(bin_dir, endpoints))
-    _wait_healthy(endpoints, "apiserver", apiserver, 120, log)
+    wait_healthy(endpoints, "apiserver", apiserver, 120, log)
     controller_manager = sessions.start(
         layout, "controller-manager", components.controller_manager_argv(bin_dir, endpoints))
     scheduler = sessions.start(layout, "scheduler", components.scheduler_argv(bin_dir, endpoints))
-    _wait_healthy(endpoints, "controller-manager", controller_manager, 60, log)
-    _wait_healthy(endpoints, "scheduler", scheduler, 60, log)
+    wait_healthy(endpoints, "controller-manager", controller_manager, 60, log)
+    wait_healthy(endpoints, "scheduler", scheduler, 60, log)
     _wait_controllers_running(endpoints, controller_manager, 60, log)
 
 
@@ -224,7 +142,7 @@ def _wait_controllers_running(endpoints: Endpoints, proc: subprocess.Popen, time
         if proc.poll() is not None:
             raise RuntimeError(f"controller-manager exited with code {proc.returncode}")
         try:
-            _api_json(endpoints, "/api/v1/namespaces/default/serviceaccounts/default")
+            api_json(endpoints, "/api/v1/namespaces/default/serviceaccounts/default")
             log(f"  controllers running ({time.monotonic() - started:.1f}s)")
             return
         except urllib.error.HTTPError as err:
@@ -243,7 +161,7 @@ def _wait_nodes_ready(endpoints: Endpoints, proc: subprocess.Popen, count: int, 
                 f"node agent exited with code {proc.returncode}; log tail:\n"
                 f"{sessions.tail(endpoints.layout.log_file('nodeagent'))}"
             )
-        ready = _ready_nodes(endpoints)
+        ready = ready_nodes(endpoints)
         if len(ready) >= count:
             log(f"  {len(ready)} nodes Ready ({time.monotonic() - started:.1f}s): {', '.join(sorted(ready))}")
             return
@@ -275,7 +193,7 @@ def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.N
     if died:
         log(f"  the node agent had exited (see {layout.log_file('nodeagent')})")
         layout.pid_file("nodeagent").unlink()
-    ready = len(_ready_nodes(endpoints))
+    ready = len(ready_nodes(endpoints))
     # Nodes of a dead agent still look Ready for the grace period, so they do not count.
     enough = ready >= nodes.count and not died
     if nodes.count == 0 or enough or (agent is not None and not died) or not components.nodeagent_available():
@@ -421,7 +339,7 @@ def node_summary(root: Path) -> list[tuple[str, str]]:
     if endpoints is None:
         return []
     summary = []
-    for node in _api_json(endpoints, "/api/v1/nodes").get("items", []):
+    for node in api_json(endpoints, "/api/v1/nodes").get("items", []):
         conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
         summary.append((node["metadata"]["name"], conditions.get("Ready", "Unknown")))
     return summary

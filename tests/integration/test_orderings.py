@@ -1,0 +1,171 @@
+"""The orderings of a real shared cluster, each one a defect the operator once had, against a real API server.
+
+Stale bodies, a job recreated under the same name, a job that finished while a pod never started, a drain of
+slow pods, and pods held by a finalizer. Refusals (Pod Security, quotas) are in test_refusals.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from elasticjob import k8s
+from elasticjob.builders import Settings
+from elasticjob.handlers.context import Context, JobMemory, job_logger
+from elasticjob.handlers.reconcile import reconcile_fresh
+from elasticjob.mirror import Mirror
+from elasticjob.rendezvous_client import StoreClient
+from helpers import wait_for
+from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
+
+LOG = logging.getLogger("test")
+IGNORE_SIGTERM = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                  "time.sleep(3600)"]
+
+
+def reconcile_once(kube, body: dict) -> None:
+    """One reconcile in this process, from exactly the body given, against the real API server."""
+    ctx = Context(kube=k8s.Kube(kube), mirror=Mirror(), stores=StoreClient(b"test-key"),
+                  settings=Settings(network_policy=False), logger=LOG, instance="test")
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+
+    async def run():
+        await reconcile_fresh(ctx, JobMemory(), body, job_logger(LOG, key))
+        await asyncio.gather(*ctx._tasks, return_exceptions=True)
+        await ctx.stores.close()
+
+    asyncio.run(run())
+
+
+def events(api, namespace: str, reason: str) -> list:
+    return [e for e in api[1].list_namespaced_event(namespace).items
+            if e.reason == reason and e.involved_object.kind == "ElasticJob"]
+
+
+# --- stale bodies ----------------------------------------------------------------------------------------
+
+
+def test_a_reconcile_from_a_stale_body_never_writes_it_back(kube, api, namespace, crds_installed):
+    stale = create(api, namespace, job_manifest("train"))
+    # Written meanwhile by an earlier reconcile: a failure on record, the restart it cost.
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api[0].patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "train", {"status": {
+        "phase": "Restarting", "reason": "Restarting", "restarts": 2, "lastRestartTime": now,
+        "startTime": now, "countedFailures": ["uid-of-a-failed-pod"],
+        "lastFailures": [{"pod": "train-worker-1", "uid": "uid-of-a-failed-pod", "reason": "Error"}]}})
+    reconcile_once(kube, stale)
+    status = status_of(api, namespace, "train")
+    assert status["restarts"] == 2, "a reconcile that began before the write must not undo it"
+    assert [f["uid"] for f in status["lastFailures"]] == ["uid-of-a-failed-pod"]
+    assert status["observedGeneration"] == 1
+
+
+def test_scale_right_after_create_is_not_undone_by_the_replicas_default(kube, api, namespace, crds_installed):
+    manifest = job_manifest("train")
+    del manifest["spec"]["replicas"]
+    stale = create(api, namespace, manifest)
+    api[0].patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "train", {"spec": {"replicas": 1}})
+    reconcile_once(kube, stale)
+    assert get_job(api, namespace, "train")["spec"]["replicas"] == 1
+
+
+# --- ownership -------------------------------------------------------------------------------------------
+
+
+def hold(api, namespace: str, names: list[str], finalizers: list[str]) -> None:
+    """Set the pods' finalizers (a merge patch: a strategic one would merge an empty list away)."""
+    for name in names:
+        api[1].patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": finalizers}},
+                                    _content_type="application/merge-patch+json")
+
+
+def test_a_job_recreated_under_the_same_name_does_not_inherit_the_old_ones_pods(api, namespace, operator):
+    create(api, namespace, job_manifest("train", command=["python", "-c", "import sys; sys.exit(0)"]))
+    wait_phase(api, namespace, "train", "Succeeded", timeout=90)
+    leftovers = [p.metadata.name for p in pods(api, namespace)]
+    assert leftovers, "completed workers stay with cleanPodPolicy Running"
+    hold(api, namespace, leftovers, ["elasticjob.dev/test-hold"])  # a slow garbage collector
+    try:
+        api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")
+        wait_for(lambda: [j for j in api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]],
+                 30, "the old job gone", until=lambda items: not items)
+        new = create(api, namespace, job_manifest("train"))
+        # It gets a store of its own and keeps waiting for workers of its own: it has trained nothing.
+        status = wait_for(lambda: status_of(api, namespace, "train"), 60, "the new job's own store ready",
+                          until=lambda s: (s.get("rendezvous") or {}).get("ready"))
+        assert status["phase"] == "Pending" and not status.get("completionTime"), status
+        assert not events(api, namespace, "Succeeded") or all(
+            e.involved_object.uid != new["metadata"]["uid"] for e in events(api, namespace, "Succeeded"))
+    finally:
+        hold(api, namespace, [n for n in leftovers if n in {p.metadata.name for p in
+                                                             api[1].list_namespaced_pod(namespace).items}], [])
+    running = wait_pods(api, namespace, 2, timeout=90)
+    assert {p.metadata.owner_references[0].uid for p in running} == {new["metadata"]["uid"]}
+    wait_phase(api, namespace, "train", "Running")
+
+
+# --- success while a pod never started -------------------------------------------------------------------
+
+
+def test_success_does_not_wait_for_a_worker_that_never_started(api, namespace, operator, cluster):
+    if cluster.kind != "local":
+        pytest.skip("sizes requests to the local cluster's nodes")
+    nodes = api[1].list_node().items
+    node_cpu = min(int(n.status.allocatable["cpu"]) for n in nodes)
+    count = len(nodes) + 1  # one more than fits: one worker per node
+    finish = ["python", "-c", "import time; time.sleep(2)"]
+    create(api, namespace, job_manifest("train", command=finish, replicas=count, maxReplicas=count,
+                                        resources={"requests": {"cpu": str(node_cpu - 1)}},
+                                        runPolicy={"activeDeadlineSeconds": 600}))
+    status = wait_phase(api, namespace, "train", "Succeeded", timeout=120)
+    assert status["reason"] == "Succeeded"
+    wait_for(lambda: [p for p in pods(api, namespace) if p.status.phase == "Pending"], 30,
+             "the unstarted worker removed", until=lambda pending: not pending)
+    assert events(api, namespace, "RemovedUnstarted")
+
+
+# --- a drain of slow pods --------------------------------------------------------------------------------
+
+
+def test_a_drain_of_slow_pods_counts_each_eviction_once(api, namespace, operator):
+    count = 12  # more than the 10 failures status.lastFailures keeps
+    manifest = job_manifest("train", command=IGNORE_SIGTERM, replicas=count, maxReplicas=count,
+                            resources={"requests": {"cpu": "10m"}})
+    manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 15
+    create(api, namespace, manifest)
+    workers = wait_pods(api, namespace, count, timeout=120)
+    for pod in workers:
+        api[1].create_namespaced_pod_eviction(pod.metadata.name, namespace, {
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod.metadata.name}})
+    evicted = {p.metadata.uid for p in workers}
+    # The pods ignore SIGTERM: they linger terminating for their whole grace period, seen again and again.
+    wait_for(lambda: {p.metadata.uid for p in api[1].list_namespaced_pod(namespace).items}, 90,
+             "the evicted pods to be gone", until=lambda uids: not uids & evicted)
+    status = status_of(api, namespace, "train")
+    assert status["infrastructureFailures"] == count and status["restarts"] == 0
+    assert len(events(api, namespace, "Evicted")) == count
+    wait_pods(api, namespace, count, timeout=120)
+
+
+# --- pods held by a finalizer on a healthy node ----------------------------------------------------------
+
+
+def test_a_pod_held_by_a_finalizer_on_a_ready_node_is_not_force_deleted(api, namespace, operator):
+    create(api, namespace, job_manifest("train"))
+    wait_pods(api, namespace, 2)
+    hold(api, namespace, ["train-worker-1"], ["elasticjob.dev/test-hold"])
+    try:
+        api[1].delete_namespaced_pod("train-worker-1", namespace, grace_period_seconds=1)
+        deleted_at = time.monotonic()
+        # Past the force-delete threshold (15 s) and past a reconcile after it (the operator wakes at 15 s).
+        wait_for(lambda: time.monotonic() - deleted_at, 60, "25 s past the deletion", until=lambda t: t > 25)
+        assert api[1].read_namespaced_pod("train-worker-1", namespace).metadata.deletion_timestamp
+        # Its kubelet confirmed the containers stopped; what holds the pod is a finalizer, on purpose.
+        assert not events(api, namespace, "ForceDeleted"), "a kubelet can confirm: no force delete"
+    finally:
+        hold(api, namespace, ["train-worker-1"], [])
+    wait_pods(api, namespace, 2, timeout=60)

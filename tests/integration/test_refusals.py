@@ -1,0 +1,84 @@
+"""Refusals by a real API server reach the user: Pod Security admission and an exhausted ResourceQuota.
+
+Each refusal shows on the job (condition ReplicaFailure, the status message) and as a Warning Event quoting
+the API server, retried with backoff; once the cause is gone, the job goes on by itself. The store pod and
+the objects around it pass Pod Security "restricted" whatever the template does.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kubernetes import client
+
+from helpers import wait_for
+from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_pods
+
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 1000,
+                        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def condition(status: dict, kind: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def refused(api, namespace: str, words: str):
+    return wait_for(lambda: status_of(api, namespace, "train"), 60, f"a ReplicaFailure saying {words!r}",
+                    until=lambda s: condition(s, "ReplicaFailure").get("status") == "True"
+                    and words in condition(s, "ReplicaFailure").get("message", ""))
+
+
+def failed_creates(api, namespace: str) -> list:
+    return [e for e in api[1].list_namespaced_event(namespace).items
+            if e.reason == "FailedCreate" and e.involved_object.kind == "ElasticJob"]
+
+
+def test_pod_security_restricted_refuses_the_workers_not_the_store(api, namespace, operator):
+    api[1].patch_namespace(namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    create(api, namespace, job_manifest("train"))
+    status = refused(api, namespace, "violates PodSecurity")
+    assert "violates PodSecurity" in status["message"]
+    assert pods(api, namespace, "rendezvous"), "the store pod passes 'restricted'"
+    assert pods(api, namespace) == []
+    event = failed_creates(api, namespace)[0]
+    assert event.type == "Warning" and "violates PodSecurity" in event.message
+    # The user fixes the template; the next attempt (after the backoff) goes through.
+    container = job_manifest("train")["spec"]["template"]["spec"]["containers"][0]
+    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train", {"spec": {"template": {
+        "spec": {"containers": [{**container, "securityContext": RESTRICTED_CONTAINER}]}}}})
+    wait_pods(api, namespace, 2, timeout=90)
+    wait_for(lambda: status_of(api, namespace, "train"), 60, "the refusal cleared",
+             until=lambda s: condition(s, "ReplicaFailure").get("status") == "False")
+
+
+def test_an_exhausted_quota_is_shown_retried_with_backoff_and_cleared(api, namespace, operator):
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "pods"},
+             "spec": {"hard": {"pods": "3"}}}
+    api[1].create_namespaced_resource_quota(namespace, quota)
+    wait_for(lambda: api[1].read_namespaced_resource_quota("pods", namespace).status.hard, 30,
+             "the quota to be counted", until=bool)
+    create(api, namespace, job_manifest("train", replicas=3))
+    refused(api, namespace, "exceeded quota")
+    first = len(failed_creates(api, namespace))
+    started = time.monotonic()
+    wait_for(lambda: time.monotonic() - started, 30, "20 s of retries", until=lambda t: t >= 20)
+    retries = len(failed_creates(api, namespace)) - first
+    assert 1 <= retries <= 5, f"{retries} refusals in 20 s: backoff 2, 4, 8, 15 s allows at most 4"
+    assert len(pods(api, namespace)) == 2  # store + 2 workers fill the quota
+    api[1].patch_namespaced_resource_quota("pods", namespace, {"spec": {"hard": {"pods": "10"}}})
+    wait_pods(api, namespace, 3, timeout=120)
+    wait_for(lambda: status_of(api, namespace, "train"), 60, "the refusal cleared",
+             until=lambda s: condition(s, "ReplicaFailure").get("status") == "False")
+
+
+def test_each_job_gets_an_owned_network_policy_and_token_secret(api, namespace, operator, kube):
+    job = create(api, namespace, job_manifest("train"))
+    uid = job["metadata"]["uid"]
+    networking = client.NetworkingV1Api(kube)
+    policy = wait_for(lambda: networking.read_namespaced_network_policy("train-rdzv", namespace), 30,
+                      "the NetworkPolicy", ignore=(client.ApiException,))
+    assert policy.metadata.owner_references[0].uid == uid
+    assert policy.spec.pod_selector.match_labels == {"elasticjob.dev/job-name": "train",
+                                                     "elasticjob.dev/role": "rendezvous"}
+    secret = api[1].read_namespaced_secret("train-rdzv", namespace)
+    assert secret.metadata.owner_references[0].uid == uid and secret.data["token"]
