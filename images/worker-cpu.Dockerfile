@@ -17,4 +17,8 @@ WORKDIR /workspace
 # Both paths work: examples/elasticjob.yaml names the repo's layout, a plain `torchrun train_ddp.py` the short one.
 COPY examples/train_ddp.py /workspace/examples/train_ddp.py
 COPY examples/train_ddp.py /workspace/train_ddp.py
+# The job's rendezvous pod runs this image too: `python -m elasticjob_store` (the c10d store and its control
+# endpoint; it needs nothing but torch, and not the operator).
+COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
+ENV PYTHONPATH=/opt/elasticjob
 CMD ["torchrun", "/workspace/train_ddp.py"]

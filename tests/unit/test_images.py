@@ -54,3 +54,12 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for path in (".venv", ".localcluster", ".git"):
         assert path in ignored
+
+
+@pytest.mark.parametrize("name", ["worker.Dockerfile", "worker-cpu.Dockerfile"])
+def test_worker_images_carry_the_store_but_not_the_operator(name: str) -> None:
+    """The rendezvous pod runs the worker image with `python -m elasticjob_store`."""
+    text = (ROOT / "images" / name).read_text()
+    assert "COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store" in text
+    assert "ENV PYTHONPATH=/opt/elasticjob" in text
+    assert "operator/elasticjob " not in text and "operator/elasticjob\n" not in text
