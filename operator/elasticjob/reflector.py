@@ -4,9 +4,10 @@ The official client is synchronous, so each watch stream is read in a thread of 
 handed to the event loop. Raw JSON is decoded once; no client models are built (at fleet size that
 deserialization was most of the operator's CPU).
 
-Recovery: a watch that ends normally (server timeout) resumes from the last resourceVersion, which bookmarks
-keep fresh, so nothing is missed. A 410 Gone or an error lists again, and the list replaces what the mirror held:
-objects deleted meanwhile disappear.
+Recovery: a watch that ends (server timeout, a broken connection) resumes from the last resourceVersion, which
+bookmarks keep fresh, so nothing is missed. When the API server no longer has that version (410 Gone: it
+restarted, or the gap was long), the reflector lists again and the list replaces what the mirror held:
+objects deleted meanwhile disappear, and their jobs are woken.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Reflector:
         self.lists = 0  # how often it listed: the first, then after every gap
         self.synced = asyncio.Event()  # set after the first complete list
         self.last_contact = time.monotonic()
+        self.version: str | None = None  # where the watch resumes; None: list first
         self._response: Any = None
 
     @property
@@ -58,22 +60,26 @@ class Reflector:
         return f"{self.source.kind} in {self.source.namespace}" if self.source.namespace else self.source.kind
 
     async def run(self) -> None:
+        """List, then watch for ever. A broken watch resumes from the last resourceVersion; only a 410 Gone
+        (the API server no longer has that version: after its restart, or a long gap) lists again."""
         failures = 0
         while True:
             try:
-                version = await self._list()
-                failures = 0
+                if self.version is None:
+                    self.version = await self._list()
                 while True:
-                    version = await self._watch(version)
+                    self.version = await self._watch(self.version)
+                    failures = 0
             except k8s.Gone:
                 self._log.info(f"watch of {self.where} expired (410 Gone): listing again")
+                self.version = None
             except asyncio.CancelledError:
                 self.stop()
                 raise
-            except Exception as exc:  # any failure of the stream: list again, after a pause
+            except Exception as exc:  # a broken stream or an unreachable API server: try again, after a pause
                 delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                self._log.warning(f"watch of {self.where} failed ({describe(exc)}); listing again in {delay}s")
+                self._log.warning(f"watch of {self.where} failed ({describe(exc)}); again in {delay}s")
                 await asyncio.sleep(delay)
 
     def silent_for(self) -> float:
