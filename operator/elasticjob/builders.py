@@ -128,6 +128,9 @@ def rendezvous_pod(job: JobRef) -> dict[str, Any]:
                     {"name": "ELASTICJOB_RDZV_MIN_NODES", "value": str(job.spec.min_replicas)},
                     {"name": "ELASTICJOB_RDZV_MAX_NODES", "value": str(job.spec.max_replicas)},
                     {"name": "ELASTICJOB_RDZV_TOKEN_FILE", "value": f"{TOKEN_DIR}/{TOKEN_KEY}"},
+                    # One missed keep-alive: the store reports the agent stale and wakes the operator.
+                    {"name": "ELASTICJOB_RDZV_STALE_MS",
+                     "value": str(int(rdzv.keep_alive_interval_seconds * torchrun.STALE_FACTOR * 1000))},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
                       {"name": "control", "containerPort": rdzv.port + 1, "protocol": "TCP"}],

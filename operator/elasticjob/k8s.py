@@ -49,6 +49,13 @@ class Gone(KubeError):
     """410: a resourceVersion or a list's continue token is too old."""
 
 
+class Unknown:
+    """An answer the API server did not give."""
+
+
+UNKNOWN = Unknown()
+
+
 _BY_STATUS = {404: NotFound, 409: Conflict, 422: Invalid, 400: Invalid, 403: Forbidden, 410: Gone}
 
 
@@ -131,12 +138,15 @@ class Kube:
             return ""
         return response.data.decode(errors="replace")
 
-    async def node_ready(self, name: str) -> bool | None:
-        """True/False from the node's Ready condition; None when the node no longer exists."""
+    async def node_ready(self, name: str) -> bool | None | Unknown:
+        """True/False from the node's Ready condition; None when the node no longer exists; UNKNOWN when the
+        API server would not say (the caller then acts as if it had not asked)."""
         try:
-            body = _json(await _call(self.core.read_node_status, name, _preload_content=False))
+            body = _json(await _call(self.core.read_node, name, _preload_content=False))
         except NotFound:
             return None
+        except KubeError:
+            return UNKNOWN
         conditions = (body.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 

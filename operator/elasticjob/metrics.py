@@ -7,6 +7,8 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 RECONCILES = Counter("elasticjob_reconciles_total", "Reconciles of ElasticJobs", ["result"])
 RECONCILE_SECONDS = Histogram("elasticjob_reconcile_seconds", "Time of one reconcile of one job")
 ACTIONS = Counter("elasticjob_actions_total", "Actions applied to the cluster", ["action"])
+STORE_ACTIONS = Counter("elasticjob_store_actions_total", "Control requests to the jobs' rendezvous stores",
+                        ["action", "result"])
 JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each job is in", ["namespace", "job", "phase"])
 RESTARTS = Gauge("elasticjob_job_restarts", "Worker-group restarts charged to a job", ["namespace", "job"])
 

@@ -73,10 +73,12 @@ class PodView:
 
 @dataclass(frozen=True, slots=True)
 class StoreNode:
-    """One torch agent in the rendezvous: its address (--local-addr, the pod IP) and heartbeat age."""
+    """One torch agent in the rendezvous: its address (--local-addr, the pod IP), the age of its last heartbeat
+    when the store answered, and whether that age passed one missed keep-alive."""
 
     addr: str
     heartbeat_age: float | None = None
+    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,21 @@ class StoreView:
     waiting: tuple[StoreNode, ...] = ()
     failure_rounds: int = 0
     last_failure_round_at: datetime | None = None
+    version: int = 0
+    waiter_active: bool = False
+    received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
 
     @property
     def nodes(self) -> int:
         return len(self.participants)
+
+    def age(self, node: StoreNode, now: datetime) -> float | None:
+        """The node's heartbeat age now. The store answers a long-poll as soon as a heartbeat goes stale, so a
+        node it has not flagged stale is still fresh; only a stale node's age grows from the answer."""
+        if node.heartbeat_age is None or not node.stale:
+            return node.heartbeat_age
+        later = (now - self.received_at).total_seconds() if self.received_at else 0.0
+        return node.heartbeat_age + max(0.0, later)
 
 
 @dataclass(frozen=True, slots=True)

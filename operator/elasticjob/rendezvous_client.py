@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,6 +27,9 @@ from elasticjob.observe import StoreNode, StoreView
 TIMEOUT_SECONDS = 2.0
 MAX_REPLY_BYTES = 1 << 20
 MAX_NODES = 4096
+# A long-poll is held this long by the store when nothing changes; the operator gives up a little later.
+LONG_POLL_SECONDS = 25.0
+RETRY_SECONDS = (0.5, 1, 2, 5)
 
 
 class _Strict(BaseModel):
@@ -35,6 +39,7 @@ class _Strict(BaseModel):
 class _Node(_Strict):
     addr: str = Field(max_length=64)
     heartbeat_age: float | None = Field(None, alias="heartbeatAge", ge=-3600, le=1e9)
+    stale: bool = False
 
     @field_validator("addr")
     @classmethod
@@ -52,9 +57,11 @@ class _State(_Strict):
     waiting: list[_Node] = Field(default_factory=list, max_length=MAX_NODES)
     failure_rounds: int = Field(0, alias="failureRounds", ge=0, le=1 << 40)
     last_failure_round_at: float | None = Field(None, alias="lastFailureRoundAt", ge=0, le=1e11)
+    version: int = Field(0, ge=0, le=1 << 62)
+    waiter_active: bool = Field(False, alias="waiterActive")
 
 
-def parse_state(raw: bytes) -> StoreView | None:
+def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | None:
     """A store's /v1/state reply as the planner sees it; None when it is not a valid reply."""
     if len(raw) > MAX_REPLY_BYTES:
         return None
@@ -65,10 +72,12 @@ def parse_state(raw: bytes) -> StoreView | None:
     at = state.last_failure_round_at
     return StoreView(
         epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
-        participants=tuple(StoreNode(n.addr, n.heartbeat_age) for n in state.participants),
-        waiting=tuple(StoreNode(n.addr, n.heartbeat_age) for n in state.waiting),
+        participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.participants),
+        waiting=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.waiting),
         failure_rounds=state.failure_rounds,
-        last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None)
+        last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None,
+        version=state.version, waiter_active=state.waiter_active,
+        received_at=received_at or datetime.now(timezone.utc))
 
 
 def derive_token(key: bytes, job_uid: str) -> str:
@@ -87,11 +96,16 @@ class StoreClient:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS))
+            # No connection limit: a fleet holds one long-poll open per running job.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS),
+                                                  connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
-    async def state(self, host: str, port: int, job_uid: str) -> StoreView | None:
-        raw = await self._request("GET", host, port, "/v1/state", job_uid)
+    async def state(self, host: str, port: int, job_uid: str, *, after: int = -1, epoch: str = "",
+                    wait: float = 0.0) -> StoreView | None:
+        """The store's state; with `wait`, once it changed since (`epoch`, `after`), or after `wait` seconds."""
+        path = f"/v1/state?after={after}&epoch={epoch}&wait={wait:g}" if wait else "/v1/state"
+        raw = await self._request("GET", host, port, path, job_uid, timeout=wait + TIMEOUT_SECONDS + 3)
         return parse_state(raw) if raw is not None else None
 
     async def act(self, host: str, port: int, job_uid: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -106,11 +120,11 @@ class StoreClient:
         return reply if isinstance(reply, dict) else {"error": "the store's answer was not a JSON object"}
 
     async def _request(self, method: str, host: str, port: int, path: str, job_uid: str,
-                       body: dict[str, Any] | None = None) -> bytes | None:
+                       body: dict[str, Any] | None = None, timeout: float = TIMEOUT_SECONDS) -> bytes | None:
         headers = {"Authorization": f"Bearer {self.token(job_uid)}"}
         try:
-            async with self._client().request(method, f"http://{host}:{port}{path}", json=body,
-                                              headers=headers) as response:
+            async with self._client().request(method, f"http://{host}:{port}{path}", json=body, headers=headers,
+                                              timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 raw = await response.content.read(MAX_REPLY_BYTES + 1)
                 return raw if response.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -119,3 +133,22 @@ class StoreClient:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def watch(client: StoreClient, host: str, port: int, job_uid: str,
+                on_view: Callable[[StoreView], None]) -> None:
+    """Long-polls one store for ever, handing over each view that differs from the last; an unreachable store
+    is asked again with backoff. Cancel the task to stop."""
+    last: StoreView | None = None
+    failures = 0
+    while True:
+        view = await client.state(host, port, job_uid, after=last.version if last else -1,
+                                  epoch=last.epoch if last else "", wait=LONG_POLL_SECONDS if last else 0.0)
+        if view is None:
+            await asyncio.sleep(RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)])
+            failures += 1
+            continue
+        failures = 0
+        if last is None or (view.epoch, view.version) != (last.epoch, last.version):
+            on_view(view)
+        last = view

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from elasticjob_store import actions
 from elasticjob_store.actions import Outcome
+from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import RendezvousState, decode, encode, state_key
 
@@ -41,8 +42,14 @@ class ConflictError(RuntimeError):
 
 class Control:
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
-                 clock: Callable[[], float] = time.time, log: Callable[[str], None] = print) -> None:
+                 clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
+                 stale_after: float = 1e9) -> None:
         self.run_id = run_id
+        self.stale_after = stale_after
+        # Bumped whenever the summary the operator decides on changes; long-polls wait on `changed`.
+        self.version = 0
+        self.changed = threading.Condition()
+        self._summary: tuple | None = None
         self.key = state_key(run_id)
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
@@ -135,11 +142,18 @@ class Control:
         return outcome
 
     def poll(self) -> None:
-        """One poller tick: record a newly completed round, take out a waiter that did its job."""
+        """One poller tick: record a newly completed round, take out a waiter that did its job, and wake
+        whoever waits for a change."""
         _, state = self.read()
         now = self.now()
         with self.lock:
             completed = self.tracker.observe(state, now)
+            seen = summary(state, self.tracker, now, self.stale_after)
+        if seen != self._summary:
+            self._summary = seen
+            with self.changed:
+                self.version += 1
+                self.changed.notify_all()
         if completed is not None:
             kind = "failure round" if completed.failure else "round"
             self.log(f"{kind} {completed.round} formed with {len(completed.nodes)} node(s): "
@@ -156,6 +170,13 @@ class Control:
         # A waiter no restart request of this process added (waiter_round None) has no purpose: take it out.
         return (state is not None and (waiter_round is None or state.round != waiter_round
                                        or now - added_at > WAITER_TTL))
+
+
+def wait_for_change(control: Control, after: int, seconds: float) -> int:
+    """Blocks until the summary's version passes `after`, at most `seconds`; returns the version."""
+    with control.changed:
+        control.changed.wait_for(lambda: control.version > after, timeout=seconds)
+        return control.version
 
 
 def start_poller(control: Control, stop: threading.Event, interval: float = POLL_INTERVAL) -> threading.Thread:

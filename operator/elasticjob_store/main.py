@@ -9,6 +9,8 @@ Environment (set by the operator on the pod):
   ELASTICJOB_RDZV_READ_TIMEOUT   seconds, the store's timeout (default 60)
   ELASTICJOB_RDZV_TOKEN_FILE     the file holding the control endpoint's bearer token (unset: every control
                                  request is refused)
+  ELASTICJOB_RDZV_STALE_MS       a heartbeat older than this is reported stale (one missed keep-alive; default
+                                 never)
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main() -> None:
         min_nodes = _int_env("ELASTICJOB_RDZV_MIN_NODES", 1, 1)
         max_nodes = _int_env("ELASTICJOB_RDZV_MAX_NODES", NO_LIMIT, min_nodes)
         read_timeout = _int_env("ELASTICJOB_RDZV_READ_TIMEOUT", 60, 1)
+        stale_ms = _int_env("ELASTICJOB_RDZV_STALE_MS", NO_LIMIT, 1)
     except ConfigError as err:
         print(f"elasticjob rendezvous store: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -67,7 +70,8 @@ def main() -> None:
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                           timeout=timedelta(seconds=read_timeout))
-    control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True))
+    control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
+                      stale_after=stale_ms / 1000)
     server = make_server(control, "", port + 1, token_file)
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     start_poller(control, threading.Event())

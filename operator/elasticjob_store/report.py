@@ -15,8 +15,21 @@ def _age(state: RendezvousState, node: NodeDesc, now: float) -> float | None:
     return None if beat is None else round(now - beat.timestamp(), 3)
 
 
-def _node(state: RendezvousState, node: NodeDesc, now: float) -> dict[str, Any]:
-    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "heartbeatAge": _age(state, node, now)}
+def _node(state: RendezvousState, node: NodeDesc, now: float, stale_after: float) -> dict[str, Any]:
+    age = _age(state, node, now)
+    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "heartbeatAge": age,
+            "stale": age is not None and age > stale_after}
+
+
+def summary(state: RendezvousState | None, tracker: RoundTracker, now: float, stale_after: float) -> tuple:
+    """What the operator decides on; a change of it is worth waking the operator for (a long-poll answers).
+    Heartbeat ages are not in it, only whether each is stale: they change every second."""
+    if state is None:
+        return (tracker.failure_rounds,)
+    def nodes(found) -> tuple:
+        return tuple(sorted((n.addr, n.pid, n.local_id, (_age(state, n, now) or 0) > stale_after) for n in found))
+    return (state.round, state.complete, state.closed, nodes(state.participants),
+            nodes(n for n in state.wait_list if n != WAITER), tracker.failure_rounds, has_waiter(state))
 
 
 def node_ref(node: NodeDesc) -> dict[str, Any]:
@@ -24,10 +37,12 @@ def node_ref(node: NodeDesc) -> dict[str, Any]:
 
 
 def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float, epoch: str, run_id: str,
-             min_nodes: int, max_nodes: int) -> dict[str, Any]:
-    """`epoch` changes when the store process restarts: the operator then knows the counts started over."""
+             min_nodes: int, max_nodes: int, version: int = 0, stale_after: float = 1e9) -> dict[str, Any]:
+    """`epoch` changes when the store process restarts: the operator then knows the counts started over.
+    `version` counts changes of the summary within the epoch."""
     body: dict[str, Any] = {
-        "epoch": epoch, "runId": run_id, "now": now, "minNodes": min_nodes, "maxNodes": max_nodes,
+        "epoch": epoch, "version": version, "runId": run_id, "now": now, "minNodes": min_nodes,
+        "maxNodes": max_nodes, "staleAfter": stale_after,
         "round": None, "complete": False, "closed": False, "deadlineIn": None,
         "participants": [], "waiting": [], "redundant": [],
         "failureRounds": tracker.failure_rounds, "lastFailureRoundAt": tracker.last_failure_at,
@@ -41,9 +56,9 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
     body.update({
         "round": state.round, "complete": state.complete, "closed": state.closed,
         "deadlineIn": None if state.deadline is None else round(state.deadline.timestamp() - now, 3),
-        "participants": [{**_node(state, node, now), "rank": rank} for node, rank in by_rank],
+        "participants": [{**_node(state, node, now, stale_after), "rank": rank} for node, rank in by_rank],
         # The store's own waiter is reported as waiterActive, not as a node.
-        "waiting": [_node(state, node, now) for node in sorted(state.wait_list) if node != WAITER],
-        "redundant": [_node(state, node, now) for node in sorted(state.redundancy_list)],
+        "waiting": [_node(state, node, now, stale_after) for node in sorted(state.wait_list) if node != WAITER],
+        "redundant": [_node(state, node, now, stale_after) for node in sorted(state.redundancy_list)],
     })
     return body

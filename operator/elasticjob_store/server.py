@@ -15,10 +15,11 @@ import math
 import secrets
 from collections.abc import Callable
 from http import HTTPStatus
+from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from elasticjob_store.control import ConflictError, Control
+from elasticjob_store.control import ConflictError, Control, wait_for_change
 from elasticjob_store.report import describe, node_ref
 from elasticjob_store.state import StateError
 
@@ -27,6 +28,8 @@ MAX_INT = 2**31 - 1
 # Unix seconds up to the year 5138: enough for any heartbeat, small enough to stay a valid datetime.
 MAX_UNIX = 1e11
 TOKEN_MAX_BYTES = 4096
+# The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
+MAX_WAIT = 60.0
 
 
 class BadRequest(ValueError):
@@ -70,6 +73,28 @@ def _ip(name: str, value: Any) -> str:
         raise BadRequest(f"{name} must be an IPv4 or IPv6 address, not {value!r}") from None
 
 
+def _query_int(query: dict[str, list[str]], name: str, default: int) -> int:
+    value = query.get(name, [None])[0]
+    if value is None:
+        return default
+    if not value.lstrip("-").isdigit() or not -1 <= int(value) <= MAX_INT:
+        raise BadRequest(f"{name} must be an integer from -1 to {MAX_INT}")
+    return int(value)
+
+
+def _query_float(query: dict[str, list[str]], name: str, default: float) -> float:
+    value = query.get(name, [None])[0]
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number of seconds") from None
+    if not math.isfinite(number) or not 0 <= number <= MAX_WAIT:
+        raise BadRequest(f"{name} must be from 0 to {MAX_WAIT:.0f} seconds")
+    return number
+
+
 def read_token(path: str | None) -> bytes | None:
     """The configured token, or None when there is none (no file named, missing or empty)."""
     if not path:
@@ -85,29 +110,36 @@ def read_token(path: str | None) -> bytes | None:
 def make_server(control: Control, host: str, port: int, token_file: str | None) -> ThreadingHTTPServer:
     epoch = secrets.token_hex(8)  # per process start: tells the operator that counts and history restarted
 
-    def state_view(_body: Any) -> dict[str, Any]:
+    def state_view(_body: Any, query: dict[str, list[str]]) -> dict[str, Any]:
+        """With ?after=N&epoch=E&wait=S: answered once the summary's version passes N (or the epoch is not E,
+        i.e. this store restarted), or after S seconds: a long-poll, so the operator learns of a failure
+        round or a stale heartbeat within the poller's tick without polling every store."""
+        after, wait = _query_int(query, "after", -1), _query_float(query, "wait", 0.0)
+        if query.get("epoch", [epoch])[0] == epoch and wait > 0:
+            wait_for_change(control, after, wait)
         _, state = control.read()
         with control.lock:
             return describe(state, control.tracker, now=control.now(), epoch=epoch, run_id=control.run_id,
-                            min_nodes=control.min_nodes, max_nodes=control.max_nodes)
+                            min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
+                            stale_after=control.stale_after)
 
-    def remove(body: Any) -> dict[str, Any]:
+    def remove(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"addr": _ip, "heartbeatBefore": _unix_time})
         outcome = control.remove(args["addr"], args["heartbeatBefore"])
         return {"removed": [node_ref(node) for node in outcome.nodes],
                 "refused": outcome.reason if outcome.refused else None, "reason": outcome.reason}
 
-    def complete(body: Any) -> dict[str, Any]:
+    def complete(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"liveNodes": _int(1, MAX_INT)})
         outcome = control.complete(args["liveNodes"])
         return {"completed": outcome.done, "reason": outcome.reason}
 
-    def restart(body: Any) -> dict[str, Any]:
+    def restart(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"round": _int(0, MAX_INT)})
         outcome = control.restart(args["round"])
         return {"restarting": outcome.done, "reason": outcome.reason}
 
-    routes: dict[tuple[str, str], Callable[[Any], dict[str, Any]]] = {
+    routes: dict[tuple[str, str], Callable[[Any, dict[str, list[str]]], dict[str, Any]]] = {
         ("GET", "/v1/state"): state_view,
         ("POST", "/v1/remove"): remove,
         ("POST", "/v1/complete"): complete,
@@ -134,15 +166,16 @@ def make_server(control: Control, host: str, port: int, token_file: str | None) 
                 self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"},
                            {"WWW-Authenticate": 'Bearer realm="elasticjob-rendezvous"'})
                 return
-            route = routes.get((method, self.path))
+            url = urlsplit(self.path)
+            route = routes.get((method, url.path))
             if route is None:
-                known = any(path == self.path for _, path in routes)
+                known = any(path == url.path for _, path in routes)
                 status = HTTPStatus.METHOD_NOT_ALLOWED if known else HTTPStatus.NOT_FOUND
-                self._json(status, {"error": f"no {method} {self.path}"})
+                self._json(status, {"error": f"no {method} {url.path}"})
                 return
             try:
                 body = self._body() if method == "POST" else None
-                self._json(HTTPStatus.OK, route(body))
+                self._json(HTTPStatus.OK, route(body, parse_qs(url.query)))
             except BadRequest as err:
                 self._json(err.status, {"error": str(err)})
             except StateError as err:

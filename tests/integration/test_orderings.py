@@ -17,6 +17,7 @@ from elasticjob import k8s
 from elasticjob.builders import Settings
 from elasticjob.handlers.context import Context, JobMemory, job_logger
 from elasticjob.handlers.reconcile import reconcile_fresh
+from elasticjob.handlers.stores import StoreWatches
 from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 from helpers import wait_for
@@ -31,11 +32,13 @@ def reconcile_once(kube, body: dict) -> None:
     """One reconcile in this process, from exactly the body given, against the real API server."""
     ctx = Context(kube=k8s.Kube(kube), mirror=Mirror(), stores=StoreClient(b"test-key"),
                   settings=Settings(network_policy=False), logger=LOG, instance="test")
+    ctx.watches = StoreWatches(ctx.stores, lambda key: None)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
 
     async def run():
         await reconcile_fresh(ctx, JobMemory(), body, job_logger(LOG, key))
         await asyncio.gather(*ctx._tasks, return_exceptions=True)
+        ctx.watches.stop_all()
         await ctx.stores.close()
 
     asyncio.run(run())

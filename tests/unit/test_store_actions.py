@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import ipaddress
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
 import pytest
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
     RendezvousTimeout,
@@ -37,11 +39,24 @@ def settings(min_nodes: int = MIN, max_nodes: int = MAX) -> RendezvousSettings:
     return RendezvousSettings("run", min_nodes, max_nodes, RendezvousTimeout(), timedelta(seconds=2), 3)
 
 
+class _Frozen(datetime):
+    """torch's clock, stopped at the tables' NOW: the tables' heartbeat ages hold however late a test runs."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return NOW if tz is not None else NOW.replace(tzinfo=None)
+
+
+def frozen_torch_clock():
+    return mock.patch.object(dynamic_rendezvous, "datetime", _Frozen)
+
+
 def torch_sanitize(state, min_nodes: int = MIN):
     """What the agents' _sanitize does with the same state (dead = heartbeat older than 6 s)."""
     holder = _BackendRendezvousStateHolder(None, settings(min_nodes))
     holder._state = copy.deepcopy(state)
-    holder._sanitize()
+    with frozen_torch_clock():
+        holder._sanitize()
     return holder._state
 
 
@@ -135,7 +150,8 @@ def test_ipv6_addresses_match_in_any_spelling():
 def join_action(state, node, min_nodes=MIN, max_nodes=MAX):
     """What torch's join op does next for `node` with this state (far from its own join deadline)."""
     ctx = _RendezvousContext(node, state, settings(min_nodes, max_nodes))
-    return _RendezvousJoinOp()(ctx, float("inf"))
+    with frozen_torch_clock():
+        return _RendezvousJoinOp()(ctx, float("inf"))
 
 
 def test_complete_round_makes_the_agents_complete_it():
@@ -170,7 +186,7 @@ def test_complete_round_with_a_past_deadline_writes_nothing():
 
 def test_waiter_makes_running_agents_restart_and_expires_like_a_node():
     state = make_state(round=7, complete=True, participants=[A, B])
-    now = datetime.now(timezone.utc)
+    now = NOW
     outcome = add_waiter(state, 7, now)
     assert outcome.done and has_waiter(outcome.state) and not has_waiter(state)
     # num_nodes_waiting() is len(wait_list): the agents restart their workers.

@@ -200,10 +200,10 @@ def test_state_reflects_what_the_agents_wrote(harness):
     assert status == 200
     assert (body["round"], body["complete"], body["closed"], body["deadlineIn"]) == (4, False, False, 2.0)
     assert body["participants"] == [
-        {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, "rank": 0},
-        {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, "rank": 1}]
-    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0}]
-    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0}]
+        {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, "stale": False, "rank": 0},
+        {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, "stale": False, "rank": 1}]
+    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0, "stale": False}]
+    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0, "stale": False}]
 
 
 def test_remove_through_http_is_remove_node(harness):
@@ -391,3 +391,74 @@ def test_bad_configuration_exits_2_with_a_message(env, message):
     result = subprocess.run([sys.executable, "-m", "elasticjob_store"], env={**clean, **env},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+# --- long-polls: the operator waits for a change instead of polling every store --------------------------
+
+
+def poll_in_background(h: Harness) -> threading.Event:
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(0.02):
+            h.control.poll()
+
+    threading.Thread(target=run, daemon=True).start()
+    return stop
+
+
+def test_a_long_poll_answers_when_the_round_changes(harness):
+    harness.write(make_state(round=1, complete=True, participants=[A, B], beats={A: 0, B: 0}))
+    stop = poll_in_background(harness)
+    try:
+        first = wait_for(lambda: harness.call("GET", "/v1/state")[1], 5, "a versioned state",
+                         until=lambda body: body["round"] == 1 and body["version"] >= 1)
+        timer = threading.Timer(0.3, harness.write, [make_state(round=2, complete=True, participants=[A, B, C])])
+        timer.start()
+        started = time.monotonic()
+        status, body = harness.call("GET", f"/v1/state?after={first['version']}&epoch={first['epoch']}&wait=8")
+        assert status == 200 and body["round"] == 2 and body["version"] > first["version"]
+        assert time.monotonic() - started < 5, "answered at the change, not at the end of the wait"
+    finally:
+        stop.set()
+
+
+def test_a_long_poll_without_a_change_waits_and_a_new_epoch_answers_at_once(harness):
+    harness.write(make_state(round=1, complete=True, participants=[A, B], beats={A: 0, B: 0}))
+    harness.control.poll()
+    _, now = harness.call("GET", "/v1/state")
+    started = time.monotonic()
+    _, same = harness.call("GET", f"/v1/state?after={now['version']}&epoch={now['epoch']}&wait=0.5")
+    assert same["version"] == now["version"] and time.monotonic() - started >= 0.5
+    started = time.monotonic()
+    _, other = harness.call("GET", f"/v1/state?after={now['version']}&epoch=0000&wait=8")
+    assert time.monotonic() - started < 2, "a restarted store (another epoch) answers at once"
+
+
+def test_a_heartbeat_turning_stale_is_a_change(tmp_path, token_file):
+    h = Harness(tmp_path, str(token_file))
+    h.control.stale_after = 3.0
+    try:
+        state = make_state(round=1, complete=True, participants=[A, B])
+        beat = datetime.fromtimestamp(T0, timezone.utc)  # on the harness clock
+        state.last_heartbeats = {A: beat, B: beat}
+        h.write(state)
+        h.control.poll()
+        _, before = h.call("GET", "/v1/state")
+        assert [p["stale"] for p in before["participants"]] == [False, False]
+        h.clock.now += 1.0  # still fresh: ages are not part of what counts as a change
+        h.control.poll()
+        assert h.call("GET", "/v1/state")[1]["version"] == before["version"]
+        h.clock.now += 5.0  # a missed keep-alive
+        h.control.poll()
+        _, after = h.call("GET", "/v1/state")
+        assert after["version"] > before["version"]
+        assert [p["stale"] for p in after["participants"]] == [True, True]
+    finally:
+        h.server.shutdown()
+        h.server.server_close()
+
+
+@pytest.mark.parametrize("query", ["after=x", "wait=-1", "wait=600", "wait=nan", "after=-5"])
+def test_bad_long_poll_parameters_are_refused(harness, query):
+    assert harness.call("GET", f"/v1/state?{query}")[0] == 400

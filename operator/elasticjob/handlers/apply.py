@@ -61,3 +61,18 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
     elif isinstance(action, planner.DeleteJob):
         log.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
+    elif isinstance(action, planner.StoreAction):
+        await nudge(ctx, ref, action, body, log)
+
+
+async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: dict[str, Any],
+                log: logging.LoggerAdapter) -> None:
+    """One control request to the job's store; its Event only when the store did it, its answer in the log."""
+    host, port = action.endpoint.rsplit(":", 1)
+    reply = await ctx.stores.act(host, int(port), ref.uid, action.kind, action.body)
+    done = bool(reply.get("removed")) or reply.get("completed") is True or reply.get("restarting") is True
+    metrics.STORE_ACTIONS.labels(action.kind, "done" if done else "noop").inc()
+    if done and action.event:
+        ctx.post(body, action.event, log)
+    elif reply.get("refused") or reply.get("error"):
+        log.info(f"store {action.kind} {action.body}: {reply.get('refused') or reply.get('error')}")

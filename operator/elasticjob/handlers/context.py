@@ -6,7 +6,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elasticjob import builders, k8s, naming
 from elasticjob.builders import Settings
@@ -14,6 +14,9 @@ from elasticjob.loops import JobLoops
 from elasticjob.mirror import JobKey, Mirror
 from elasticjob.planner import Event, RoundFailure
 from elasticjob.rendezvous_client import StoreClient
+
+if TYPE_CHECKING:
+    from elasticjob.handlers.stores import StoreWatches
 
 COMPONENT = "elasticjob-operator"  # the "From" of `kubectl describe ej`
 
@@ -53,6 +56,7 @@ class Context:
     instance: str
     gate: Gate = field(default_factory=Gate)
     loops: JobLoops | None = None
+    watches: "StoreWatches | None" = None
     synced: bool = False
     _tasks: set[asyncio.Task] = field(default_factory=set)
 

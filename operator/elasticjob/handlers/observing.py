@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from elasticjob import builders, naming, planner
+from elasticjob import builders, k8s, naming, planner
 from elasticjob.handlers.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
 
@@ -20,9 +20,8 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     key = naming.job_key(ref.namespace, ref.name)
     pods = ctx.mirror.owned_pods(key, ref.uid)
     service = ctx.mirror.owned_service(key, ref.uid)
-    store = await read_store(ctx, job, pods, service)
-    nodes = dict(zip(stuck := sorted(planner.stuck_nodes(pods, now)),
-                     await asyncio.gather(*(ctx.kube.node_ready(n) for n in stuck))))
+    store = read_store(ctx, job, pods, service)
+    nodes = await node_readiness(ctx, planner.stuck_nodes(pods, now) | planner.suspect_nodes(job, pods, store, now))
     failures = await read_round_failures(ctx, memory, job, pods, store)
     refusal = memory.refusal
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
@@ -30,12 +29,21 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
                             retry_at=refusal.retry_at if refusal else None)
 
 
-async def read_store(ctx: Context, job: planner.Job, pods: list[PodView],
-                     service: ServiceView | None) -> StoreView | None:
+async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None]:
+    """Ready per node (None: gone); a node the API server would not tell about is left out, as if unasked."""
+    asked = sorted(names)
+    answers = await asyncio.gather(*(ctx.kube.node_ready(n) for n in asked))
+    return {name: ready for name, ready in zip(asked, answers) if ready is not k8s.UNKNOWN}
+
+
+def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: ServiceView | None) -> StoreView | None:
+    """The store's latest state from its long-poll; the watch starts when the store serves, stops when not."""
+    key = naming.job_key(job.ref.namespace, job.ref.name)
     serving = any(p.role == naming.ROLE_RENDEZVOUS and p.serving for p in pods)
-    if service is None or not service.cluster_ip or not serving:
+    if service is None or not service.cluster_ip or not serving or job.status.phase.finished:
+        ctx.watches.stop(key)
         return None
-    return await ctx.stores.state(service.cluster_ip, job.ref.spec.rendezvous.port + 1, job.ref.uid)
+    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, job.ref.spec.rendezvous.port + 1)
 
 
 async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job, pods: list[PodView],

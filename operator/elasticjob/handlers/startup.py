@@ -15,6 +15,7 @@ from elasticjob import k8s, peering
 from elasticjob.handlers import watch
 from elasticjob.handlers.context import Context
 from elasticjob.handlers.reconcile import reconcile
+from elasticjob.handlers.stores import StoreWatches
 from elasticjob.loops import JobLoops
 from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
@@ -34,6 +35,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     ctx = Context(kube=k8s.Kube(k8s.api_client()), mirror=Mirror(), stores=StoreClient(config.key),
                   settings=config.settings, logger=logging.getLogger("elasticjob"), instance=config.identity)
     ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger)
+    ctx.watches = StoreWatches(ctx.stores, ctx.loops.wake)
     memo.ctx = ctx
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
     if config.peering is not None:
@@ -76,6 +78,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
     await asyncio.gather(*getattr(memo, "tasks", []), return_exceptions=True)
     ctx: Context | None = getattr(memo, "ctx", None)
     if ctx is not None:
+        ctx.watches.stop_all()
         await ctx.loops.stop_all()
         await ctx.stores.close()
         ctx.kube.close()

@@ -74,4 +74,5 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             ctx.loops.observe(key)
         elif key in ctx.loops:
             ctx.spawn(ctx.loops.forget(key))
+            ctx.watches.stop(key)
             metrics.forget_job(*key)

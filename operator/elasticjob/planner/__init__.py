@@ -1,7 +1,8 @@
 """Decisions, pure: from a job and what was observed, the next status and the actions that get there.
 
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
-failures (what each failure costs), rendezvous (the store and its Service), scaling (which pods).
+failures (what each failure costs), rendezvous (the store and its Service), recovery (nudging the store on
+evidence), scaling (which pods).
 """
 
 from elasticjob.planner.base import (
@@ -17,11 +18,14 @@ from elasticjob.planner.base import (
     Observed,
     Plan,
     RoundFailure,
+    StoreAction,
 )
 from elasticjob.planner.lifecycle import plan, reject, validate
+from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
     "RESYNC_SECONDS", "Action", "CreateObject", "DefaultReplicas", "DeleteJob", "DeletePod", "DeleteService",
-    "Event", "Job", "Observed", "Plan", "RoundFailure", "plan", "reject", "stuck_nodes", "validate",
+    "Event", "Job", "Observed", "Plan", "RoundFailure", "StoreAction", "plan", "reject", "stuck_nodes",
+    "suspect_nodes", "validate",
 ]

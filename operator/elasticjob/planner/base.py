@@ -42,6 +42,16 @@ class DeleteService:
 
 
 @dataclass(frozen=True)
+class StoreAction:
+    """A nudge to the job's store through its control endpoint: remove, complete or restart."""
+
+    kind: str
+    body: dict
+    endpoint: str  # host:port of the control endpoint
+    event: Event | None = None  # posted only when the store did it
+
+
+@dataclass(frozen=True)
 class DefaultReplicas:
     replicas: int
 
@@ -51,7 +61,7 @@ class DeleteJob:
     pass
 
 
-Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob]
+Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction]
 
 
 @dataclass(frozen=True)

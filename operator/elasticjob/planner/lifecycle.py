@@ -29,6 +29,7 @@ from elasticjob.planner.base import (
     stamp,
 )
 from elasticjob.planner.failures import account_failures, account_round_failures
+from elasticjob.planner.recovery import drive_rendezvous
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
 from elasticjob.planner.scaling import force_delete_stuck, scale
 
@@ -73,6 +74,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
+        drive_rendezvous(plan, job, observed, now)
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return

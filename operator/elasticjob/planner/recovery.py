@@ -1,0 +1,163 @@
+"""Driving the rendezvous the operator hosts, so recovery takes what the evidence allows and no more. Pure.
+
+torch alone waits for a dead agent's heartbeats to expire (keep-alive x attempts), then for the last call, and
+never notices a peer that froze or was cut off while the round runs (the survivors hang in a collective). The
+operator sees pods die within a fraction of a second, so it acts, but only on evidence:
+- an agent whose pod's container the kubelet reported terminated: removed if its last heartbeat is older than
+  that moment (a replacement may reuse the address, and then its heartbeats are newer);
+- an agent whose address no pod has any more and whose heartbeat is stale: its pod went after its kubelet
+  confirmed the containers stopped;
+- an agent of a running round whose heartbeats stopped for torch's own dead-node time, or missed one while its
+  pod or node is not Ready: frozen or cut off. It is removed, the survivors are restarted (they hang in a
+  collective otherwise) and its pod is stopped, so that it cannot come back with stale state.
+The last call ends early once the agents in the round are every live agent. The store itself refuses to
+empty a complete round that no agent left (that made a second world in measurements).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob import torchrun
+from elasticjob.models import FailureRecord
+from elasticjob.observe import PodView, StoreNode, StoreView
+from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, stamp
+from elasticjob.planner.failures import charge, remember
+
+def stale_after(job: Job) -> float:
+    return job.ref.spec.rendezvous.keep_alive_interval_seconds * torchrun.STALE_FACTOR
+
+
+def dead_after(job: Job) -> float:
+    """torch's own limit: its agents drop a node whose heartbeat is this old."""
+    rdzv = job.ref.spec.rendezvous
+    return float(rdzv.keep_alive_interval_seconds * rdzv.keep_alive_max_attempts)
+
+
+def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    store = observed.store
+    endpoint = control_endpoint(plan, job)
+    if store is None or store.round is None or store.closed or endpoint is None:
+        return
+    removed = remove_dead(plan, job, observed, store, endpoint, now)
+    removed |= restart_after_cut_off(plan, job, observed, store, endpoint, now)
+    complete_early(plan, job, observed, store, endpoint, removed)
+
+
+def control_endpoint(plan: Plan, job: Job) -> str | None:
+    endpoint = plan.status.rendezvous.endpoint
+    if not endpoint:
+        return None
+    return f"{endpoint.rsplit(':', 1)[0]}:{job.ref.spec.rendezvous.port + 1}"
+
+
+def pods_at(observed: Observed, addr: str) -> list[PodView]:
+    return [p for p in observed.workers if p.ip == addr]
+
+
+def remove_dead(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
+                now: datetime) -> set[str]:
+    removed = set()
+    for node in store.participants + store.waiting:
+        evidence = death(node, pods_at(observed, node.addr), job, now)
+        if evidence is None:
+            continue
+        before, why = evidence
+        removed.add(node.addr)
+        plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": before.timestamp()}, endpoint,
+                             Event("Normal", "RemovedFromRendezvous", f"agent {node.addr} removed from the "
+                                   f"rendezvous: {why}; its last heartbeat was older than that")))
+    return removed
+
+
+def death(node: StoreNode, pods: list[PodView], job: Job, now: datetime) -> tuple[datetime, str] | None:
+    """(heartbeats before this moment are a dead agent's, why) — or None without evidence."""
+    ended = [p for p in pods if p.finished_at is not None]
+    if ended:
+        last = max(ended, key=lambda p: p.finished_at)
+        return last.finished_at, f"the container of pod {last.name} terminated at {stamp(last.finished_at)}"
+    if not pods and node.stale:
+        return now - timedelta(seconds=stale_after(job)), "no pod has its address any more"
+    return None
+
+
+def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
+                          now: datetime) -> set[str]:
+    if not store.complete:
+        return set()
+    cut = set()
+    for node in store.participants:
+        live = [p for p in pods_at(observed, node.addr) if p.finished_at is None and not p.deleting]
+        if len(live) != 1:
+            continue
+        why = cut_off(node, live[0], observed, store, job, now, plan)
+        if why is not None:
+            cut.add(node.addr)
+            fence(plan, job, live[0], node, endpoint, why, now)
+    if cut:
+        plan.act(StoreAction("restart", {"round": store.round}, endpoint, Event(
+            "Warning", "RestartedSurvivors", f"restarted the survivors of round {store.round}, who were waiting "
+            f"on {', '.join(sorted(cut))} in a collective")))
+    return cut
+
+
+def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView, job: Job, now: datetime,
+            plan: Plan) -> str | None:
+    age = store.age(node, now)
+    if age is None or age <= stale_after(job):
+        return None
+    limit = dead_after(job)
+    if age >= limit:
+        return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)"
+    if not pod.ready:
+        return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready"
+    if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
+        return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready"
+    plan.soon(limit - age)
+    return None
+
+
+def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
+    """Out of the rendezvous, and its pod stopped: a frozen process that wakes up must not write a stale
+    checkpoint beside the new world. Recorded once, as an infrastructure failure."""
+    plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": (now - timedelta(
+        seconds=stale_after(job))).timestamp()}, endpoint))
+    status = plan.status
+    if pod.uid in status.counted_failures:
+        return
+    status.counted_failures = sorted({*status.counted_failures, pod.uid})
+    charged = job.ref.spec.failure_policy.count_infrastructure_failures
+    text = f"pod {pod.name} ({node.addr}) on node {pod.node}: {why}"
+    remember(status, FailureRecord(pod=pod.name, uid=pod.uid, replica_index=pod.index, reason="Partitioned",
+                                   message=why, charged=charged, time=stamp(now)))
+    if charged:
+        charge(plan, job, 1, now, text, now)
+    else:
+        status.infrastructure_failures += 1
+    plan.act(DeletePod(pod.name, pod.uid, event=Event(
+        "Warning", "Partitioned", f"{text}; removed from the rendezvous and stopped, a replacement takes its "
+        f"place")))
+
+
+def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
+                   removed: set[str]) -> None:
+    """End torch's last call once every live agent is in the round: waiting longer can bring no one."""
+    if store.complete or store.waiting:
+        return
+    present = [n for n in store.participants if n.addr not in removed]
+    live = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
+    if len(present) < job.ref.spec.min_replicas or len(present) != len(live):
+        return
+    if {n.addr for n in present} != {p.ip for p in live}:
+        return
+    plan.act(StoreAction("complete", {"liveNodes": len(live)}, endpoint, Event(
+        "Normal", "RoundCompleted", f"round {store.round} completed with all {len(live)} live agents, without "
+        f"waiting out the last call")))
+
+
+def suspect_nodes(job: Job, pods: list[PodView], store: StoreView | None, now: datetime) -> set[str]:
+    """Nodes whose readiness decides whether a silent agent is cut off: those of pods whose agent is stale."""
+    if store is None:
+        return set()
+    stale = {n.addr for n in store.participants if (store.age(n, now) or 0) > stale_after(job)}
+    return {p.node for p in pods if p.ip in stale and p.node}

@@ -1,0 +1,125 @@
+"""The operator nudges the rendezvous it hosts only on evidence: table tests of what it asks the store."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from factory import NOW, job, observed, rdzv, running_status, worker
+
+from elasticjob import planner
+from elasticjob.observe import StoreNode, StoreView
+
+IP = {i: f"10.244.0.{10 + i}" for i in range(4)}
+
+
+def view(*nodes, complete=True, round=4, waiting=(), received=NOW) -> StoreView:
+    return StoreView(epoch="e1", round=round, complete=complete, participants=tuple(nodes),
+                     waiting=tuple(waiting), received_at=received)
+
+
+def node(i: int, age: float = 0.5, stale: bool | None = None) -> StoreNode:
+    return StoreNode(IP[i], age, age > 2.5 if stale is None else stale)
+
+
+def nudges(result: planner.Plan) -> list[tuple[str, dict]]:
+    return [(a.kind, a.body) for a in result.actions if isinstance(a, planner.StoreAction)]
+
+
+def plan(pods, store, now=NOW, **fields):
+    return planner.plan(job(running_status(), **fields), observed([rdzv()] + pods, store=store), now)
+
+
+def killed(i: int, ago: float = 0.5):
+    return worker(i, "Failed", exit_code=137, finished_at=NOW - timedelta(seconds=ago))
+
+
+def test_a_killed_pods_agent_is_removed_with_its_termination_as_the_fence():
+    result = plan([worker(0), killed(1), worker(2)], view(node(0), node(1), node(2)), replicas=3)
+    (kind, body), = [n for n in nudges(result) if n[0] == "remove"]
+    assert body == {"addr": IP[1], "heartbeatBefore": (NOW - timedelta(seconds=0.5)).timestamp()}
+    event = next(a.event for a in result.actions if isinstance(a, planner.StoreAction))
+    assert "train-worker-1 terminated" in event.message
+
+
+def test_a_running_pod_is_never_removed_however_late_its_heartbeat():
+    # Under CPU load a heartbeat can be late; with the pod running and ready that is no evidence.
+    result = plan([worker(0), worker(1)], view(node(0), node(1, age=4.0)))
+    assert nudges(result) == []
+    assert result.requeue_after <= 2.0 + 0.01, "looks again when torch's own limit (6 s) is reached"
+
+
+def test_an_address_no_pod_has_is_removed_only_once_its_heartbeat_is_stale():
+    assert nudges(plan([worker(0)], view(node(0), node(3, age=1.0)))) == []
+    (kind, body), = nudges(plan([worker(0)], view(node(0), node(3, age=3.0))))
+    assert (kind, body["addr"]) == ("remove", IP[3])
+    assert body["heartbeatBefore"] == (NOW - timedelta(seconds=2.5)).timestamp()
+
+
+def test_a_frozen_peer_of_a_running_round_is_removed_the_survivors_restarted_and_its_pod_stopped():
+    pods = [worker(0), worker(1), worker(2)]
+    result = plan(pods, view(node(0), node(1, age=7.0), node(2)), replicas=3)
+    kinds = [kind for kind, _ in nudges(result)]
+    assert kinds == ["remove", "restart"] and nudges(result)[1][1] == {"round": 4}
+    stop = next(a for a in result.actions if isinstance(a, planner.DeletePod))
+    assert stop.name == "train-worker-1" and stop.event.reason == "Partitioned"
+    assert result.status.infrastructure_failures == 1 and result.status.restarts == 0
+    # Seen again before the pod is gone: counted once.
+    again = planner.plan(job(result.status.model_dump(by_alias=True, mode="json"), replicas=3),
+                         observed([rdzv()] + pods, store=view(node(0), node(1, age=8.0), node(2))), NOW)
+    assert again.status.infrastructure_failures == 1
+
+
+def test_a_silent_peer_on_a_node_that_is_not_ready_is_cut_off_at_the_first_missed_heartbeat():
+    pods = [worker(0), worker(1, node="node-b")]
+    store = view(node(0), node(1, age=3.0))
+    assert [k for k, _ in nudges(plan(pods, store))] == []
+    result = planner.plan(job(running_status()), observed([rdzv()] + pods, store=store,
+                                                          nodes={"node-b": False}), NOW)
+    assert [k for k, _ in nudges(result)] == ["remove", "restart"]
+
+
+def test_a_silent_peer_whose_pod_is_not_ready_is_cut_off_too():
+    pods = [worker(0), worker(1, ready=False)]
+    assert [k for k, _ in nudges(plan(pods, view(node(0), node(1, age=3.0))))] == ["remove", "restart"]
+
+
+def test_a_forming_round_is_not_restarted():
+    result = plan([worker(0), worker(1)], view(node(0), node(1, age=9.0), complete=False))
+    assert "restart" not in [k for k, _ in nudges(result)]
+
+
+def test_the_last_call_ends_once_every_live_agent_is_in():
+    pods = [worker(0), worker(1), killed(2)]
+    result = plan(pods, view(node(0), node(1), complete=False), replicas=3)
+    assert ("complete", {"liveNodes": 2}) in nudges(result)
+
+
+def test_no_early_completion_while_a_live_agent_is_still_coming():
+    # worker-2 runs but its agent has not joined yet (still importing torch): the last call may bring it.
+    result = plan([worker(0), worker(1), worker(2)], view(node(0), node(1), complete=False), replicas=3)
+    assert nudges(result) == []
+
+
+def test_no_early_completion_below_min_or_with_nodes_waiting():
+    assert nudges(plan([worker(0)], view(node(0), complete=False), minReplicas=2)) == []
+    # An agent waits to join: torch completes the round with it; cutting the last call short would not.
+    waiting = view(node(0), node(1), complete=False, waiting=[node(3)])
+    assert [k for k, _ in nudges(plan([worker(0), worker(1)], waiting))] == []
+
+
+def test_a_stale_agents_age_grows_from_when_the_store_answered():
+    # Answered 4 s ago with a stale age of 2.6: 6.6 s now, past torch's 6 s.
+    store = view(node(0), node(1, age=2.6), received=NOW - timedelta(seconds=4))
+    assert [k for k, _ in nudges(plan([worker(0), worker(1)], store))] == ["remove", "restart"]
+
+
+def test_a_fresh_agent_stays_fresh_between_answers():
+    # The store answers a long-poll the moment a heartbeat goes stale: silence means fresh.
+    store = view(node(0), node(1, age=1.5), received=NOW - timedelta(seconds=30))
+    assert nudges(plan([worker(0), worker(1)], store)) == []
+
+
+def test_a_closed_or_unknown_rendezvous_is_left_alone():
+    closed = StoreView(epoch="e1", round=4, complete=True, closed=True, participants=(node(0),))
+    assert nudges(plan([killed(0)], closed)) == []
+    assert nudges(plan([killed(0)], None)) == []
