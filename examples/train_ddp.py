@@ -13,7 +13,8 @@ end-to-end tests read to see what training actually did.
 Two habits make recovery fast and lose nothing:
 - On SIGTERM (a scale-down, an eviction, a preemption) the rank finishes its step, saves a checkpoint and
   exits 0. DDP keeps every rank's model identical after a step, so any rank may save it; the others cannot
-  step on without it, so nothing newer can be overwritten.
+  step on without it, so nothing newer can be overwritten. A rank stuck in a collective (its peer is gone)
+  leaves after --sigterm-grace seconds instead of holding up the group.
 - When a collective fails (a peer died, the group is being restarted) the rank logs the error and leaves with
   os._exit(1) at once: a normal interpreter exit tears torch down for over a second, which the whole group
   waits for before it can re-form.
@@ -27,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     parser.add_argument("--progress-file", help="default: <checkpoint-dir>/progress.jsonl")
     parser.add_argument("--events-file", help="checkpoints saved on SIGTERM; default: <checkpoint-dir>/events.jsonl")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sigterm-grace", type=float, default=2.0,
+                        help="seconds after SIGTERM to finish the step and save, before leaving anyway")
     # Fault injection for the operator's tests.
     parser.add_argument("--fail-exit-code", type=int, help="every run exits with this code at its first step")
     parser.add_argument("--hang-at-step", type=int, help="rank 0 blocks at this step, once per checkpoint dir")
@@ -115,17 +119,31 @@ def hang_once(args, rank, step):
 
 
 class Stop:
-    """SIGTERM asks for a checkpoint at the end of the current step, then a clean exit."""
+    """SIGTERM asks for a checkpoint at the end of the current step, then an exit.
+
+    A Python signal handler runs only between bytecodes, and a rank blocked in a collective whose peer is gone
+    never gets there: torchrun would wait its 30 s shutdown timeout before SIGKILL. So a thread learns of the
+    signal at once (through the wakeup fd) and, if no step boundary comes within `grace` seconds, leaves.
+    """
 
     requested = False
 
     @classmethod
-    def install(cls):
-        signal.signal(signal.SIGTERM, cls._request)
+    def install(cls, grace: float):
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end)
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the thread below does the work
+        threading.Thread(target=cls._watch, args=(read_end, grace), daemon=True).start()
 
     @classmethod
-    def _request(cls, signum, frame):
+    def _watch(cls, read_end: int, grace: float):
+        while os.read(read_end, 1) != bytes([signal.SIGTERM]):
+            pass
         cls.requested = True
+        time.sleep(grace)  # the main loop saves and exits within one step; if not, it is stuck
+        print(f"SIGTERM: no step finished within {grace}s (stuck in a collective?); leaving", flush=True)
+        os._exit(143)
 
 
 def leave_now(rank, error):
@@ -188,7 +206,7 @@ def start(args) -> Run:
 
 def main(argv=None):
     args = parse_args(argv)
-    Stop.install()
+    Stop.install(args.sigterm_grace)
     run = start(args)
     print(f"rank {run.rank}/{run.world_size} on {run.host} resuming from step {run.resumed_from} "
           f"(restart {run.restart_count})", flush=True)
@@ -198,7 +216,8 @@ def main(argv=None):
         leave_now(run.rank, error)
     if Stop.requested:
         print(f"rank {run.rank}: stopped by SIGTERM after saving a checkpoint", flush=True)
-        return
+        sys.stdout.flush()
+        os._exit(0)  # the checkpoint is on disk; torch's teardown would only delay the group
     dist.destroy_process_group()
     print(f"rank {run.rank} done at step {args.steps} ({datetime.datetime.now().isoformat(timespec='seconds')})",
           flush=True)

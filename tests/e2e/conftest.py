@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import Faults, Jobs, LocalProgressReader, PodProgressReader, Progress, parse_progress
+from e2e_support import Faults, Jobs, LocalProgressReader, PodProgressReader, Progress, parse_events, parse_progress
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,24 @@ def jobs(kube, namespace: str) -> Jobs:
     return Jobs(kube, namespace)
 
 
+class Training:
+    """Calling it reads the steps done so far; `events()` the checkpoints saved on SIGTERM."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def __call__(self) -> Progress:
+        return parse_progress(self.reader.read_text())
+
+    def events(self) -> list[dict]:
+        return parse_events(self.reader.read_text("events.jsonl"))
+
+
 @pytest.fixture
-def progress(cluster, jobs: Jobs) -> Iterator[Callable[[], Progress]]:
+def progress(cluster, jobs: Jobs) -> Iterator[Training]:
     """Calling it reads what training has done so far (examples/train_ddp.py's progress.jsonl)."""
     reader = LocalProgressReader(jobs.namespace) if cluster.kind == "local" else PodProgressReader(jobs)
-    yield lambda: parse_progress(reader.read_text())
+    yield Training(reader)
     if os.environ.get("E2E_KEEP_PROGRESS") != "1":  # kept for a post-mortem of the run
         reader.close()
 

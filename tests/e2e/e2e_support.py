@@ -204,9 +204,9 @@ class LocalProgressReader:
         self.dir = HOST_ROOT / namespace
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def read_text(self) -> str:
+    def read_text(self, name: str = "progress.jsonl") -> str:
         try:
-            return (self.dir / "progress.jsonl").read_text()
+            return (self.dir / name).read_text()
         except FileNotFoundError:
             return ""
 
@@ -232,11 +232,11 @@ class PodProgressReader:
         wait_for(lambda: jobs.pod(self.POD).status.phase, 120, "the progress-reader pod to run",
                  until=lambda phase: phase == "Running")
 
-    def read_text(self) -> str:
+    def read_text(self, name: str = "progress.jsonl") -> str:
         from kubernetes.stream import stream
 
         return stream(self.jobs.core.connect_get_namespaced_pod_exec, self.POD, self.jobs.namespace,
-                      command=["sh", "-c", f"cat {CHECKPOINT_MOUNT}/progress.jsonl 2>/dev/null || true"],
+                      command=["sh", "-c", f"cat {CHECKPOINT_MOUNT}/{name} 2>/dev/null || true"],
                       stderr=False, stdin=False, stdout=True, tty=False)
 
     def close(self) -> None:
@@ -245,6 +245,11 @@ class PodProgressReader:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+
+def parse_events(text: str) -> list[dict]:
+    """The script's events.jsonl: checkpoints saved on SIGTERM."""
+    return parse_progress(text).records
 
 
 def parse_progress(text: str) -> Progress:
@@ -295,3 +300,16 @@ class Faults:
         from localcluster import faults
 
         faults.restore_node(node, self.state_dir)
+
+    def partition(self, pod_name: str) -> float:
+        """Cut the pod off the network; its processes live on, silent (no TCP reset)."""
+        from localcluster import partition
+
+        when = time.time()
+        assert partition.partition(self.jobs.namespace, pod_name, self.state_dir), f"pod {pod_name} not running"
+        return when
+
+    def heal(self, pod_name: str) -> None:
+        from localcluster import partition
+
+        partition.heal(self.jobs.namespace, pod_name, self.state_dir)
