@@ -241,6 +241,8 @@ def train(run: Run, timed_step) -> None:
             "step": step, "rank": run.rank, "world_size": run.world_size, "local_rank": run.local_rank,
             "restart_count": run.restart_count, "resumed_from": run.resumed_from, "loss": round(loss.item(), 6),
             "pid": os.getpid(), "host": run.host, "started": run.started, "time": time.time(),
+            # Which world: rank 0's store for this round. Two worlds stepping at once would be split brain.
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         })
         if Stop.requested:
             save_checkpoint(run.checkpoint, run.model, run.optimizer, step)

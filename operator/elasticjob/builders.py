@@ -32,6 +32,8 @@ class Settings:
     """How this operator installation builds objects (from its command line)."""
 
     network_policy: bool = True
+    # Drive each job's rendezvous on evidence (planner/recovery.py); off: torch's own timing alone.
+    nudges: bool = True
     # Who may reach the store's control port besides the job's pods: the operator's pods.
     operator_namespace: str | None = None
     operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)

@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--rendezvous-key-file", default=os.environ.get("ELASTICJOB_RENDEZVOUS_KEY_FILE"),
                      metavar="PATH", help="secret the tokens of the stores' control endpoints derive from; "
                      "default: a random one (stores made by an earlier operator process then ignore this one)")
+    run.add_argument("--no-rendezvous-nudges", action="store_true",
+                     help="never remove dead agents, end the last call or restart survivors: recovery at torch's "
+                     "own pace (for comparisons)")
     run.add_argument("--no-network-policy", action="store_true",
                      help="do not create a NetworkPolicy per job around its rendezvous store")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
@@ -77,7 +80,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         peers = Peering(args.peering, identity, priority, None if clusterwide else args.namespace[0])
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
-                        operator_labels=labels)
+                        operator_labels=labels, nudges=not args.no_rendezvous_nudges)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, peers)
 

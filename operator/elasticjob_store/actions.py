@@ -51,14 +51,18 @@ def _remove_participant_epilogue(state: RendezvousState, min_nodes: int) -> None
         state.deadline = None
 
 
-def remove_node(state: RendezvousState | None, addr: str, heartbeat_before: datetime, min_nodes: int) -> Outcome:
+def remove_node(state: RendezvousState | None, addr: str, heartbeat_before: datetime, min_nodes: int,
+                members: tuple[str, ...] | None = None) -> Outcome:
     """Removes every node at `addr` whose last heartbeat is older than `heartbeat_before`, as _sanitize does.
 
     `heartbeat_before` is when the operator knows the pod's processes stopped: a newer heartbeat comes from a
     replacement pod that reused the IP, which is alive. A node without a heartbeat entry has shown no life and
-    goes. Refuses, changing nothing, when the removal would empty a complete round: the agents of a complete
-    round leave it themselves when they restart, so an empty complete round no one left means the evidence is
-    wrong, and a newcomer would then form a second world beside the running one (seen in measurements).
+    goes. Refuses, changing nothing, when the removal would empty a complete round that no participant has
+    left: the agents of a complete round leave it themselves when they restart, so emptying a round all of
+    whose members are still in it means the evidence is wrong, and a newcomer would then form a second world
+    beside the running one (seen in measurements). `members` are the round's participants when it completed
+    (unknown: assume no one left); once one of them has left, the survivors are restarting and the last one
+    may go.
     """
     if state is None:
         return Outcome(None, False, "no rendezvous state yet")
@@ -69,7 +73,8 @@ def remove_node(state: RendezvousState | None, addr: str, heartbeat_before: date
         alive = sum(1 for node in everyone if same_address(node.addr, addr))
         why = f"{alive} node(s) at {addr} heartbeat after that time" if alive else f"no node at {addr}"
         return Outcome(None, False, why)
-    if state.complete and state.participants and set(state.participants) <= set(dead):
+    if state.complete and state.participants and set(state.participants) <= set(dead) and not _someone_left(
+            state, members):
         return Outcome(None, False, f"removing {len(dead)} node(s) at {addr} would empty complete round "
                                     f"{state.round}, which no participant has left", refused=True)
     new = copy.deepcopy(state)
@@ -83,6 +88,10 @@ def remove_node(state: RendezvousState | None, addr: str, heartbeat_before: date
     if participant_removed:
         _remove_participant_epilogue(new, min_nodes)
     return Outcome(new, True, f"removed {len(dead)} node(s) at {addr}", tuple(dead))
+
+
+def _someone_left(state: RendezvousState, members: tuple[str, ...] | None) -> bool:
+    return members is not None and len(state.participants) < len(members)
 
 
 def complete_round(state: RendezvousState | None, live_nodes: int, min_nodes: int, max_nodes: int,

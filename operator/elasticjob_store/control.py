@@ -66,7 +66,8 @@ class Control:
         self._waiter_added_at = 0.0
 
     def log(self, message: str) -> None:
-        self._log(f"[rendezvous {self.run_id}] {message}")
+        when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
+        self._log(f"{when} [rendezvous {self.run_id}] {message}")
 
     def now(self) -> float:
         return self._clock()
@@ -112,10 +113,17 @@ class Control:
 
     def remove(self, addr: str, heartbeat_before: float) -> Outcome:
         before = self._utc(heartbeat_before)
-        outcome = self.apply(lambda state: actions.remove_node(state, addr, before, self.min_nodes))
+        outcome = self.apply(lambda state: actions.remove_node(state, addr, before, self.min_nodes,
+                                                               self._members(state)))
         self.log(f"remove addr={addr} heartbeatBefore={heartbeat_before:.3f}: {outcome.reason}"
                  + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
         return outcome
+
+    def _members(self, state: RendezvousState | None) -> tuple[str, ...] | None:
+        if state is None:
+            return None
+        with self.lock:
+            return self.tracker.members(state.round)
 
     def complete(self, live_nodes: int) -> Outcome:
         now = self._utc(self.now())

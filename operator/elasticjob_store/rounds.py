@@ -35,6 +35,11 @@ class RoundTracker:
         self._last: CompletedRound | None = None
         self.restart_of: int | None = None  # the round the store's own restart ends
 
+    def members(self, round_number: int) -> tuple[str, ...] | None:
+        """The participants' addresses when that round completed, if this store saw it complete."""
+        last = self._last
+        return last.nodes if last is not None and last.round == round_number else None
+
     def note_restart(self, round_restarted: int) -> None:
         """The store put a waiter into `round_restarted`: the next round to form is ours, not a failure."""
         self.restart_of = round_restarted

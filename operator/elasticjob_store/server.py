@@ -126,18 +126,18 @@ def make_server(control: Control, host: str, port: int, token_file: str | None) 
     def remove(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"addr": _ip, "heartbeatBefore": _unix_time})
         outcome = control.remove(args["addr"], args["heartbeatBefore"])
-        return {"removed": [node_ref(node) for node in outcome.nodes],
+        return {"removed": [node_ref(node) for node in outcome.nodes], "changed": outcome.state is not None,
                 "refused": outcome.reason if outcome.refused else None, "reason": outcome.reason}
 
     def complete(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"liveNodes": _int(1, MAX_INT)})
         outcome = control.complete(args["liveNodes"])
-        return {"completed": outcome.done, "reason": outcome.reason}
+        return {"completed": outcome.done, "changed": outcome.state is not None, "reason": outcome.reason}
 
     def restart(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"round": _int(0, MAX_INT)})
         outcome = control.restart(args["round"])
-        return {"restarting": outcome.done, "reason": outcome.reason}
+        return {"restarting": outcome.done, "changed": outcome.state is not None, "reason": outcome.reason}
 
     routes: dict[tuple[str, str], Callable[[Any, dict[str, list[str]]], dict[str, Any]]] = {
         ("GET", "/v1/state"): state_view,

@@ -124,10 +124,21 @@ def test_remove_node_leaves_live_or_absent_nodes(state, addr, reason):
     make_state(round=5, complete=True, participants=[A], waiting=[B], beats={A: 10, B: 1}),
     make_state(round=5, complete=True, participants=[A, A2], beats={A: 10, A2: 10}),
 ])
-def test_remove_node_refuses_to_empty_a_complete_round(state):
-    outcome = remove_node(state, "10.0.0.1", KILLED_AT, 1)
+@pytest.mark.parametrize("known", [False, True])
+def test_remove_node_refuses_to_empty_a_complete_round_no_one_left(state, known):
+    # The round's members unknown (a restarted store), or known and every one of them still in it.
+    members = tuple(sorted(n.addr for n in state.participants)) if known else None
+    outcome = remove_node(state, "10.0.0.1", KILLED_AT, 1, members)
     assert outcome.refused and outcome.state is None and not outcome.done
     assert "would empty complete round 5" in outcome.reason
+
+
+def test_the_last_member_of_a_round_the_others_left_may_go():
+    """Scale-down 2 -> 1: the survivor left round 5 to restart; the departed agent is the last one in it."""
+    state = make_state(round=5, complete=True, participants=[A], beats={A: 10})
+    outcome = remove_node(state, "10.0.0.1", KILLED_AT, 1, members=("10.0.0.1", "10.0.0.2"))
+    assert outcome.done and not outcome.refused
+    assert outcome.state.participants == {} and outcome.state.round == 6 and not outcome.state.complete
 
 
 def test_emptying_a_forming_round_is_allowed():

@@ -232,9 +232,12 @@ def test_complete_through_http_is_complete_round(harness):
     harness.write(state)
     assert harness.call("POST", "/v1/complete", {"liveNodes": 3})[1]["completed"] is False
     status, body = harness.call("POST", "/v1/complete", {"liveNodes": 2})
-    assert status == 200 and body["completed"] is True
+    assert status == 200 and body["completed"] is True and body["changed"] is True
     now = datetime.fromtimestamp(T0, timezone.utc)
     assert fields(harness.stored()) == fields(actions.complete_round(state, 2, 2, 3, now).state)
+    # Asked again (a second reconcile before the next answer): done already, nothing changed, no second Event.
+    again = harness.call("POST", "/v1/complete", {"liveNodes": 2})[1]
+    assert again["completed"] is True and again["changed"] is False
 
 
 def test_restart_puts_a_waiter_that_the_poller_takes_out_once_the_round_moved_on(harness):

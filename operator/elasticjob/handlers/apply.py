@@ -67,10 +67,11 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: dict[str, Any],
                 log: logging.LoggerAdapter) -> None:
-    """One control request to the job's store; its Event only when the store did it, its answer in the log."""
+    """One control request to the job's store; its Event only when the store changed the rendezvous (a repeat
+    finds it done), its answer in the log."""
     host, port = action.endpoint.rsplit(":", 1)
     reply = await ctx.stores.act(host, int(port), ref.uid, action.kind, action.body)
-    done = bool(reply.get("removed")) or reply.get("completed") is True or reply.get("restarting") is True
+    done = reply.get("changed") is True
     metrics.STORE_ACTIONS.labels(action.kind, "done" if done else "noop").inc()
     if done and action.event:
         ctx.post(body, action.event, log)

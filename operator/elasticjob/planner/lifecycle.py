@@ -74,7 +74,8 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
-        drive_rendezvous(plan, job, observed, now)
+        if settings.nudges:
+            drive_rendezvous(plan, job, observed, now)
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return

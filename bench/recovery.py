@@ -1,0 +1,247 @@
+"""Recovery in seconds: fault -> next completed training step, on the local cluster, in one run.
+
+Three ways of running the same job (examples/train_ddp.py, 2 pods, 0.25 s steps, checkpoint every 5):
+- operator:       the defaults, and the operator driving the rendezvous it hosts (planner/recovery.py);
+- no help:        the same rendezvous settings, the operator not touching the rendezvous;
+- torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
+Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
+operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
+
+    make cluster-up && .venv/bin/python bench/recovery.py [--runs 5] [--only kill,scale-down]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
+from handstart import hand_start  # noqa: E402
+
+HOST_DIR = Path("/tmp/elasticjob-bench")
+STEP_SECONDS = 0.25
+LIMIT = 90.0  # a recovery slower than this is reported as '> 90'
+MODES = {
+    "operator": ({}, []),
+    "no help": ({}, ["--no-rendezvous-nudges"]),
+    "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
+                       ["--no-rendezvous-nudges"]),
+}
+TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 10", "scale-down": "<= 5", "scale-up": "<= 6",
+           "start": "<= 1.3x by hand"}
+
+
+@dataclass
+class Sample:
+    seconds: float | None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def manifest(namespace: str, rendezvous: dict, replicas: int = 2) -> dict:
+    container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": [
+        "torchrun", "/workspace/examples/train_ddp.py", "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
+        "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
+        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
+    return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
+            "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1,
+                     "rendezvous": rendezvous, "runPolicy": {"cleanPodPolicy": "All"},
+                     "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container],
+                                           "volumes": [{"name": "ckpt", "hostPath": {
+                                               "path": str(HOST_DIR / namespace), "type": "DirectoryOrCreate"}}]}}}}
+
+
+def records(namespace: str) -> list[dict]:
+    try:
+        lines = (HOST_DIR / namespace / "progress.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            pass
+    return found
+
+
+def first_step_after(namespace: str, when: float, world: int | None = None) -> dict | None:
+    """The first step by a worker process that wrote nothing before `when` (a survivor may finish its step)."""
+    found = records(namespace)
+    old = {(r["host"], r["pid"], r["started"]) for r in found if r["time"] <= when}
+    later = [r for r in found if r["time"] > when and (r["host"], r["pid"], r["started"]) not in old
+             and (world is None or r["world_size"] == world)]
+    return min(later, key=lambda r: r["time"], default=None)
+
+
+def rank0_host(namespace: str) -> str:
+    return [r for r in records(namespace) if r["rank"] == 0][-1]["host"]
+
+
+# --- faults -----------------------------------------------------------------------------------------------
+
+
+def kill(api: Api, ns: str, rank0: bool) -> tuple[float, int | None]:
+    from localcluster import faults
+
+    victim = rank0_host(ns) if rank0 else other_worker(api, ns)
+    when = time.time()
+    faults.kill_pod(ns, victim, 9, STATE_DIR)
+    return when, None
+
+
+def other_worker(api: Api, ns: str) -> str:
+    return next(p.metadata.name for p in api.workers(ns, "train") if p.metadata.name != rank0_host(ns))
+
+
+def partition(api: Api, ns: str) -> tuple[float, int | None]:
+    from localcluster import partition as cut
+
+    victim = other_worker(api, ns)
+    when = time.time()
+    cut.partition(ns, victim, STATE_DIR)
+    return when, 1
+
+
+def scale(api: Api, ns: str, replicas: int) -> tuple[float, int | None]:
+    when = time.time()
+    api.scale(ns, "train", replicas)
+    return when, replicas
+
+
+FAULTS = {
+    "kill": lambda api, ns: kill(api, ns, rank0=False),
+    "kill-rank0": lambda api, ns: kill(api, ns, rank0=True),
+    "partition": partition,
+    "scale-down": lambda api, ns: scale(api, ns, 1),
+    "scale-up": lambda api, ns: scale(api, ns, 3),
+}
+
+
+# --- one run ----------------------------------------------------------------------------------------------
+
+
+def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict) -> Sample:
+    with api.namespace("bench-recovery") as ns:
+        created = time.time()
+        api.create_job(ns, manifest(ns, rendezvous))
+        if scenario == "start":
+            first = wait(lambda: first_step_after(ns, created), 180, "the first step")
+            return Sample(first["time"] - created)
+        wait(lambda: max((r["step"] for r in records(ns)), default=0) >= 7, 180, "step 7")
+        fault_time, world = FAULTS[scenario](api, ns)
+        try:
+            first = wait(lambda: first_step_after(ns, fault_time, world), LIMIT, f"a step after {scenario}")
+            return Sample(first["time"] - fault_time, phases(api, operator, ns, fault_time, first["time"]))
+        except TimeoutError:
+            return Sample(None)
+        finally:
+            drain(api, ns)
+
+
+def drain(api: Api, ns: str) -> None:
+    """Stop the job and let its processes go, so that the next run gets the CPUs."""
+    from localcluster import partition as cut
+
+    for pod in api.workers(ns, "train"):
+        cut.heal(ns, pod.metadata.name, STATE_DIR)
+    api.custom.delete_namespaced_custom_object("elasticjob.dev", "v1alpha1", ns, "elasticjobs", "train")
+    wait(lambda: not api.core.list_namespaced_pod(ns).items, 90, "the job's pods gone", interval=0.5)
+
+
+def phases(api: Api, operator: Operator, ns: str, fault: float, step: float) -> dict[str, float]:
+    """When, after the fault, the operator acted and the store saw the next round form."""
+    found = {}
+    removed = event_times(operator.log(), ns, ("RemovedFromRendezvous", "Partitioned"))
+    if after := [t for t in removed if t > fault]:
+        found["agent removed"] = min(after) - fault
+    try:
+        store_log = api.core.read_namespaced_pod_log("train-rdzv", ns)
+    except Exception:  # the store pod may be gone with the job
+        store_log = ""
+    if rounds := [t for t in store_times(store_log, "formed") if fault < t <= step]:
+        found["round formed"] = min(rounds) - fault
+    return found
+
+
+def event_times(log: str, namespace: str, reasons: tuple[str, ...]) -> list[float]:
+    times = []
+    for line in log.splitlines():
+        if f"[{namespace}/train]" in line and any(f"] {r}:" in line for r in reasons):
+            stamp = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]", line)
+            if stamp:
+                times.append(datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return times
+
+
+def store_times(log: str, word: str) -> list[float]:
+    return [datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
+            for line in log.splitlines() if word in line and line[:4].isdigit()]
+
+
+# --- the table --------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: all)")
+    args = parser.parse_args()
+    scenarios = [s for s in [*FAULTS, "start"] if not args.only or s in args.only.split(",")]
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    api = Api()
+    api.install_crd()
+    results: dict[tuple[str, str], list[Sample]] = {}
+    for mode in modes:
+        rendezvous, flags = MODES[mode]
+        with Operator(STATE_DIR / f"bench-recovery-{mode.replace(' ', '-')}.log", flags) as operator:
+            for scenario in scenarios:
+                # A fault that torch alone never recovers from (a partition) is measured once.
+                runs = 1 if scenario == "partition" and mode != "operator" else args.runs
+                for i in range(runs):
+                    sample = run_once(api, operator, scenario, rendezvous)
+                    results.setdefault((scenario, mode), []).append(sample)
+                    print(f"  {mode:>14} {scenario:<11} run {i + 1}: "
+                          f"{'> %.0f' % LIMIT if sample.seconds is None else '%.1f' % sample.seconds} s "
+                          f"{ {k: round(v, 2) for k, v in sample.phases.items()} }", flush=True)
+    hand = hand_start(args.runs) if "start" in scenarios else []
+    print_table(scenarios, modes, results, hand)
+    return 0
+
+
+def cell(samples: list[Sample]) -> str:
+    done = [s.seconds for s in samples if s.seconds is not None]
+    if not done:
+        return f"> {LIMIT:.0f}" if samples else "-"
+    text = median_range(done)
+    return text if len(done) == len(samples) else f"{text}, {len(samples) - len(done)} > {LIMIT:.0f}"
+
+
+def print_table(scenarios: list[str], modes: list[str], results: dict, hand: list[float]) -> None:
+    print("\nfault -> next completed step, seconds: median [min-max] (runs)\n")
+    header = ["fault", *modes, "by hand", "target", "agent removed", "round formed"]
+    rows = []
+    for scenario in scenarios:
+        ours = results.get((scenario, "operator"), [])
+        phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
+                 if (vals := [s.phases[name] for s in ours if name in s.phases])}
+        rows.append([scenario, *(cell(results.get((scenario, m), [])) for m in modes),
+                     median_range(hand) if scenario == "start" else "",
+                     TARGETS.get(scenario, ""), *(f"{phase[n]:.2f}" if n in phase else "-"
+                                                  for n in ("agent removed", "round formed"))])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
