@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob.models import GROUP, PLURAL, VERSION
@@ -49,6 +50,10 @@ class Gone(KubeError):
     """410: a resourceVersion or a list's continue token is too old."""
 
 
+class Unavailable(KubeError):
+    """No answer at all: the API server is down or unreachable (a restart, a network fault)."""
+
+
 class Unknown:
     """An answer the API server did not give."""
 
@@ -84,6 +89,8 @@ async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
     except ApiException as exc:
         raise translate(exc) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Unavailable(0, "Unavailable", f"no answer from the API server: {exc}") from None
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob import k8s
@@ -116,6 +117,8 @@ class Reflector:
             return source.list_fn(_preload_content=False, **{k: v for k, v in params.items() if v})
         except ApiException as exc:
             raise k8s.translate(exc) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise k8s.Unavailable(0, "Unavailable", f"no answer from the API server: {exc}") from None
 
     async def _watch(self, version: str) -> str:
         """One watch request; returns the resourceVersion to resume from."""
