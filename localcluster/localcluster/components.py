@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from localcluster.layout import Endpoints, Layout
+from localcluster.state import BRIDGE_IP
 
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"
@@ -19,14 +20,21 @@ CLUSTER_CIDR = "10.244.0.0/16"
 NODE_MONITOR_GRACE = "20s"
 NOT_READY_TOLERATION_SECONDS = 20
 DEFAULT_PORTS = {"apiserver": 6443, "etcd": 2379, "etcd-peer": 2380, "controller-manager": 10257, "scheduler": 10259}
+# The upstream Workload API (scheduling.k8s.io/v1alpha2 Workload and PodGroup) and the default scheduler's gang
+# scheduling, both alpha in v1.36: the same gates on the apiserver, the scheduler and the controller-manager.
+FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
+RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+# The apiserver listens on every address: 127.0.0.1 for kubeconfigs on this host, and the pod bridge's address,
+# which it advertises as the `kubernetes` Service's endpoint so that pods reach it (in-cluster config).
+APISERVER_BIND = "0.0.0.0"
 
 
-def _port_free(port: int) -> bool:
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As Go servers do, so that a port the previous run left in TIME_WAIT counts as free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
@@ -38,13 +46,13 @@ def _any_free_port() -> int:
         return sock.getsockname()[1]
 
 
-def choose_ports(apiserver_port: int | None) -> dict[str, int]:
-    wanted = dict(DEFAULT_PORTS)
+def choose_ports(apiserver_port: int | None, wanted: dict[str, int] | None = None) -> dict[str, int]:
+    wanted = dict(DEFAULT_PORTS if wanted is None else wanted)
     if apiserver_port:
         wanted["apiserver"] = apiserver_port
     ports = {}
     for name, port in wanted.items():
-        if _port_free(port):
+        if _port_free(port, APISERVER_BIND if name == "apiserver" else "127.0.0.1"):
             ports[name] = port
         elif name == "apiserver" and apiserver_port:
             raise RuntimeError(f"port {port} asked for the apiserver is busy")
@@ -57,7 +65,7 @@ def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def _write_kubeconfig(path: Path, server: str, pki: Path, client: str, user: str) -> None:
+def write_kubeconfig(path: Path, server: str, pki: Path, client: str, user: str) -> None:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -76,9 +84,9 @@ def _write_kubeconfig(path: Path, server: str, pki: Path, client: str, user: str
 
 def write_kubeconfigs(endpoints: Endpoints) -> None:
     layout = endpoints.layout
-    _write_kubeconfig(layout.kubeconfig, endpoints.server, layout.pki, "admin", "admin")
+    write_kubeconfig(layout.kubeconfig, endpoints.server, layout.pki, "admin", "admin")
     for name in ("controller-manager", "scheduler"):
-        _write_kubeconfig(layout.kubeconfigs / f"{name}.yaml", endpoints.server, layout.pki, name, name)
+        write_kubeconfig(layout.kubeconfigs / f"{name}.yaml", endpoints.server, layout.pki, name, name)
 
 
 def etcd_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
@@ -99,7 +107,9 @@ def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
     pki = endpoints.layout.pki
     return [
         str(bin_dir / "kube-apiserver"),
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={endpoints.ports['apiserver']}",
+        f"--bind-address={APISERVER_BIND}", f"--advertise-address={BRIDGE_IP}",
+        f"--secure-port={endpoints.ports['apiserver']}",
+        f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
         f"--etcd-servers=http://127.0.0.1:{endpoints.ports['etcd']}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
@@ -117,8 +127,6 @@ def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-        # Validation rejects loopback Endpoints, and no pod can reach 127.0.0.1 of this host anyway.
-        "--endpoint-reconciler-type=none",
         f"--default-not-ready-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
         f"--default-unreachable-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
         f"--cert-dir={endpoints.layout.state / 'apiserver-certs'}",
@@ -144,6 +152,7 @@ def controller_manager_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         f"--secure-port={endpoints.ports['controller-manager']}",
         f"--cert-dir={layout.state / 'controller-manager-certs'}",
         "--controllers=*", "--leader-elect=false", "--use-service-account-credentials=true",
+        f"--feature-gates={FEATURE_GATES}",
         f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
         f"--cluster-cidr={CLUSTER_CIDR}", "--allocate-node-cidrs=false", f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -159,7 +168,7 @@ def scheduler_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         *_delegating_flags(layout.kubeconfigs / "scheduler.yaml"),
         f"--secure-port={endpoints.ports['scheduler']}",
         f"--cert-dir={layout.state / 'scheduler-certs'}",
-        "--leader-elect=false", "--profiling=false",
+        "--leader-elect=false", "--profiling=false", f"--feature-gates={FEATURE_GATES}",
     ]
 
 

@@ -63,6 +63,36 @@ def resource_value(container: dict, ref: dict, node_allocatable: dict) -> str:
     return str(math.ceil(parse_quantity(raw) / divisor))
 
 
+def _env_name(name: str) -> str:
+    return name.replace("-", "_").upper()
+
+
+def service_env(services: list[dict]) -> dict[str, str]:
+    """The variables a kubelet derives from Services (pkg/kubelet/envvars): FOO_SERVICE_HOST, FOO_SERVICE_PORT,
+    FOO_SERVICE_PORT_<NAME> per named port, and the Docker-links FOO_PORT, FOO_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR].
+    Headless Services and those without a ClusterIP give none."""
+    env: dict[str, str] = {}
+    for svc in services:
+        spec = svc.get("spec") or {}
+        ip, ports = spec.get("clusterIP"), spec.get("ports") or []
+        if not ip or ip == "None" or not ports:
+            continue
+        prefix = _env_name(svc["metadata"]["name"])
+        env[f"{prefix}_SERVICE_HOST"] = ip
+        env[f"{prefix}_SERVICE_PORT"] = str(ports[0]["port"])
+        for port in ports:
+            if port.get("name"):
+                env[f"{prefix}_SERVICE_PORT_{_env_name(port['name'])}"] = str(port["port"])
+        for i, port in enumerate(ports):
+            proto = (port.get("protocol") or "TCP").lower()
+            url = f"{proto}://{ip}:{port['port']}"
+            if i == 0:
+                env[f"{prefix}_PORT"] = url
+            link = f"{prefix}_PORT_{port['port']}_{proto.upper()}"
+            env.update({link: url, f"{link}_PROTO": proto, f"{link}_PORT": str(port["port"]), f"{link}_ADDR": ip})
+    return env
+
+
 def resolve_env(pod: dict, container: dict, lookup: Lookup, node_allocatable: dict) -> dict[str, str]:
     ns = pod["metadata"]["namespace"]
     env: dict[str, str] = {}

@@ -10,8 +10,10 @@ What a pod gets (module in brackets):
   PID 1 of its own PID namespace, with private mount and UTS namespaces (hostname = pod name) [shim, launcher].
 - The image is ignored: the repo's .venv/bin leads PATH and the repo root is bind-mounted at /workspace, where the
   worker image keeps it; workingDir defaults to the repo root [launcher, containers].
-- env with $(VAR) expansion, fieldRef, resourceFieldRef, configMap/secret refs and envFrom [containers]; volumes
-  hostPath, emptyDir, configMap, secret, downwardAPI and projected (the ServiceAccount token) [volumes].
+- env with $(VAR) expansion, fieldRef, resourceFieldRef, configMap/secret refs and envFrom, after the Services'
+  variables a kubelet sets (KUBERNETES_SERVICE_HOST/PORT always, the namespace's Services with enableServiceLinks)
+  [containers]; volumes hostPath, emptyDir, configMap, secret, downwardAPI and projected (the ServiceAccount token,
+  CA and namespace at /var/run/secrets/kubernetes.io/serviceaccount, so in-cluster config works) [volumes].
 - terminationMessagePath/-Policy, init containers in order, restart policies with a 1-10 s back-off, readiness
   probes (tcpSocket, httpGet, exec); liveness/startup probes, resource limits and GPUs are not enforced [podrunner].
 - Graceful deletion (SIGTERM, SIGKILL at the deletionTimestamp, then delete with grace 0); a force-deleted pod is

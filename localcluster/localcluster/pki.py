@@ -1,7 +1,7 @@
 """Certificates for the local cluster, made with the openssl CLI so no crypto library is needed.
 
-Everything lives in one directory: a CA, the apiserver's serving cert, one client cert per component and
-the service-account signing key pair. Files are created once and kept, so kubeconfigs stay valid across restarts.
+Everything lives in one directory: a CA, serving certs (the apiserver's, Kueue's webhook server's), one client
+cert per component and the service-account signing key pair. Files are created once and kept, so kubeconfigs stay valid across restarts.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ APISERVER_DNS = [
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 ]
-# 10.96.0.1 is the first address of --service-cluster-ip-range, the `kubernetes` Service's ClusterIP.
-APISERVER_IPS = ["127.0.0.1", "10.96.0.1"]
+# 10.96.0.1 is the first address of --service-cluster-ip-range, the `kubernetes` Service's ClusterIP (what
+# in-cluster clients dial); 10.244.0.1 is the bridge address the apiserver advertises, the Service's endpoint.
+APISERVER_IPS = ["127.0.0.1", "10.96.0.1", "10.244.0.1"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,27 @@ CLIENTS = [
     ClientCert("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"),
     # What the apiserver presents to aggregated API servers; they trust it through --requestheader-client-ca-file.
     ClientCert("front-proxy-client", "front-proxy-client", None),
+    # Kueue's manager (an add-on); bound to Kueue's own manager ClusterRole.
+    ClientCert("kueue", "kueue-manager", None),
+]
+
+
+@dataclass(frozen=True)
+class ServingCert:
+    name: str
+    common_name: str
+    dns: tuple[str, ...]
+    ips: tuple[str, ...]
+
+    @property
+    def sans(self) -> list[str]:
+        return [f"DNS:{n}" for n in self.dns] + [f"IP:{ip}" for ip in self.ips]
+
+
+SERVING = [
+    ServingCert("apiserver", "kube-apiserver", tuple(APISERVER_DNS), tuple(APISERVER_IPS)),
+    # Kueue's webhook server (and its metrics server): the apiserver calls it at https://127.0.0.1:<port>.
+    ServingCert("kueue-webhook", "kueue-webhook", ("localhost",), ("127.0.0.1",)),
 ]
 
 
@@ -85,15 +107,24 @@ def issue_client_cert(pki: Path, name: str, common_name: str, organization: str 
     return _sign(pki, name, _subject(common_name, organization), extensions)
 
 
-def _issue_serving_cert(pki: Path) -> None:
-    if (pki / "apiserver.crt").exists():
+def _sans_of(crt: Path) -> set[str]:
+    """The subjectAltNames of a certificate as openssl prints them, normalised to DNS:x / IP:y."""
+    result = subprocess.run(["openssl", "x509", "-in", str(crt), "-noout", "-ext", "subjectAltName"],
+                            capture_output=True, text=True)
+    text = result.stdout.split("\n", 1)[-1] if result.returncode == 0 else ""
+    return {part.strip().replace("IP Address:", "IP:") for part in text.split(",") if part.strip()}
+
+
+def _issue_serving_cert(pki: Path, cert: ServingCert) -> None:
+    """Kept while it covers every SAN wanted; re-issued (same CA) when a name was added since it was made."""
+    crt = pki / f"{cert.name}.crt"
+    if crt.exists() and set(cert.sans) <= _sans_of(crt):
         return
-    names = [f"DNS:{n}" for n in APISERVER_DNS] + [f"IP:{ip}" for ip in APISERVER_IPS]
     extensions = (
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        f"extendedKeyUsage=serverAuth\nsubjectAltName={','.join(names)}\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={','.join(cert.sans)}\n"
     )
-    _sign(pki, "apiserver", "/CN=kube-apiserver", extensions)
+    _sign(pki, cert.name, f"/CN={cert.common_name}", extensions)
 
 
 def _create_ca(pki: Path) -> None:
@@ -121,7 +152,8 @@ def ensure_pki(pki: Path) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     pki.chmod(0o700)
     _create_ca(pki)
-    _issue_serving_cert(pki)
+    for cert in SERVING:
+        _issue_serving_cert(pki, cert)
     for client in CLIENTS:
         issue_client_cert(pki, client.name, client.common_name, client.organization)
     _create_service_account_keys(pki)

@@ -216,6 +216,7 @@ class PodRunner:
             if self.volumes is None:
                 self.volumes = volumes.materialize(self.ctx.core, pod, self.path)
             env = launcher.base_env(pod)
+            env.update(containers.service_env(services_for_env(self.ctx.core, pod)))
             env.update(containers.resolve_env(pod, spec, self.lookup, self.ctx.allocatable))
             self.procs[rec.name] = launcher.launch(pod, spec, self.sandbox, env, self.volumes,
                                                    self.ctx.repo_root, restarting)
@@ -296,3 +297,16 @@ class PodRunner:
         if not self.pod["spec"].get("hostNetwork"):
             network.delete_netns(state.netns_name(self.uid))  # also one an earlier agent left for a finished pod
         self.ctx.ipam.release(self.uid)
+
+
+def services_for_env(core: client.CoreV1Api, pod: dict) -> list[dict]:
+    """What a kubelet turns into env vars: the `kubernetes` Service of `default` (KUBERNETES_SERVICE_HOST/PORT,
+    which in-cluster clients read) always, and with enableServiceLinks (the default) the pod namespace's Services."""
+    namespace = pod["metadata"]["namespace"]
+    master = kube.get_or_none(core.read_namespaced_service, "kubernetes", "default")
+    services = [master] if master else []
+    if pod["spec"].get("enableServiceLinks", True):
+        listed = kube.as_dict(core.list_namespaced_service(namespace, _preload_content=False)).get("items", [])
+        # Listed first, so that the master Service's variables win over a namespace's own `kubernetes` Service.
+        services = listed + services
+    return services
