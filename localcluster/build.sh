@@ -8,6 +8,8 @@ version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.
 [[ -n $version ]] || { echo "no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
 bin=$cache/localcluster-$version/bin
+# --bin-dir: only print where the binaries are (or will be), building nothing (the Makefile puts it on PATH).
+[[ ${1:-} == --bin-dir ]] && { echo "$bin"; exit 0; }
 # binary name -> Go package
 declare -A pkgs=(
   [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver

@@ -3,6 +3,7 @@
 # into a cache keyed by their versions, once:
 #   scheduler-plugins-kube-scheduler  sigs.k8s.io/scheduler-plugins/cmd/scheduler (Coscheduling and the rest)
 #   kueue-manager                     sigs.k8s.io/kueue/cmd/kueue
+# Arguments name the binaries wanted (default: both), so a caller that needs one does not wait for the other.
 # stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,14 +20,21 @@ for v in sp_version sp_k8s kueue_version kueue_k8s; do
 done
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
 bin=$cache/addons-scheduler-plugins-$sp_version-kueue-$kueue_version/bin
+# --bin-dir: only print where the binaries are (or will be), building nothing (the Makefile puts it on PATH).
+[[ ${1:-} == --bin-dir ]] && { echo "$bin"; exit 0; }
 # binary name -> "module dir|package|Kubernetes version of its libraries"
 declare -A builds=(
   [scheduler-plugins-kube-scheduler]="schedplugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|$sp_k8s"
   [kueue-manager]="kueue|sigs.k8s.io/kueue/cmd/kueue|$kueue_k8s"
 )
+wanted=("$@")
+((${#wanted[@]})) || wanted=("${!builds[@]}")
+for b in "${wanted[@]}"; do
+  [[ -n ${builds[$b]:-} ]] || { echo "build_addons.sh: unknown binary $b (known: ${!builds[*]})" >&2; exit 2; }
+done
 missing() {
   local b
-  for b in "${!builds[@]}"; do [[ -x $bin/$b ]] || echo "$b"; done | sort
+  for b in "${wanted[@]}"; do [[ -x $bin/$b ]] || echo "$b"; done | sort
 }
 [[ -z $(missing) ]] && { echo "$bin"; exit 0; }
 command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build the add-ons" >&2; exit 1; }
@@ -38,7 +46,7 @@ mapfile -t todo < <(missing)
 [[ ${#todo[@]} == 0 ]] && { echo "$bin"; exit 0; }
 source "$here/progress.sh"
 export CGO_ENABLED=0
-echo "building ${todo[*]} into $bin (first time only; several minutes on 2 cores)" >&2
+echo "building ${todo[*]} into $bin (first time only; on 2 cores with cold Go caches about 5 minutes for scheduler-plugins, 8 for Kueue)" >&2
 rm -rf "$bin.partial" && mkdir -p "$bin.partial"
 for b in "${todo[@]}"; do
   IFS='|' read -r dir pkg k8s <<<"${builds[$b]}"
