@@ -26,9 +26,10 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
+    addons = [name for name, wanted in (("scheduler-plugins", args.scheduler_plugins), ("kueue", args.kueue)) if wanted]
     controlplane.ensure_up(
         args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
-        node_memory=args.node_memory, apiserver_port=args.port,
+        node_memory=args.node_memory, apiserver_port=args.port, addons=addons,
     )
     return 0
 
@@ -57,7 +58,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
+    # The bin dir first on PATH: kubectl v1.36.3, matching the server (no version-skew warning).
     print(f"export KUBECONFIG={controlplane.Layout(args.root).kubeconfig}")
+    print(f'export PATH="{controlplane.bin_dir(args.root)}:$PATH"')
     return 0
 
 
@@ -71,10 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--node-cpu", default="8")
     up.add_argument("--node-memory", default="16Gi")
     up.add_argument("--port", type=int, default=None, help="apiserver port (default 6443, or a free one if busy)")
+    up.add_argument("--scheduler-plugins", action="store_true",
+                    help="also run scheduler-plugins' scheduler (Coscheduling) as scheduler-plugins-scheduler")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run Kueue with ClusterQueue cluster-queue and LocalQueue default/user-queue")
     up.set_defaults(run=_up)
     commands.add_parser("down", help="stop every process of the cluster").set_defaults(run=_down)
     commands.add_parser("status", help="components, health and nodes").set_defaults(run=_status)
-    commands.add_parser("env", help="print the KUBECONFIG export line").set_defaults(run=_env)
+    commands.add_parser("env", help="print KUBECONFIG and PATH (kubectl v1.36.3 first) export lines").set_defaults(
+        run=_env)
     return parser
 
 

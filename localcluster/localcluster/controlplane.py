@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) as local processes.
+"""A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) as local processes,
+plus, when asked for, the add-ons in addons.py (scheduler-plugins' scheduler, Kueue).
 
 Every process runs detached in its own session, logs to `.localcluster/logs/<name>.log` and records its pid in
 `.localcluster/pids/<name>.pid`; the session id is the pid, which is how `stop` finds every descendant.
@@ -13,20 +14,24 @@ import os
 import subprocess
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster import components, sessions
+from localcluster import builds, components, sessions
+from localcluster.addons import ADDONS, check_names
+from localcluster.addons import ensure as ensure_addons
 from localcluster.health import Health, api_json, check, ready_nodes, wait_healthy
 from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
 
 VERSION = "v1.36.3"
 CORE = {"etcd", "apiserver", "controller-manager", "scheduler"}
-STOP_ORDER = ["nodeagent", "scheduler", "controller-manager", "apiserver", "etcd"]
+STOP_ORDER = [*ADDONS, "nodeagent", "scheduler", "controller-manager", "apiserver", "etcd"]
+STOP_GROUPS = [list(ADDONS), ["nodeagent"], ["scheduler", "controller-manager", "apiserver"], ["etcd"]]
 STOP_GRACE_SECONDS = 20.0
-COMPONENT_PROGRAMS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+COMPONENT_PROGRAMS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "unshare",
+                      *(addon.BINARY for addon in ADDONS.values())}
 
 Log = Callable[[str], None]
 
@@ -58,19 +63,13 @@ class ComponentStatus:
 
 
 def ensure_binaries(root: Path, log: Log = _print) -> Path:
-    """Runs build.sh (instant when cached) and returns the bin dir, printing a heartbeat during a real build."""
-    script = Layout(root).build_script
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, text=True, cwd=script.parent)
-    started = time.monotonic()
-    while True:
-        try:
-            out, _ = proc.communicate(timeout=30)
-            break
-        except subprocess.TimeoutExpired:
-            log(f"  still building the control plane ({time.monotonic() - started:.0f}s)")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script} failed with exit code {proc.returncode}")
-    return Path(out.strip().splitlines()[-1])
+    """Runs build.sh (instant when cached) and returns the bin dir, relaying its progress lines during a build."""
+    return builds.run(Layout(root).build_script, [], "the control plane", log)
+
+
+def bin_dir(root: Path) -> Path:
+    """Where build.sh keeps kube-apiserver, kubectl and the rest, built or not."""
+    return builds.bin_dir(Layout(root).build_script)
 
 
 # ---------------------------------------------------------------- lifecycle
@@ -219,11 +218,13 @@ def _fresh_state(layout: Layout) -> None:
             path.unlink()
 
 
-def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: int | None, log: Log) -> Cluster:
+def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: int | None, wanted: list[str],
+               log: Log) -> Cluster:
     endpoints = load_endpoints(layout)
     if endpoints and _healthy(status(layout.root), CORE):
         log(f"local cluster already running at {endpoints.server}")
         count = _add_missing_nodes(layout, endpoints, nodes, log)
+        ensure_addons(layout, endpoints, wanted, log)
         return _cluster(layout, endpoints, count, started_now=False)
     if _recorded_components(layout):
         log("found a partly running cluster: stopping it first")
@@ -239,6 +240,8 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
         _start_control_plane(layout, bin_dir, endpoints, log)
         record(layout, endpoints, 0)
         count = _start_nodes(layout, endpoints, nodes, log)
+        record(layout, endpoints, count)
+        ensure_addons(layout, endpoints, wanted, log)
     except BaseException:
         log("start failed: stopping what was started")
         _down_locked(layout, log)
@@ -251,13 +254,15 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
 
 def ensure_up(
     root: Path, nodes: int = 3, *, gpus_per_node: int = 0, node_cpu: str = "8", node_memory: str = "16Gi",
-    apiserver_port: int | None = None, log: Log = _print,
+    apiserver_port: int | None = None, addons: Iterable[str] = (), log: Log = _print,
 ) -> Cluster:
-    """Starts the cluster unless a healthy one is already running; returns how to reach it."""
+    """Starts the cluster unless a healthy one is already running; returns how to reach it. `addons` (names in
+    ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way."""
     layout = Layout(root.resolve())
     options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory)
+    wanted = check_names(addons)
     with _locked(layout):
-        return _up_locked(layout, options, apiserver_port, log)
+        return _up_locked(layout, options, apiserver_port, wanted, log)
 
 
 def _run_nodeagent_cleanup(layout: Layout, log: Log) -> None:
@@ -293,7 +298,7 @@ def _may_signal(layout: Layout, sid: int) -> bool:
 
 
 def _down_locked(layout: Layout, log: Log) -> list[str]:
-    groups = [["nodeagent"], ["scheduler", "controller-manager", "apiserver"], ["etcd"]]
+    groups = STOP_GROUPS
     # The agent's cleanup touches host network state, so it runs only for a cluster that had an agent.
     had_agent = layout.pid_file("nodeagent").exists()
     for names in groups:

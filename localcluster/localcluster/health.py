@@ -53,8 +53,11 @@ def check(endpoints: Endpoints, name: str) -> Health:
         return get(f"http://127.0.0.1:{ports['etcd']}/health")
     if name == "apiserver":
         return get(f"{endpoints.server}/readyz", admin_context(endpoints.layout))
-    if name in ("controller-manager", "scheduler"):
+    if name in ("controller-manager", "scheduler", "scheduler-plugins"):
         return get(f"https://127.0.0.1:{ports[name]}/healthz", insecure_context())
+    if name == "kueue":
+        # Ready once its webhook server serves (and the certificates are in place).
+        return get(f"http://127.0.0.1:{ports['kueue-health']}/readyz")
     if name == "nodeagent":
         return Health(True, "process running")
     raise ValueError(name)

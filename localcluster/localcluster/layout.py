@@ -49,6 +49,18 @@ class Layout:
     def build_script(self) -> Path:
         return self.root / "localcluster" / "build.sh"
 
+    @property
+    def addons_build_script(self) -> Path:
+        return self.root / "localcluster" / "build_addons.sh"
+
+    @property
+    def manifests(self) -> Path:
+        return self.root / "localcluster" / "manifests"
+
+    def addon_dir(self, name: str) -> Path:
+        """Configuration and runtime files of an add-on (kept across runs, rewritten at each start)."""
+        return self.state / name
+
     def pid_file(self, name: str) -> Path:
         return self.pids / f"{name}.pid"
 
