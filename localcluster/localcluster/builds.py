@@ -20,6 +20,7 @@ HEARTBEAT_SECONDS = 30.0
 
 def run(script: Path, args: list[str], what: str, log: Log) -> Path:
     """Runs `bash script args...` and returns the bin dir it printed; raises with the script's exit code."""
+    script = script.resolve()
     proc = subprocess.Popen(["bash", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=script.parent)
     assert proc.stdout is not None and proc.stderr is not None
