@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 WHEELS ?= ../shared/wheels
 TORCH_VERSION ?= 2.13.0
 NODES ?= 3
+KUEUE ?= 0
+SCHEDULER_PLUGINS ?= 0
+# kubectl v1.36.3 (built with the control plane) ahead of any other on PATH, for recipes and the tests they run.
+KUBE_BIN := $(shell bash localcluster/build.sh --bin-dir)
+export PATH := $(KUBE_BIN):$(PATH)
 
 .DEFAULT_GOAL := help
 
@@ -27,7 +32,7 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> models)
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.installed ## Unit, integration (real API server) and core e2e (real torchrun) tests on the local cluster
+test: $(VENV)/.installed cluster-build ## Unit, integration (real API server) and core e2e (real torchrun) tests on the local cluster
 	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
 
 test-unit: $(VENV)/.installed ## Unit tests only (no cluster; seconds)
@@ -44,8 +49,13 @@ endif
 run: $(VENV)/.installed ## Start the local cluster, the operator and examples/elasticjob.yaml; follow it to the end
 	$(PY) -m localcluster.demo
 
-cluster-up: $(VENV)/.installed ## Start the local cluster (real control plane + $(NODES) process-backed nodes) in the background
-	$(VENV)/bin/localcluster up --nodes $(NODES)
+cluster-build: ## Build (once; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
+	bash localcluster/build.sh >/dev/null
+	bash localcluster/build_addons.sh >/dev/null
+
+cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; KUEUE=1, SCHEDULER_PLUGINS=1 add those)
+	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(KUEUE)),--kueue) \
+		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins)
 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
 	$(VENV)/bin/localcluster down
@@ -59,7 +69,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit e2e run cluster-up cluster-down bench clean images chart e2e-kind
+.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench clean images chart e2e-kind
 
 images: ## Build the operator and worker images (needs Docker)
 	docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .
