@@ -63,7 +63,19 @@ def ours(layout: Layout, pid: int) -> bool:
     return alive(pid) and str(layout.state) in cmdline(pid)
 
 
+# Components that exit when the API server goes away for a moment (kube-scheduler exits on what it takes
+# for a corrupt cache after an API server restart). A kubelet restarts such static pods; so does this loop.
+SUPERVISED = frozenset({"scheduler", "controller-manager", "scheduler-plugins", "kueue"})
+_RESTART_LOOP = 'while :; do "$@"; echo "==== exited with $?; restarting in 1 s" >&2; sleep 1; done'
+
+
+def supervised(name: str, argv: list[str]) -> list[str]:
+    """The command line that runs `argv`, and again whenever it exits, when `name` is supervised."""
+    return ["bash", "-c", _RESTART_LOOP, f"supervise-{name}", *argv] if name in SUPERVISED else argv
+
+
 def start(layout: Layout, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    argv = supervised(name, argv)
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.pids.mkdir(parents=True, exist_ok=True)
     with open(layout.log_file(name), "ab") as out:

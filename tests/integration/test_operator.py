@@ -20,6 +20,7 @@ from jobapi import (
     GROUP,
     PLURAL,
     ROOT,
+    SLEEP,
     VERSION,
     create,
     get_job,

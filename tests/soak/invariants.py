@@ -67,16 +67,27 @@ class JobHistory:
         self._stop.set()
 
     def _run(self) -> None:
+        """List (replacing what was known: a job deleted during a gap must not linger), then watch from there."""
         while not self._stop.is_set():
             try:
+                listed = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+                self.replace(listed["items"])
                 stream = watch.Watch().stream(self.custom.list_namespaced_custom_object, GROUP, VERSION,
-                                              self.namespace, PLURAL, timeout_seconds=60)
+                                              self.namespace, PLURAL, timeout_seconds=60,
+                                              resource_version=listed["metadata"]["resourceVersion"])
                 for event in stream:
                     self.observe(event["type"], event["object"])
                     if self._stop.is_set():
                         return
             except Exception:  # an API server restart: list again (versions in the gap are not seen)
                 time.sleep(1)
+
+    def replace(self, bodies: list[dict]) -> None:
+        current = {b["metadata"]["uid"] for b in bodies}
+        for uid in set(self.latest) - current:
+            del self.latest[uid]
+        for body in bodies:
+            self.observe("ADDED", body)
 
     def observe(self, kind: str, body: dict) -> None:
         uid = body["metadata"]["uid"]
