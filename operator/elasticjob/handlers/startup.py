@@ -29,7 +29,10 @@ SILENT_LIMIT_SECONDS = 600.0
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     settings.posting.enabled = False  # the loops post their own Events, exactly one per transition
-    settings.networking.error_backoffs = [1, 2, 5, 10]
+    # An API server restarting for a minute must not end the operator (kopf escalates once these run out).
+    settings.networking.error_backoffs = [1, 2, 5, 10, 15, 30, 30, 30]
+    # kopf serves no resource of ours (the watches are the operator's own): nothing to rediscover at runtime.
+    settings.scanning.disabled = True
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(API_THREADS, "kube-api"))
     config = memo.config
     ctx = Context(kube=k8s.Kube(k8s.api_client()), mirror=Mirror(), stores=StoreClient(config.key),
