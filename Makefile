@@ -65,11 +65,19 @@ bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per eve
 	$(VENV)/bin/localcluster up --nodes $(NODES)
 	$(PY) bench/scale.py
 
+bench-recovery: $(VENV)/.installed ## Fault -> next training step, three ways, medians of RUNS (default 5); about 40 min
+	$(VENV)/bin/localcluster up --nodes $(NODES)
+	$(PY) bench/recovery.py --runs $(or $(RUNS),5)
+
+soak: $(VENV)/.installed ## Randomized orderings for MINUTES (default 10): 60 operator kills, API server and etcd restarts, a lost node
+	$(VENV)/bin/localcluster up --nodes $(NODES)
+	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60
+
 clean: ## Remove the virtualenv and the local cluster's state (not the cached Kubernetes binaries)
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench clean images chart e2e-kind
+.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench bench-recovery soak clean images chart e2e-kind
 
 images: ## Build the operator and worker images (needs Docker)
 	docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .
