@@ -60,10 +60,14 @@ PRINTER_COLUMNS = [
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Admission", "type": "string", "jsonPath": ".status.admission.state",
+     "description": "Kueue admission: Queued, Admitted, Preempted, Evicted, Finished (empty without Kueue)"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Rendezvous", "type": "string", "jsonPath": ".status.rendezvous.endpoint", "priority": 1},
     {"name": "Round", "type": "integer", "jsonPath": ".status.rendezvous.round", "priority": 1,
      "description": "How often the worker group has (re)formed"},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.admission.clusterQueue", "priority": 1,
+     "description": "The ClusterQueue that admitted the job"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -88,6 +92,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if "const" in out:
         out["enum"] = [out.pop("const")]
     if out.get("type") == "object" and "properties" not in out:
+        if isinstance(out.get("additionalProperties"), dict) and out["additionalProperties"].get("type"):
+            return out  # a map of typed values (dict[str, str]): structural as it is
         out.pop("additionalProperties", None)
         out["x-kubernetes-preserve-unknown-fields"] = True
     return out

@@ -91,6 +91,28 @@ class WatchdogSpec(Model):
                                       "to torch.distributed.elastic.timer.expires (env ELASTICJOB_STEP_TIMEOUT_SECONDS).")
 
 
+class GangMode(StrEnum):
+    NONE = "None"
+    WORKLOAD = "Workload"  # the upstream Workload API: scheduling.k8s.io/v1alpha2 PodGroup
+    COSCHEDULING = "Coscheduling"  # scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup
+
+
+class SchedulingSpec(Model):
+    """Gang scheduling of the workers: minReplicas of them start together or not at all; more join one by one.
+    The rendezvous store pod stays outside the gang (it must run first and holds no accelerator)."""
+
+    gang: GangMode = Field(GangMode.NONE, description="None; Workload: a scheduling.k8s.io/v1alpha2 PodGroup "
+                           "(Kubernetes 1.36, GenericWorkload and GangScheduling gates) with gang.minCount = "
+                           "minReplicas; Coscheduling: a scheduler-plugins scheduling.x-k8s.io/v1alpha1 PodGroup "
+                           "with minMember = minReplicas.")
+    scheduler_name: str | None = Field(None, max_length=253, description="Scheduler of the job's pods with "
+                                       "Coscheduling; default scheduler-plugins-scheduler (or the template's "
+                                       "schedulerName).")
+    schedule_timeout_seconds: int | None = Field(None, ge=1, le=86400, description="Coscheduling: how long a "
+                                                 "gang may wait at Permit for its minMember (PodGroup "
+                                                 "scheduleTimeoutSeconds). The Workload API waits 5 minutes.")
+
+
 class ElasticJobSpec(Model):
     min_replicas: int = Field(1, ge=1, le=MAX_NODES, description="Fewest nodes (pods) training runs with.")
     max_replicas: int = Field(ge=1, le=MAX_NODES, description="Most nodes (pods) training runs with.")
@@ -106,6 +128,7 @@ class ElasticJobSpec(Model):
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     template: dict[str, Any] = Field(description="Pod template of a worker (a PodTemplateSpec). Its container "
                                      "named 'worker' (or the first) runs torchrun.")
 
@@ -121,6 +144,7 @@ class Phase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"  # waiting for Kueue to admit it (again)
 
     @property
     def finished(self) -> bool:
@@ -168,6 +192,19 @@ class RendezvousStatus(Model):
                                 "counted, for this epoch.")
 
 
+class AdmissionStatus(Model):
+    """Admission by Kueue, for a job labelled kueue.x-k8s.io/queue-name."""
+
+    workload: str | None = Field(None, description="The Kueue Workload the operator made for the job.")
+    cluster_queue: str | None = None
+    state: str | None = Field(None, description="Queued, Admitted, Preempted, Evicted or Finished.")
+    message: str | None = Field(None, description="Kueue's words: why it waits, or why it was evicted.")
+    workers: int | None = Field(None, description="Workers admitted (podSetAssignments count): the most "
+                                "that run until the job is queued again.")
+    flavors: dict[str, str] | None = Field(None, description="Resource flavor per resource of the workers.")
+    last_transition_time: str | None = None
+
+
 class ElasticJobStatus(Model):
     phase: Phase = Phase.PENDING
     reason: str | None = None
@@ -186,6 +223,7 @@ class ElasticJobStatus(Model):
                                         "however long its pod takes to go.")
     last_restart_time: str | None = None
     rendezvous: RendezvousStatus = Field(default_factory=RendezvousStatus)
+    admission: AdmissionStatus | None = None
     start_time: str | None = None
     completion_time: str | None = None
     observed_generation: int | None = None
