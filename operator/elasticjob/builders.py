@@ -37,6 +37,44 @@ class Settings:
     # Who may reach the store's control port besides the job's pods: the operator's pods.
     operator_namespace: str | None = None
     operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
+    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (needs Kueue's CRDs: --kueue).
+    kueue: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a pod gets beyond its template to be scheduled as the job must: membership in a gang
+    (gang.py), Kueue's resource flavor (kueue.py)."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+    scheduler_name: str | None = None
+    scheduling_group: str | None = None  # spec.schedulingGroup.podGroupName (the Workload API)
+
+    def merge(self, other: "Placement") -> "Placement":
+        return Placement(self.labels + other.labels, self.node_selector + other.node_selector,
+                         self.tolerations + other.tolerations, other.scheduler_name or self.scheduler_name,
+                         other.scheduling_group or self.scheduling_group)
+
+
+NO_PLACEMENT = Placement()
+
+
+def place(pod: dict[str, Any], placement: Placement) -> dict[str, Any]:
+    """Adds the placement to a pod manifest (in place) and returns it."""
+    meta, spec = pod["metadata"], pod["spec"]
+    if placement.labels:
+        meta["labels"] = {**meta.get("labels", {}), **dict(placement.labels)}
+    if placement.node_selector:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **dict(placement.node_selector)}
+    if placement.tolerations:
+        spec["tolerations"] = list(spec.get("tolerations") or []) + [copy.deepcopy(t) for t in placement.tolerations]
+    if placement.scheduler_name:
+        spec["schedulerName"] = placement.scheduler_name
+    if placement.scheduling_group:
+        spec["schedulingGroup"] = {"podGroupName": placement.scheduling_group}
+    return pod
 
 
 @dataclass(frozen=True)
@@ -47,6 +85,10 @@ class JobRef:
     name: str
     uid: str
     spec: ElasticJobSpec
+    labels: tuple[tuple[str, str], ...] = ()  # the job's own (Kueue's queue-name and priority-class)
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key) or None
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:
@@ -75,7 +117,8 @@ def _node_lost_tolerations(existing: list[dict[str, Any]]) -> list[dict[str, Any
     return existing + added
 
 
-def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0) -> dict[str, Any]:
+def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
+               placement: Placement = NO_PLACEMENT) -> dict[str, Any]:
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -90,7 +133,7 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0) -> d
     # would hide failures from both.
     spec["restartPolicy"] = "Never"
     spec["tolerations"] = _node_lost_tolerations(list(spec.get("tolerations") or []))
-    return {
+    return place({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -102,10 +145,10 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0) -> d
             "ownerReferences": [owner_reference(job)],
         },
         "spec": spec,
-    }
+    }, placement)
 
 
-def rendezvous_pod(job: JobRef) -> dict[str, Any]:
+def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str, Any]:
     """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
     Pod Security "restricted", scheduled like the workers."""
     template_spec = job.spec.template.get("spec") or {}
@@ -145,13 +188,13 @@ def rendezvous_pod(job: JobRef) -> dict[str, Any]:
     for key in SCHEDULING_FIELDS:
         if key in template_spec:
             spec[key] = copy.deepcopy(template_spec[key])
-    return {
+    return place({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": job.namespace,
                      "labels": naming.rendezvous_labels(job.name), "ownerReferences": [owner_reference(job)]},
         "spec": spec,
-    }
+    }, placement)
 
 
 def rendezvous_secret(job: JobRef, token: str) -> dict[str, Any]:

@@ -25,9 +25,10 @@ def spec(**fields: Any) -> ElasticJobSpec:
     return ElasticJobSpec.model_validate({**data, **fields})
 
 
-def job(status: dict[str, Any] | None = None, generation: int = 1, **fields: Any) -> planner.Job:
-    return planner.Job(ref=JobRef(namespace="ml", name="train", uid=UID, spec=spec(**fields)),
-                       generation=generation, status=ElasticJobStatus.model_validate(status or {}))
+def job(status: dict[str, Any] | None = None, generation: int = 1, labels: dict[str, str] | None = None,
+        **fields: Any) -> planner.Job:
+    ref = JobRef(namespace="ml", name="train", uid=UID, spec=spec(**fields), labels=tuple(sorted((labels or {}).items())))
+    return planner.Job(ref=ref, generation=generation, status=ElasticJobStatus.model_validate(status or {}))
 
 
 def running_status(**extra: Any) -> dict[str, Any]:

@@ -2,30 +2,36 @@
 
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
 failures (what each failure costs), rendezvous (the store and its Service), recovery (nudging the store on
-evidence), scaling (which pods).
+evidence), scaling (which pods), gang (the workers' PodGroup), queueing (admission by Kueue).
 """
 
 from elasticjob.planner.base import (
     RESYNC_SECONDS,
     Action,
+    ApplyWorkloadStatus,
     CreateObject,
     DefaultReplicas,
     DeleteJob,
+    DeleteObject,
     DeletePod,
     DeleteService,
     Event,
     Job,
     Observed,
+    PatchWorkload,
     Plan,
     RoundFailure,
+    SetSuspend,
     StoreAction,
+    spec_changes,
 )
 from elasticjob.planner.lifecycle import plan, reject, validate
 from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
-    "RESYNC_SECONDS", "Action", "CreateObject", "DefaultReplicas", "DeleteJob", "DeletePod", "DeleteService",
-    "Event", "Job", "Observed", "Plan", "RoundFailure", "StoreAction", "plan", "reject", "stuck_nodes",
+    "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CreateObject", "DefaultReplicas", "DeleteJob",
+    "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Observed", "PatchWorkload", "Plan",
+    "RoundFailure", "SetSuspend", "StoreAction", "plan", "reject", "spec_changes", "stuck_nodes",
     "suspect_nodes", "validate",
 ]

@@ -9,6 +9,8 @@ from typing import Union
 
 from elasticjob.builders import JobRef
 from elasticjob.models import Condition, ElasticJobStatus, Phase
+from elasticjob.gang import PodGroupView
+from elasticjob.kueue import FlavorView, Priority, WorkloadView
 from elasticjob.observe import PodView, ServiceView, StoreView
 
 RESYNC_SECONDS = 300.0
@@ -52,8 +54,50 @@ class StoreAction:
 
 
 @dataclass(frozen=True)
+class DeleteObject:
+    """An object of another API the job owns (a PodGroup), by uid."""
+
+    api_version: str
+    kind: str
+    plural: str
+    name: str
+    uid: str = ""
+    event: Event | None = None  # posted only when it was really deleted
+
+
+@dataclass(frozen=True)
 class DefaultReplicas:
     replicas: int
+
+
+@dataclass(frozen=True)
+class SetSuspend:
+    """spec.runPolicy.suspend, written before status (like DefaultReplicas): Kueue's gate on the job."""
+
+    suspend: bool
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A pending Kueue Workload's pod sets, made to match the spec again (immutable once it holds quota)."""
+
+    name: str
+    resource_version: str
+    pod_sets: list
+    queue_name: str
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class ApplyWorkloadStatus:
+    """Server-side apply of a Workload's status as Kueue's job integrations do it (field manager
+    kueue-admission, forced, at the resourceVersion it was planned from): release the quota, or mark it
+    Finished."""
+
+    name: str
+    body: dict
+    event: Event | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +105,22 @@ class DeleteJob:
     pass
 
 
-Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction]
+Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction, DeleteObject,
+               SetSuspend, PatchWorkload, ApplyWorkloadStatus]
+
+
+def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:
+    """The spec fields a plan sets (the replicas default, Kueue's suspend), and their Events: written before
+    anything else, since the rest of the plan was made without them."""
+    patch: dict = {}
+    events = []
+    for action in actions:
+        if isinstance(action, DefaultReplicas):
+            patch["replicas"] = action.replicas
+        elif isinstance(action, SetSuspend):
+            patch["runPolicy"] = {"suspend": action.suspend}
+            events += [action.event] if action.event else []
+    return patch, events
 
 
 @dataclass(frozen=True)
@@ -94,6 +153,12 @@ class Observed:
     # The API server's words when it last refused to create the job's objects, and when to try again.
     refused: str | None = None
     retry_at: datetime | None = None
+    # The job's gang as the handler last read or made it (no watch on PodGroups).
+    pod_group: PodGroupView | None = None
+    # Kueue: the job's Workload (watched), the flavors by name, the priority its class gives (read once).
+    workload: WorkloadView | None = None
+    flavors: Mapping[str, FlavorView] = field(default_factory=dict)
+    priority: Priority | None = None
 
     @property
     def workers(self) -> list[PodView]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob import builders, naming, torchrun
+from elasticjob import builders, gang, naming, torchrun
 from elasticjob.builders import JobRef, Settings
 from elasticjob.models import CleanPodPolicy, ElasticJobStatus, Phase
 from elasticjob.observe import PodView
@@ -28,10 +28,12 @@ from elasticjob.planner.base import (
     since,
     stamp,
 )
+from elasticjob.planner import queueing
 from elasticjob.planner.failures import account_failures, account_round_failures
+from elasticjob.planner.gang import ensure_gang
 from elasticjob.planner.recovery import drive_rendezvous
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
-from elasticjob.planner.scaling import force_delete_stuck, scale
+from elasticjob.planner.scaling import force_delete_stuck, scale, stop_all
 
 # Phase stays Restarting at most this long while replacements start.
 RESTARTING_WINDOW = timedelta(seconds=60)
@@ -46,10 +48,12 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     result = Plan(status=status)
     count_workers(result, observed.workers)
     report_round(result, observed)
+    settings = settings or Settings()
     if not status.phase.finished:
-        drive(result, job, observed, settings or Settings(), token, now)
+        drive(result, job, observed, settings, token, now)
     if status.phase.finished:
         finish(result, job, observed, now)
+        queueing.finish(result, job, observed, settings, now)
     return result
 
 
@@ -61,6 +65,9 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
         return
     if spec.replicas is None:
         plan.act(DefaultReplicas(spec.max_replicas))
+    admitted = queueing.gate(plan, job, observed, settings, now)
+    if admitted is None:
+        return  # queued in Kueue, or being suspended or resumed for it
     if spec.run_policy.suspend:
         suspend(plan, job, observed, now)
         return
@@ -69,7 +76,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     if deadline_passed(plan, job, now):
         return
     force_delete_stuck(plan, observed, now)
-    ensure_rendezvous(plan, job, observed, settings, token, now)
+    ensure_rendezvous(plan, job, observed, settings, token, now, gang.store_placement(job.ref).merge(admitted.store))
     training_done = any(p.phase == "Succeeded" for p in observed.workers)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
@@ -82,7 +89,10 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     if training_done:
         complete(plan, job, observed.workers, now)
         return
-    scale(plan, job, observed)
+    desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
+    plan.status.desired_replicas = desired
+    placement = gang.worker_placement(job.ref).merge(admitted.worker)
+    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed))
     derive_running_phase(plan, job, observed.workers, now)
     show_refusal(plan, job, observed, now)
 
@@ -157,9 +167,12 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     status, spec = plan.status, job.ref.spec
     live = [p for p in workers if p.active]
     ready = status.ready_replicas
-    desired = spec.desired_replicas
+    desired = status.desired_replicas
     pending = [p for p in live if p.unschedulable]
     detail = f"{ready}/{desired} workers ready (min {spec.min_replicas}, max {spec.max_replicas})"
+    if desired < spec.desired_replicas:
+        detail += (f"; replicas {spec.desired_replicas} exceeds the {desired} workers Kueue admitted: the rest "
+                   f"start when the job is admitted again")
     if pending:
         detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
     recent = since(status.last_restart_time, now)
@@ -191,10 +204,7 @@ def show_refusal(plan: Plan, job: Job, observed: Observed, now: datetime) -> Non
 
 
 def suspend(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
-    for pod in observed.pods:
-        if not pod.deleting:
-            plan.act(DeletePod(pod.name, pod.uid))
-    plan.status.rendezvous.ready = False
+    stop_all(plan, observed)
     plan.status.start_time = None
     enter_phase(plan, job, Phase.SUSPENDED, "Suspended", "runPolicy.suspend is true: all pods stopped", now)
 

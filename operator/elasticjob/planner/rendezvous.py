@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from elasticjob import builders, naming
-from elasticjob.builders import Settings
+from elasticjob.builders import NO_PLACEMENT, Placement, Settings
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition, stamp
 
 
 def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
-                      now: datetime) -> None:
+                      now: datetime, placement: Placement = NO_PLACEMENT) -> None:
     status = plan.status.rendezvous
     status.pod = naming.rendezvous_name(job.ref.name)
     store = next((p for p in observed.pods if p.role == naming.ROLE_RENDEZVOUS), None)
@@ -26,7 +26,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
         # The Secret goes with every store pod: the operator never reads Secrets, so it cannot tell whether
         # one survived; creating it again is a 409 at worst.
         plan.act(CreateObject(builders.rendezvous_secret(job.ref, token)))
-        plan.act(CreateObject(builders.rendezvous_pod(job.ref)))
+        plan.act(CreateObject(builders.rendezvous_pod(job.ref, placement)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
         plan.act(DeletePod(store.name, store.uid, grace_seconds=0))
     serving = store is not None and store.serving

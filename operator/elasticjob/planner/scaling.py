@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elasticjob import builders, naming
+from elasticjob.builders import NO_PLACEMENT, Placement
 from elasticjob.observe import PodView
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan
 
@@ -13,8 +14,10 @@ from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observe
 FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 
-def scale(plan: Plan, job: Job, observed: Observed) -> None:
-    desired = job.ref.spec.desired_replicas
+def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Placement = NO_PLACEMENT,
+          create: bool = True) -> None:
+    """Exactly `desired` workers: the highest indexes go first, gaps are filled (unless `create` is False:
+    their gang is not ready yet)."""
     workers = observed.workers
     existing = {p.index for p in workers}
     for pod in workers:
@@ -22,14 +25,23 @@ def scale(plan: Plan, job: Job, observed: Observed) -> None:
             plan.act(DeletePod(pod.name, pod.uid, event=Event(
                 "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is {desired}")))
     service = observed.service
-    if service is None or not service.cluster_ip:
+    if service is None or not service.cluster_ip or not create:
         plan.soon(1)
         return
     endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
     for index in (i for i in range(desired) if i not in existing):
-        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts)
+        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement)
         plan.act(CreateObject(pod, Event(
             "Normal", "CreatedWorker", f"created worker pod {naming.worker_pod_name(job.ref.name, index)}")))
+
+
+def stop_all(plan: Plan, observed: Observed) -> None:
+    """Delete every pod of the job (suspension, Kueue's eviction): on purpose, so no failure. The store goes
+    too, and is not counted as lost."""
+    for pod in observed.pods:
+        if not pod.deleting:
+            plan.act(DeletePod(pod.name, pod.uid))
+    plan.status.rendezvous.ready = False
 
 
 def force_delete_stuck(plan: Plan, observed: Observed, now: datetime) -> None:

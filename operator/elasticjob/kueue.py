@@ -1,0 +1,260 @@
+"""Kueue's objects for a job: its Workload, views of it and of ResourceFlavors, and the status a job
+integration writes to it. Pure.
+
+What the operator writes follows Kueue v0.19's own job integrations (pkg/controller/jobframework/reconciler.go,
+pkg/workload): the Workload is named and labelled as Kueue names its own, and its status is written by
+server-side apply as field manager `kueue-admission`, forced, at the resourceVersion it was planned from, with
+every admission-managed condition in the patch, so that what the patch leaves out (status.admission, when the
+quota is released) is removed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+from elasticjob import naming
+from elasticjob.builders import JobRef, Placement, owner_reference, rendezvous_pod
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+API_VERSION = f"{GROUP}/{VERSION}"
+WORKLOADS, FLAVORS = "workloads", "resourceflavors"
+FIELD_MANAGER = "kueue-admission"  # sigs.k8s.io/kueue/pkg/constants.AdmissionName
+# Conditions Kueue's admission owns (pkg/workload/patching: admissionManagedConditions); each patch carries them.
+ADMISSION_CONDITIONS = ("QuotaReserved", "BlockedOnPreemptionGates", "Evicted", "Admitted", "Preempted",
+                        "Requeued", "DeactivationTarget", "Finished", "PodsReady")
+# Evictions after which Kueue requeues the workload at once (jobframework: Requeued=True).
+REQUEUED_AFTER = ("Preempted", "NodeFailures")
+# Status fields an admission patch copies as they are (pkg/workload/patching: admissionStatusPatch).
+COPIED_STATUS = ("accumulatedPastExecutionTimeSeconds", "clusterName", "nominatedClusterNames", "unhealthyNodes",
+                 "preemptionGates")
+
+
+@dataclass(frozen=True)
+class Priority:
+    """What the job's priority class says: Kueue's spec.priorityClassRef and spec.priority; or why not."""
+
+    ref: tuple[tuple[str, str], ...] = ()  # group, kind, name
+    value: int | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    name: str
+    count: int | None
+    flavors: tuple[tuple[str, str], ...] = ()  # resource -> flavor
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    name: str
+    uid: str
+    owner_uid: str | None
+    resource_version: str
+    generation: int
+    namespace: str = ""
+    queue_name: str | None = None
+    pod_sets: tuple[tuple[str, int, int | None], ...] = ()  # name, count, minCount
+    cluster_queue: str | None = None
+    assignments: tuple[Assignment, ...] = ()
+    deleting: bool = False
+    status: Mapping[str, Any] = field(default_factory=dict)  # as the API server sent it (for patches)
+
+    def condition(self, kind: str) -> Mapping[str, Any] | None:
+        return next((c for c in self.status.get("conditions") or [] if c.get("type") == kind), None)
+
+    def true(self, kind: str) -> bool:
+        return (self.condition(kind) or {}).get("status") == "True"
+
+    @property
+    def quota_reserved(self) -> bool:
+        return self.true("QuotaReserved")
+
+    @property
+    def admitted(self) -> bool:
+        """Admitted and not being evicted: pods may run."""
+        return self.true("Admitted") and not self.true("Evicted") and self.cluster_queue is not None
+
+    @property
+    def evicted(self) -> Mapping[str, Any] | None:
+        return self.condition("Evicted") if self.true("Evicted") else None
+
+    @property
+    def finished(self) -> bool:
+        return self.true("Finished")
+
+    def assignment(self, pod_set: str) -> Assignment | None:
+        return next((a for a in self.assignments if a.name == pod_set), None)
+
+    def pod_set(self, name: str) -> tuple[int, int | None] | None:
+        return next(((count, minimum) for n, count, minimum in self.pod_sets if n == name), None)
+
+
+@dataclass(frozen=True)
+class FlavorView:
+    name: str
+    node_labels: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+
+# --- what the operator reads ------------------------------------------------------------------------------
+
+
+def observe_workload(body: Mapping[str, Any]) -> WorkloadView:
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    admission = status.get("admission") or {}
+    assignments = tuple(
+        Assignment(a.get("name", ""), a.get("count"), tuple(sorted((a.get("flavors") or {}).items())))
+        for a in admission.get("podSetAssignments") or [])
+    owner = next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    return WorkloadView(
+        name=meta.get("name", ""), uid=meta.get("uid", ""), owner_uid=owner,
+        resource_version=meta.get("resourceVersion", ""), generation=meta.get("generation", 0),
+        namespace=meta.get("namespace", ""), queue_name=spec.get("queueName"),
+        pod_sets=tuple((p.get("name", ""), p.get("count", 0), p.get("minCount")) for p in spec.get("podSets") or []),
+        cluster_queue=admission.get("clusterQueue"), assignments=assignments,
+        deleting=meta.get("deletionTimestamp") is not None, status=copy.deepcopy(dict(status)))
+
+
+def observe_flavor(body: Mapping[str, Any]) -> FlavorView:
+    spec = body.get("spec") or {}
+    return FlavorView(name=(body.get("metadata") or {}).get("name", ""),
+                      node_labels=tuple(sorted((spec.get("nodeLabels") or {}).items())),
+                      tolerations=tuple(spec.get("tolerations") or []))
+
+
+def queue_name(labels: Mapping[str, str]) -> str | None:
+    return labels.get(naming.QUEUE_LABEL) or None
+
+
+# --- what the operator makes ------------------------------------------------------------------------------
+
+
+def pod_sets(job: JobRef) -> list[dict[str, Any]]:
+    """`workers`: count = replicas, minCount = minReplicas (Kueue's partial admission may give fewer, never
+    fewer than that); `store`: the rendezvous pod. The templates carry the requests Kueue counts quota by."""
+    spec = job.spec
+    template = copy.deepcopy(spec.template)
+    template.setdefault("metadata", {})
+    workers: dict[str, Any] = {"name": naming.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
+    if spec.min_replicas < spec.desired_replicas:
+        workers["minCount"] = spec.min_replicas
+    store = rendezvous_pod(job)
+    return [workers, {"name": naming.PODSET_STORE, "count": 1,
+                      "template": {"metadata": {}, "spec": store["spec"]}}]
+
+
+def workload(job: JobRef, queue: str, priority: Priority | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets(job)}
+    if priority is not None and priority.ref:
+        spec["priorityClassRef"] = dict(priority.ref)
+        spec["priority"] = priority.value
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Workload",
+        "metadata": {"name": naming.workload_name(job.name, job.uid), "namespace": job.namespace,
+                     "labels": {**naming.job_labels(job.name), naming.KUEUE_JOB_UID_LABEL: job.uid},
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": spec,
+    }
+
+
+def pod_sets_match(view: WorkloadView, job: JobRef, queue: str) -> bool:
+    """Whether the Workload asks for what the spec says now: queue and counts (templates are not compared)."""
+    spec = job.spec
+    minimum = spec.min_replicas if spec.min_replicas < spec.desired_replicas else None
+    return view.queue_name == queue and view.pod_set(naming.PODSET_WORKERS) == (spec.desired_replicas, minimum)
+
+
+def placement(view: WorkloadView, pod_set: str, flavors: Mapping[str, FlavorView]) -> Placement:
+    """What Kueue's admission puts on a pod set's pods: each assigned flavor's nodeLabels as nodeSelector
+    and its tolerations (jobframework podset.FromAssignment), and the pod-set label."""
+    assignment = view.assignment(pod_set)
+    selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    for name in sorted({flavor for _, flavor in assignment.flavors}) if assignment else []:
+        flavor = flavors.get(name)
+        if flavor is not None:
+            selector.update(dict(flavor.node_labels))
+            tolerations += [copy.deepcopy(t) for t in flavor.tolerations]
+    return Placement(labels=((naming.PODSET_LABEL, pod_set),), node_selector=tuple(sorted(selector.items())),
+                     tolerations=tuple(tolerations))
+
+
+def missing_flavors(view: WorkloadView, flavors: Mapping[str, FlavorView]) -> list[str]:
+    names = {flavor for a in view.assignments for _, flavor in a.flavors}
+    return sorted(n for n in names if n not in flavors)
+
+
+# --- the status a job integration writes -----------------------------------------------------------------
+
+
+def _stamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _set(conditions: list[dict[str, Any]], kind: str, status: str, reason: str, message: str, generation: int,
+         now: datetime) -> None:
+    """apimeta.SetStatusCondition: the transition time moves only when the status does."""
+    found = next((c for c in conditions if c.get("type") == kind), None)
+    if found is None:
+        conditions.append({"type": kind, "status": status, "reason": reason, "message": message[:32768],
+                           "observedGeneration": generation, "lastTransitionTime": _stamp(now)})
+        return
+    if found.get("status") != status:
+        found["status"], found["lastTransitionTime"] = status, _stamp(now)
+    found.update(reason=reason, message=message[:32768], observedGeneration=generation)
+
+
+def _admission_patch(view: WorkloadView, conditions: list[dict[str, Any]], admission: Any) -> dict[str, Any]:
+    """pkg/workload/patching prepareWorkloadPatch: what a kueue-admission apply carries."""
+    old = view.status
+    status: dict[str, Any] = {"conditions": [c for c in conditions if c.get("type") in ADMISSION_CONDITIONS]}
+    if admission is not None:
+        status["admission"] = admission
+        status["resourceRequests"] = []
+    elif old.get("resourceRequests"):
+        status["resourceRequests"] = copy.deepcopy(old["resourceRequests"])
+    requeue = old.get("requeueState") or {}
+    if requeue.get("count") is not None or requeue.get("requeueAt") is not None:
+        status["requeueState"] = copy.deepcopy(requeue)
+    evictions = (old.get("schedulingStats") or {}).get("evictions")
+    if evictions:
+        status["schedulingStats"] = {"evictions": copy.deepcopy(evictions)}
+    for key in COPIED_STATUS:
+        if old.get(key) is not None:
+            status[key] = copy.deepcopy(old[key])
+    if old.get("admissionChecks"):
+        status["admissionChecks"] = copy.deepcopy(old["admissionChecks"])
+    return {"apiVersion": API_VERSION, "kind": "Workload",
+            "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid,
+                         "resourceVersion": view.resource_version},
+            "status": status}
+
+
+def release_quota(view: WorkloadView, now: datetime) -> dict[str, Any]:
+    """After an eviction, once the job's pods are gone: Requeued (True after a preemption or node failures),
+    QuotaReserved=False (Pending, Kueue's eviction message), status.admission cleared, Admitted=False
+    (NoReservation): jobframework ReconcileGenericJob, step 6."""
+    evicted = view.evicted or {}
+    reason, message = evicted.get("reason", ""), evicted.get("message", "")
+    conditions = copy.deepcopy(list(view.status.get("conditions") or []))
+    generation = view.generation
+    _set(conditions, "Requeued", "True" if reason in REQUEUED_AFTER else "False", reason, message, generation, now)
+    _set(conditions, "QuotaReserved", "False", "Pending", message, generation, now)
+    checks_ready = all(c.get("state") == "Ready" for c in view.status.get("admissionChecks") or [])
+    _set(conditions, "Admitted", "False", "NoReservation" if checks_ready else "NoReservationUnsatisfiedChecks",
+         "The workload has no reservation" if checks_ready else
+         "The workload has no reservation and not all checks ready", generation, now)
+    return _admission_patch(view, conditions, None)
+
+
+def finish(view: WorkloadView, succeeded: bool, message: str, now: datetime) -> dict[str, Any]:
+    """Finished=True (Succeeded or Failed), the admission kept: pkg/workload/finish.Finish. Kueue then releases
+    the quota of a finished workload itself."""
+    conditions = copy.deepcopy(list(view.status.get("conditions") or []))
+    _set(conditions, "Finished", "True", "Succeeded" if succeeded else "Failed", message, view.generation, now)
+    return _admission_patch(view, conditions, copy.deepcopy(view.status.get("admission")))

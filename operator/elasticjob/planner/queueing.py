@@ -1,0 +1,189 @@
+"""Admission by Kueue: a job labelled kueue.x-k8s.io/queue-name runs only while its Workload is admitted. Pure.
+
+As Kueue's own job integrations (jobframework) do it, with runPolicy.suspend as the gate:
+- no Workload yet: suspend the job (before anything is created), then create the Workload once no pod is left;
+- admitted: unsuspend; pods start with the admitted count (at most) and the flavors' node labels;
+- evicted or preempted (Kueue keeps the admission): suspend, stop every pod, and once they are gone release the
+  quota (Requeued, QuotaReserved=False, status.admission cleared); Kueue admits it again later and training
+  resumes from its checkpoint. Pods stopped this way are no failures: none is counted or charged;
+- not admitted but running (someone unsuspended it): suspend again;
+- finished: mark the Workload Finished, so Kueue frees its quota.
+A pending Workload follows the spec's counts; once it holds quota its pod sets are immutable, so replicas above
+the admitted count wait until the job is queued again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticjob import kueue, naming
+from elasticjob.builders import NO_PLACEMENT, Placement, Settings
+from elasticjob.kueue import WorkloadView
+from elasticjob.models import AdmissionStatus, Phase
+from elasticjob.planner.base import (
+    ApplyWorkloadStatus,
+    CreateObject,
+    Event,
+    Job,
+    Observed,
+    Plan,
+    PatchWorkload,
+    SetSuspend,
+    enter_phase,
+    set_condition,
+    stamp,
+)
+from elasticjob.planner.scaling import force_delete_stuck, stop_all
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What Kueue allows: at most `workers` workers, placed as its flavors say."""
+
+    workers: int | None = None
+    worker: Placement = NO_PLACEMENT
+    store: Placement = NO_PLACEMENT
+
+
+NOT_QUEUED = Admitted()  # not a Kueue job: run as usual
+
+
+def queue(job: Job, settings: Settings) -> str | None:
+    return job.ref.label(naming.QUEUE_LABEL) if settings.kueue else None
+
+
+def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
+    wl = observed.workload
+    return wl if wl is not None and wl.owner_uid == job.ref.uid else None
+
+
+def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Admitted | None:
+    """None: the job must not run now (it is queued, or being suspended or resumed); else what it may run."""
+    name = queue(job, settings)
+    if name is None:
+        plan.status.admission = None
+        return NOT_QUEUED
+    wl = own_workload(job, observed)
+    suspended = job.ref.spec.run_policy.suspend
+    record(plan, job, wl)
+    if wl is None:
+        return create_workload(plan, job, observed, name, suspended, now)
+    evicted = wl.evicted
+    if evicted is not None:
+        state = "Preempted" if evicted.get("reason") == "Preempted" else "Evicted"
+        if not suspended:
+            plan.act(SetSuspend(True, Event("Normal", "Stopping", f"Kueue evicted Workload {wl.name} "
+                                            f"({evicted.get('reason')}): stopping every pod")))
+            return None
+        stop(plan, observed, now)
+        if wl.quota_reserved and not observed.pods:
+            plan.act(ApplyWorkloadStatus(wl.name, kueue.release_quota(wl, now), Event(
+                "Normal", "QuotaReleased", f"every pod stopped: released the quota of Workload {wl.name}")))
+        queued(plan, job, state, evicted.get("message") or f"evicted by Kueue ({evicted.get('reason')})", now)
+        return None
+    if wl.admitted:
+        return admitted(plan, job, observed, wl, suspended, now)
+    if not suspended:
+        plan.act(SetSuspend(True, Event("Normal", "Stopping", f"Workload {wl.name} is not admitted: suspending "
+                                        f"the job until Kueue admits it")))
+        return None
+    stop(plan, observed, now)
+    if not wl.quota_reserved and not wl.deleting and not kueue.pod_sets_match(wl, job.ref, name):
+        plan.act(PatchWorkload(wl.name, wl.resource_version, kueue.pod_sets(job.ref), name))
+    reserved = wl.condition("QuotaReserved") or {}
+    queued(plan, job, "Queued", reserved.get("message") or f"waiting for Kueue to admit Workload {wl.name} "
+           f"(LocalQueue {name})", now)
+    return None
+
+
+def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspended: bool,
+                    now: datetime) -> None:
+    """Suspended first (nothing is created before), then the Workload once no pod of the job is left."""
+    if not suspended:
+        plan.act(SetSuspend(True, Event("Normal", "Suspended", f"queued in LocalQueue {name}: suspended until "
+                                        f"Kueue admits its Workload")))
+        return None
+    stop(plan, observed, now)
+    workload = naming.workload_name(job.ref.name, job.ref.uid)
+    problem = observed.priority.problem if observed.priority else None
+    if problem:
+        queued(plan, job, "InvalidPriority", f"cannot create Workload {workload}: {problem}", now)
+        plan.soon(30)
+        return None
+    if not observed.pods:
+        plan.act(CreateObject(kueue.workload(job.ref, name, observed.priority), Event(
+            "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}")))
+    queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
+    return None
+
+
+def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspended: bool,
+             now: datetime) -> Admitted | None:
+    missing = kueue.missing_flavors(wl, observed.flavors)
+    if missing:  # its node labels are what the pods need: wait for the flavors' watch
+        queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
+        plan.soon(2)
+        return None
+    workers = (wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).count
+    if workers is None:
+        workers = (wl.pod_set(naming.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
+    if suspended:
+        flavors = ", ".join(sorted({f for a in wl.assignments for _, f in a.flavors})) or "no flavor"
+        plan.act(SetSuspend(False, Event("Normal", "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}: "
+                                         f"{workers} workers ({flavors}); starting")))
+        return None
+    status = plan.status.admission
+    status.cluster_queue = wl.cluster_queue
+    status.workers = workers
+    status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).flavors) or None
+    transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
+    set_condition(plan.status, "Admitted", True, "Admitted", status.message, now, job.generation)
+    return Admitted(workers=workers, worker=kueue.placement(wl, naming.PODSET_WORKERS, observed.flavors),
+                    store=kueue.placement(wl, naming.PODSET_STORE, observed.flavors))
+
+
+def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
+    status = plan.status.admission or AdmissionStatus()
+    status.workload = wl.name if wl is not None else naming.workload_name(job.ref.name, job.ref.uid)
+    plan.status.admission = status
+
+
+def transition(plan: Plan, state: str, message: str, now: datetime) -> None:
+    status = plan.status.admission
+    if status.state != state:
+        status.last_transition_time = stamp(now)
+    status.state, status.message = state, message
+
+
+def stop(plan: Plan, observed: Observed, now: datetime) -> None:
+    """Every pod goes: they were stopped on purpose, so none is counted as a failure."""
+    stop_all(plan, observed)
+    force_delete_stuck(plan, observed, now)
+    if observed.pods:
+        plan.soon(2)
+
+
+def queued(plan: Plan, job: Job, reason: str, message: str, now: datetime) -> None:
+    state = reason if reason in ("Preempted", "Evicted") else "Queued"
+    admission = plan.status.admission
+    transition(plan, state, message, now)
+    admission.cluster_queue = admission.workers = admission.flavors = None
+    plan.status.start_time = None  # a deadline counts from the last start
+    set_condition(plan.status, "Admitted", False, reason, message, now, job.generation)
+    enter_phase(plan, job, Phase.QUEUED, reason, message, now)
+
+
+def finish(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> None:
+    """The job ended: the Workload is Finished (jobframework step 3), so Kueue frees its quota."""
+    if queue(job, settings) is None:
+        return
+    wl = own_workload(job, observed)
+    if wl is None or wl.deleting:
+        return
+    if not wl.finished:
+        succeeded = plan.status.phase == Phase.SUCCEEDED
+        plan.act(ApplyWorkloadStatus(wl.name, kueue.finish(wl, succeeded, plan.status.message or "", now), Event(
+            "Normal", "FinishedWorkload", f"Workload {wl.name} is declared finished")))
+    record(plan, job, wl)
+    transition(plan, "Finished", f"the job {plan.status.phase.value.lower()}", now)
