@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="do not create a NetworkPolicy per job around its rendezvous store")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
                      help="namespace of the operator's pods, which the NetworkPolicies admit to the control port")
+    run.add_argument("--kueue", action="store_true",
+                     help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (watches Kueue's "
+                     "Workloads and ResourceFlavors: Kueue's CRDs must be installed)")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
@@ -80,7 +83,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         peers = Peering(args.peering, identity, priority, None if clusterwide else args.namespace[0])
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
-                        operator_labels=labels, nudges=not args.no_rendezvous_nudges)
+                        operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, peers)
 

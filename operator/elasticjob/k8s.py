@@ -18,6 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from elasticjob.models import GROUP, PLURAL, VERSION
 
 CLIENT_CONNECTIONS = 32
+# Objects of other APIs the jobs own: kind -> plural.
+CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
 # How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
 QUOTA_MARKER = "exceeded quota"
 
@@ -103,6 +105,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.networking = kubernetes.client.NetworkingV1Api(client)
+        self.scheduling = kubernetes.client.SchedulingV1Api(client)
         self._creators = {"Pod": self.core.create_namespaced_pod,
                           "Service": self.core.create_namespaced_service,
                           "Secret": self.core.create_namespaced_secret,
@@ -111,10 +114,16 @@ class Kube:
     # --- objects the jobs own ---------------------------------------------------------------------------
 
     async def create(self, manifest: dict[str, Any]) -> bool:
-        """Create a Pod, Service, Secret or NetworkPolicy; False when it already exists (409 counts as done)."""
-        create = self._creators[manifest["kind"]]
+        """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload; False when it already
+        exists (409 counts as done)."""
+        namespace = manifest["metadata"]["namespace"]
         try:
-            await _call(create, manifest["metadata"]["namespace"], manifest, _preload_content=False)
+            if manifest["kind"] in self._creators:
+                await _call(self._creators[manifest["kind"]], namespace, manifest, _preload_content=False)
+            else:
+                group, version = manifest["apiVersion"].split("/")
+                await _call(self.custom.create_namespaced_custom_object, group, version, namespace,
+                            CUSTOM_PLURALS[manifest["kind"]], manifest, _preload_content=False)
         except Conflict:
             return False
         return True
@@ -156,6 +165,56 @@ class Kube:
             return UNKNOWN
         conditions = (body.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    # --- objects of other APIs (PodGroups, Kueue) ----------------------------------------------------------
+
+    async def get_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        """A namespaced (or, without namespace, cluster-scoped) custom object; None when there is none."""
+        group, version = api_version.split("/")
+        try:
+            if namespace is None:
+                response = await _call(self.custom.get_cluster_custom_object, group, version, plural, name,
+                                       _preload_content=False)
+            else:
+                response = await _call(self.custom.get_namespaced_custom_object, group, version, namespace,
+                                       plural, name, _preload_content=False)
+        except NotFound:
+            return None
+        return _json(response)
+
+    async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str) -> bool:
+        group, version = api_version.split("/")
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await _call(self.custom.delete_namespaced_custom_object, group, version, namespace, plural, name,
+                        body=body, _preload_content=False)
+        except (NotFound, Conflict):
+            return False
+        return True
+
+    async def patch_object(self, api_version: str, plural: str, namespace: str, name: str,
+                           patch: dict[str, Any]) -> None:
+        """A merge patch (put the resourceVersion in the patch to make it conditional)."""
+        group, version = api_version.split("/")
+        await _call(self.custom.patch_namespaced_custom_object, group, version, namespace, plural, name, patch,
+                    _preload_content=False)
+
+    async def apply_status(self, api_version: str, plural: str, body: dict[str, Any], manager: str) -> None:
+        """Server-side apply of an object's status as `manager`, forced (its resourceVersion, if in the
+        body, makes it conditional)."""
+        group, version = api_version.split("/")
+        meta = body["metadata"]
+        await _call(self.custom.patch_namespaced_custom_object_status, group, version, meta["namespace"], plural,
+                    meta["name"], body, field_manager=manager, force=True,
+                    _content_type="application/apply-patch+yaml", _preload_content=False)
+
+    async def priority_class_value(self, name: str) -> int | None:
+        """The value of a (pod) PriorityClass; None when there is none."""
+        try:
+            body = _json(await _call(self.scheduling.read_priority_class, name, _preload_content=False))
+        except NotFound:
+            return None
+        return int(body.get("value", 0))
 
     # --- the jobs ---------------------------------------------------------------------------------------
 

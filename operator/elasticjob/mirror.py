@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from elasticjob import naming
+from elasticjob.kueue import FlavorView, WorkloadView, observe_flavor, observe_workload
 from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
 
 JobKey = tuple[str, str]
@@ -74,13 +75,13 @@ class Store(Generic[V]):
         return touched
 
     def _put(self, uid: str, entry: Entry[V]) -> set[JobKey]:
+        """Keeps the newest view; wakes the job only when it changed in what the planner looks at."""
         old = self._by_uid.get(uid)
-        if old is not None and old.key == entry.key and self._same(old.view, entry.view):
-            return set()
+        same = old is not None and old.key == entry.key and self._same(old.view, entry.view)
         touched = self._drop(uid) if old is not None and old.key != entry.key else set()
         self._by_uid[uid] = entry
         self._by_job.setdefault(entry.key, {})[uid] = entry.view
-        return touched | {entry.key}
+        return set() if same else touched | {entry.key}
 
     def _drop(self, uid: str) -> set[JobKey]:
         entry = self._by_uid.pop(uid, None)
@@ -115,6 +116,45 @@ def _service(body: Mapping[str, Any]) -> tuple[str, Entry[ServiceView]] | None:
     return meta["uid"], Entry(key, observe_service(body))
 
 
+def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None:
+    if (found := _labelled(body)) is None:
+        return None
+    meta, key = found
+    return meta["uid"], Entry(key, observe_workload(body))
+
+
+def _same_workload(a: WorkloadView, b: WorkloadView) -> bool:
+    """Kueue rewrites a Workload's status often (requeue state, scheduling stats): only what the planner
+    decides on wakes the job."""
+    keep = ("QuotaReserved", "Admitted", "Evicted", "Finished")
+    return (a.resource_version == b.resource_version
+            or (a.pod_sets, a.cluster_queue, a.assignments, a.deleting, a.queue_name) ==
+            (b.pod_sets, b.cluster_queue, b.assignments, b.deleting, b.queue_name)
+            and [a.condition(k) for k in keep] == [b.condition(k) for k in keep])
+
+
+class Flavors:
+    """Kueue's ResourceFlavors by name (cluster-scoped, no job's): their node labels go on admitted pods."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, FlavorView] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
+        view = observe_flavor(body)
+        if kind == "DELETED":
+            self.by_name.pop(view.name, None)
+        else:
+            self.by_name[view.name] = view
+        return set()  # a job waiting for a flavor it was assigned looks again within seconds
+
+    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+        self.by_name = {view.name: view for view in map(observe_flavor, bodies)}
+        return set()
+
+
 def _job(body: Mapping[str, Any]) -> tuple[str, Entry[dict[str, Any]]] | None:
     meta = body.get("metadata") or {}
     if not meta.get("uid") or not meta.get("name"):
@@ -133,9 +173,12 @@ class Mirror:
         self.jobs: Store[dict[str, Any]] = Store(_job, _same_version)
         self.pods: Store[PodView] = Store(_pod)
         self.services: Store[ServiceView] = Store(_service)
+        self.workloads: Store[WorkloadView] = Store(_workload, _same_workload)
+        self.flavors = Flavors()
 
-    def store(self, kind: str) -> Store[Any]:
-        return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services}[kind]
+    def store(self, kind: str) -> Store[Any] | Flavors:
+        return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services,
+                "workloads": self.workloads, "resourceflavors": self.flavors}[kind]
 
     def job(self, key: JobKey) -> dict[str, Any] | None:
         """The job now under that name; while an old job of that name is still being removed, the newest."""
@@ -150,3 +193,6 @@ class Mirror:
 
     def owned_service(self, key: JobKey, uid: str) -> ServiceView | None:
         return next((s for s in self.services.of(key) if s.owner_uid == uid), None)
+
+    def owned_workload(self, key: JobKey, uid: str) -> WorkloadView | None:
+        return next((w for w in self.workloads.of(key) if w.owner_uid == uid), None)

@@ -12,6 +12,7 @@ from typing import Any
 
 from elasticjob import k8s, metrics, planner
 from elasticjob.builders import JobRef
+from elasticjob.handlers import scheduling
 from elasticjob.handlers.context import Context
 
 
@@ -48,6 +49,9 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         try:
             created = await kube.create(action.manifest)
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)
+            if action.manifest["kind"] in k8s.CUSTOM_PLURALS:  # a PodGroup or Workload: the job waits for it
+                raise k8s.Forbidden(404, "NotFound", f"the API server does not serve "
+                                    f"{action.manifest['apiVersion']} {action.manifest['kind']}") from None
             log.warning(f"could not create {action.manifest['kind']}: {exc.message}")
             return
         if created and action.event:
@@ -63,6 +67,8 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
         await nudge(ctx, ref, action, body, log)
+    elif isinstance(action, scheduling.HANDLED):
+        await scheduling.apply(ctx, ref, action, body, log)
 
 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: dict[str, Any],

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from elasticjob import builders, k8s, naming
 from elasticjob.builders import Settings
+from elasticjob.gang import PodGroupView
+from elasticjob.kueue import Priority
 from elasticjob.loops import JobLoops
 from elasticjob.mirror import JobKey, Mirror
 from elasticjob.planner import Event, RoundFailure
@@ -38,6 +40,10 @@ class JobMemory:
     # The store's failure rounds whose causes were read from the agents' logs, and what they said.
     logs_read_for: tuple[str, int] | None = None
     round_failures: list[RoundFailure] = field(default_factory=list)
+    # The job's PodGroup per API, as last read or left by the operator, and when (no watch on PodGroups).
+    pod_groups: dict[str, tuple[PodGroupView | None, float]] = field(default_factory=dict)
+    # The priority for Kueue, per (WorkloadPriorityClass label, pod priorityClassName) it was read for.
+    priority: tuple[tuple, Priority | None] | None = None
 
 
 class Gate:

@@ -7,6 +7,7 @@ import asyncio
 from datetime import datetime
 
 from elasticjob import builders, k8s, naming, planner
+from elasticjob.handlers import scheduling
 from elasticjob.handlers.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
 
@@ -26,7 +27,8 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     refusal = memory.refusal
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
                             refused=refusal.message if refusal else None,
-                            retry_at=refusal.retry_at if refusal else None)
+                            retry_at=refusal.retry_at if refusal else None,
+                            **await scheduling.observe(ctx, memory, job))
 
 
 async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None]:

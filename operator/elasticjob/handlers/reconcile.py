@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from elasticjob import k8s, metrics, planner
 from elasticjob.builders import JobRef
-from elasticjob.handlers import observing
+from elasticjob.handlers import observing, scheduling
 from elasticjob.handlers.apply import apply
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
@@ -74,20 +74,23 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
         log.error(f"spec does not parse: {exc}")
         return planner.RESYNC_SECONDS
     now = datetime.now(timezone.utc)
-    ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec)
+    ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec,
+                 labels=tuple(sorted((meta.get("labels") or {}).items())))
     job = planner.Job(ref=ref, generation=meta.get("generation", 0),
                       status=ElasticJobStatus.model_validate(body.get("status") or {}))
     observed = await observing.observe(ctx, memory, job, now)
     plan = planner.plan(job, observed, now, ctx.settings, ctx.stores.token(ref.uid))
-    defaulted = next((a for a in plan.actions if isinstance(a, planner.DefaultReplicas)), None)
-    if defaulted is not None:
-        # The spec first: the status planned here was planned without it.
-        memory.written = await ctx.kube.patch_job_spec(ref.namespace, ref.name, {"replicas": defaulted.replicas},
-                                                       meta["resourceVersion"])
+    spec_patch, spec_events = planner.spec_changes(plan.actions)
+    if spec_patch:
+        # The spec first (the replicas default, Kueue's suspend): the status planned here was planned without it.
+        memory.written = await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"])
+        for event in spec_events:
+            ctx.post(memory.written, event, log)
         return 0.0
     body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
     for event in plan.events:
         ctx.post(body, event, log)
+    scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens
     try:
         refused = await apply(ctx, ref, plan.actions, body, log)
     except k8s.Invalid as exc:

@@ -10,7 +10,7 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import metrics, naming, reflector
+from elasticjob import kueue, metrics, naming, reflector
 from elasticjob.handlers.context import Context
 from elasticjob.mirror import JobKey
 from elasticjob.models import GROUP, PLURAL, VERSION
@@ -33,7 +33,21 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
         found += [reflector.Source("elasticjobs", ns, None, jobs),
                   reflector.Source("pods", ns, OWNED_SELECTOR, pods),
                   reflector.Source("services", ns, OWNED_SELECTOR, services)]
+        if ctx.settings.kueue:
+            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, workloads_of(ctx, ns)))
+    if ctx.settings.kueue:
+        flavors = functools.partial(custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.FLAVORS)
+        found.append(reflector.Source("resourceflavors", None, None, flavors))
     return found
+
+
+def workloads_of(ctx: Context, namespace: str | None):
+    """Kueue's Workloads the operator made (labelled with their job's name), in one namespace or all."""
+    custom = ctx.kube.custom
+    if namespace is None:
+        return functools.partial(custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.WORKLOADS)
+    return functools.partial(custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace,
+                             kueue.WORKLOADS)
 
 
 def start(ctx: Context, namespaces: list[str] | None) -> tuple[list[reflector.Reflector], list[asyncio.Task]]:
