@@ -1,6 +1,12 @@
-"""Prometheus metrics of the operator (served on --metrics-port)."""
+"""Prometheus metrics of the operator (served on --metrics-port). charts/.../dashboards/ queries these names.
+
+Fleet-wide series have no job label: a thousand jobs cost the same handful of series. Per-job series exist
+only while a job is not finished, and go with it.
+"""
 
 from __future__ import annotations
+
+from collections import Counter as Tally
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -9,20 +15,51 @@ RECONCILE_SECONDS = Histogram("elasticjob_reconcile_seconds", "Time of one recon
 ACTIONS = Counter("elasticjob_actions_total", "Actions applied to the cluster", ["action"])
 STORE_ACTIONS = Counter("elasticjob_store_actions_total", "Control requests to the jobs' rendezvous stores",
                         ["action", "result"])
-JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each job is in", ["namespace", "job", "phase"])
-RESTARTS = Gauge("elasticjob_job_restarts", "Worker-group restarts charged to a job", ["namespace", "job"])
+JOBS = Gauge("elasticjob_jobs", "Jobs by phase", ["phase"])
+RESTARTS = Counter("elasticjob_restarts_total", "Worker-group restarts charged to jobs' maxRestarts")
+INFRASTRUCTURE_FAILURES = Counter("elasticjob_infrastructure_failures_total",
+                                  "Pods lost to evictions, preemptions, lost nodes and partitions", ["reason"])
+SCALE_EVENTS = Counter("elasticjob_scale_events_total", "Changes of a job's desired workers", ["direction"])
+TIME_TO_RUNNING = Histogram("elasticjob_time_to_running_seconds", "From a job's creation to its first Running",
+                            buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+RECOVERY_SECONDS = Histogram("elasticjob_recovery_seconds",
+                             "From a failure or membership change to the worker group re-formed",
+                             buckets=(1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
+JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each unfinished job is in", ["namespace", "job", "phase"])
+JOB_RESTARTS = Gauge("elasticjob_job_restarts", "Restarts charged to each unfinished job", ["namespace", "job"])
 
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+PHASES = ("Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+FINISHED = ("Succeeded", "Failed")
+
+_phases: dict[tuple[str, str], str] = {}
 
 
 def observe_job(namespace: str, job: str, phase: str, restarts: int) -> None:
+    """The job's phase now: the fleet gauge, and the per-job series while it is unfinished."""
+    _phases[(namespace, job)] = phase
+    _publish_fleet()
+    if phase in FINISHED:
+        _forget_series(namespace, job)
+        return
     for name in PHASES:
         JOB_PHASE.labels(namespace, job, name).set(1 if name == phase else 0)
-    RESTARTS.labels(namespace, job).set(restarts)
+    JOB_RESTARTS.labels(namespace, job).set(restarts)
 
 
 def forget_job(namespace: str, job: str) -> None:
-    label_sets = [(JOB_PHASE, (namespace, job, name)) for name in PHASES] + [(RESTARTS, (namespace, job))]
+    _phases.pop((namespace, job), None)
+    _publish_fleet()
+    _forget_series(namespace, job)
+
+
+def _publish_fleet() -> None:
+    counts = Tally(_phases.values())
+    for name in PHASES:
+        JOBS.labels(name).set(counts.get(name, 0))
+
+
+def _forget_series(namespace: str, job: str) -> None:
+    label_sets = [(JOB_PHASE, (namespace, job, name)) for name in PHASES] + [(JOB_RESTARTS, (namespace, job))]
     for metric, labels in label_sets:
         try:
             metric.remove(*labels)

@@ -1,0 +1,57 @@
+"""Metrics from what a reconcile changed: restarts, infrastructure failures, scale events, time to Running, and
+recovery time (a failure or membership change -> the store reports the worker group formed again)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticjob import metrics
+from elasticjob.models import ElasticJobStatus, Phase
+from elasticjob.observe import StoreView, parse_time
+
+INFRASTRUCTURE = ("Evicted", "Preempted", "NodeLost", "Partitioned")
+
+
+@dataclass
+class Disruption:
+    at: datetime
+    round: int | None  # the round running when it happened: recovered once a later one is complete
+
+
+_open: dict[str, Disruption] = {}  # job uid -> the disruption not yet recovered from
+
+
+def record(meta: dict, old: ElasticJobStatus, new: ElasticJobStatus, store: StoreView | None, now: datetime) -> None:
+    uid = meta["uid"]
+    if new.restarts > old.restarts:
+        metrics.RESTARTS.inc(new.restarts - old.restarts)
+    seen = {f.uid for f in old.last_failures}
+    fresh = [f for f in new.last_failures if f.uid not in seen]
+    for failure in fresh:
+        if failure.reason in INFRASTRUCTURE and not failure.charged:
+            metrics.INFRASTRUCTURE_FAILURES.labels(failure.reason).inc()
+    scaled = old.desired_replicas and new.desired_replicas != old.desired_replicas
+    if scaled:
+        metrics.SCALE_EVENTS.labels("up" if new.desired_replicas > old.desired_replicas else "down").inc()
+    if new.phase == Phase.RUNNING and not any(c.type == "Running" and c.status == "True" for c in old.conditions) \
+            and old.restarts == 0 and not old.last_failures and (created := parse_time(meta.get("creationTimestamp"))):
+        metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
+    if (fresh or scaled) and uid not in _open:
+        _open[uid] = Disruption(now, store.round if store else None)
+    recovered(uid, store, now)
+    if new.phase.finished:
+        _open.pop(uid, None)
+
+
+def recovered(uid: str, store: StoreView | None, now: datetime) -> None:
+    disruption = _open.get(uid)
+    if disruption is None or store is None or not store.complete or store.round is None:
+        return
+    if disruption.round is None or store.round > disruption.round:
+        metrics.RECOVERY_SECONDS.observe((now - disruption.at).total_seconds())
+        del _open[uid]
+
+
+def forget(uid: str) -> None:
+    _open.pop(uid, None)
