@@ -55,6 +55,30 @@ NEVER_IN_NAMESPACE = [
     ("patch", "", "events", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
     ("create", "", "configmaps", ""),
 ]
+# Only with the chart's gangScheduling.* and kueue.enabled values.
+GANG_NEEDS = [
+    ("get", "scheduling.k8s.io", "podgroups", ""), ("create", "scheduling.k8s.io", "podgroups", ""),
+    ("delete", "scheduling.k8s.io", "podgroups", ""),
+    ("get", "scheduling.x-k8s.io", "podgroups", ""), ("create", "scheduling.x-k8s.io", "podgroups", ""),
+    ("patch", "scheduling.x-k8s.io", "podgroups", ""),
+]
+KUEUE_NEEDS = [
+    ("list", "kueue.x-k8s.io", "workloads", ""), ("watch", "kueue.x-k8s.io", "workloads", ""),
+    ("create", "kueue.x-k8s.io", "workloads", ""), ("patch", "kueue.x-k8s.io", "workloads", ""),
+    ("patch", "kueue.x-k8s.io", "workloads", "status"),
+]
+KUEUE_CLUSTER_NEEDS = [
+    ("list", "kueue.x-k8s.io", "resourceflavors", ""), ("watch", "kueue.x-k8s.io", "resourceflavors", ""),
+    ("get", "kueue.x-k8s.io", "workloadpriorityclasses", ""), ("get", "scheduling.k8s.io", "priorityclasses", ""),
+]
+# Never, even with those values on: the garbage collector deletes Workloads, Kueue owns its queues.
+NEVER_WITH_GANGS_AND_KUEUE = [
+    ("delete", "kueue.x-k8s.io", "workloads", ""), ("update", "kueue.x-k8s.io", "workloads", ""),
+    ("update", "kueue.x-k8s.io", "workloads", "status"), ("create", "kueue.x-k8s.io", "clusterqueues", ""),
+    ("patch", "kueue.x-k8s.io", "localqueues", ""), ("list", "scheduling.k8s.io", "podgroups", ""),
+    ("patch", "scheduling.k8s.io", "podgroups", ""), ("delete", "scheduling.x-k8s.io", "podgroups", ""),
+    ("watch", "scheduling.x-k8s.io", "podgroups", ""), ("create", "scheduling.k8s.io", "workloads", ""),
+]
 NEVER_CLUSTER_WIDE = [
     ("delete", "", "nodes", ""), ("list", "", "nodes", ""), ("delete", "", "namespaces", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
@@ -100,6 +124,24 @@ def test_cluster_wide_install_grants_the_operator_everywhere_but_no_more(kube, n
     assert_all(kube, user, NAMESPACE_LIST_NEEDS, "", False)
     assert_all(kube, user, NEVER_IN_NAMESPACE, "kube-system", False)
     assert_all(kube, user, NEVER_CLUSTER_WIDE, "", False)
+
+
+def test_gang_and_kueue_grants_come_only_with_their_values(kube, namespace, crds_installed, install_rbac):
+    scoped = {"watch": {"allNamespaces": False, "namespaces": [namespace]}}
+    plain = install_rbac(scoped, namespace)
+    full = install_rbac({**scoped, "gangScheduling": {"workloadAPI": True, "coscheduling": True},
+                         "kueue": {"enabled": True}}, namespace)
+    for user in (plain, full):
+        wait_for(lambda: allowed(kube, user, "list", GROUP, "elasticjobs", "", namespace), 30,
+                 f"{user} to be allowed to list elasticjobs")
+    wait_for(lambda: allowed(kube, full, "create", "kueue.x-k8s.io", "workloads", "", namespace), 30,
+             f"{full} to be allowed to create workloads")
+    assert_all(kube, plain, GANG_NEEDS + KUEUE_NEEDS, namespace, False)
+    assert_all(kube, plain, KUEUE_CLUSTER_NEEDS, "", False)
+    assert_all(kube, full, GANG_NEEDS + KUEUE_NEEDS + OPERATOR_NEEDS, namespace, True)
+    assert_all(kube, full, KUEUE_CLUSTER_NEEDS, "", True)
+    assert_all(kube, full, NEVER_WITH_GANGS_AND_KUEUE + NEVER_IN_NAMESPACE, namespace, False)
+    assert_all(kube, full, GANG_NEEDS + KUEUE_NEEDS, "kube-system", False)
 
 
 # ---------------------------------------------------------------- the operator under its own account

@@ -34,6 +34,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "debug-no-metrics": {"logLevel": "debug", "metrics": {"enabled": False}},
     "existing-account": {"serviceAccount": {"create": False, "name": "ops-bot"}},
+    "gangs": {"gangScheduling": {"workloadAPI": True, "coscheduling": True}},
+    "kueue": {"kueue": {"enabled": True}},
+    "kueue-namespaced": {"kueue": {"enabled": True}, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
+    "kueue-no-policy": {"kueue": {"enabled": True, "suspendOnCreate": False}},
 }
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
@@ -49,9 +53,18 @@ NAMESPACED_GRANTS = {
 }
 CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}, ("", "nodes"): {"get"}}
 NAMESPACES_GRANT = {("", "namespaces"): {"list", "watch"}}
+# Only with gangScheduling.workloadAPI / gangScheduling.coscheduling / kueue.enabled.
+WORKLOAD_API_GRANTS = {("scheduling.k8s.io", "podgroups"): {"get", "create", "delete"}}
+COSCHEDULING_GRANTS = {("scheduling.x-k8s.io", "podgroups"): {"get", "create", "patch"}}
+KUEUE_GRANTS = {("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
+                ("kueue.x-k8s.io", "workloads/status"): {"patch"}}
+KUEUE_CLUSTER_GRANTS = {("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
+                        ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+                        ("scheduling.k8s.io", "priorityclasses"): {"get"}}
 
 # Kinds with no schema in kubernetes-validate: checked against the CRDs that define them instead.
 CUSTOM_KINDS = {"ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -195,6 +208,10 @@ def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
                           "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
     ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
                            "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", "--operator-selector", SELECTOR]),
+    ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "--operator-selector", SELECTOR]),
+    ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
 ])
 def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
     (container,) = deployment(render(VARIANTS[variant]))["spec"]["template"]["spec"]["containers"]
@@ -299,3 +316,51 @@ def test_existing_service_account_is_bound_not_created() -> None:
     assert deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"] == "ops-bot"
     subjects = [s for b in by_kind(docs, "ClusterRoleBinding") for s in b["subjects"]]
     assert subjects and all(s["name"] == "ops-bot" for s in subjects)
+
+
+# ---------------------------------------------------------------- gangs and Kueue
+
+
+def test_rbac_gang_grants_each_api_only_when_enabled() -> None:
+    both = grants(by_kind(render(VARIANTS["gangs"]), "ClusterRole"))
+    assert both == {**NAMESPACED_GRANTS, **CRD_GRANT, **WORKLOAD_API_GRANTS, **COSCHEDULING_GRANTS}
+    one = grants(by_kind(render({"gangScheduling": {"workloadAPI": True, "coscheduling": False}}), "ClusterRole"))
+    assert one == {**NAMESPACED_GRANTS, **CRD_GRANT, **WORKLOAD_API_GRANTS}
+    other = grants(by_kind(render({"gangScheduling": {"workloadAPI": False, "coscheduling": True}}), "ClusterRole"))
+    assert other == {**NAMESPACED_GRANTS, **CRD_GRANT, **COSCHEDULING_GRANTS}
+
+
+def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() -> None:
+    cluster = render(VARIANTS["kueue"])
+    assert grants(by_kind(cluster, "ClusterRole")) == {**NAMESPACED_GRANTS, **CRD_GRANT, **KUEUE_GRANTS,
+                                                       **KUEUE_CLUSTER_GRANTS}
+    namespaced = render(VARIANTS["kueue-namespaced"])
+    (role,) = by_kind(namespaced, "Role")
+    assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
+    assert grants(by_kind(namespaced, "ClusterRole")) == {**CRD_GRANT, **NAMESPACES_GRANT, **KUEUE_CLUSTER_GRANTS}
+
+
+def test_kueue_policy_creates_queued_jobs_suspended_only_when_enabled() -> None:
+    assert not [d for d in render() if d["kind"] in MAP_KINDS]
+    assert not [d for d in render(VARIANTS["kueue-no-policy"]) if d["kind"] in MAP_KINDS]
+    policy, binding = (next(d for d in render(VARIANTS["kueue"]) if d["kind"] == kind)
+                       for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"))
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    spec = policy["spec"]
+    assert spec["matchConstraints"]["resourceRules"] == [{"apiGroups": ["elasticjob.dev"], "apiVersions": ["v1alpha1"],
+                                                         "operations": ["CREATE"], "resources": ["elasticjobs"]}]
+    assert "kueue.x-k8s.io/queue-name" in spec["matchConditions"][0]["expression"]
+    assert "suspend: true" in spec["mutations"][0]["applyConfiguration"]["expression"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] and "matchResources" not in binding["spec"]
+    (scoped,) = [d for d in render(VARIANTS["kueue-namespaced"]) if d["kind"] == "MutatingAdmissionPolicyBinding"]
+    assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
+
+
+@pytest.mark.parametrize("bad_values, where", [
+    ({"kueue": {"enabled": "yes"}}, "/kueue/enabled"),
+    ({"gangScheduling": {"coschedulng": True}}, "gangScheduling"),
+], ids=lambda v: str(v))
+def test_values_schema_rejects_bad_gang_and_kueue_values(bad_values: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as raised:
+        render(bad_values)
+    assert "schema" in str(raised.value) and where in str(raised.value), str(raised.value)

@@ -98,19 +98,34 @@ def test_the_templates_scheduler_is_kept_with_coscheduling_unless_one_is_named()
     group(minimum=1),  # minReplicas went from 1 to 2
     group(minimum=3),
 ])
-def test_a_pod_group_with_another_minimum_is_deleted_then_made_again(have):
+def test_an_upstream_group_with_another_minimum_is_made_again_once_no_worker_refers_to_it(have):
     j = job(running_status(), minReplicas=2, replicas=3, scheduling=WORKLOAD)
-    result = plan(j, [rdzv(), worker(0), worker(1)], pod_group=have)
+    # Workers exist: the group is protected (podgroup-protection finalizer) and their schedulingGroup is
+    # immutable, so it stays; new workers join it.
+    kept = plan(j, [rdzv(), worker(0), worker(1)], pod_group=have)
+    assert not [a for a in kept.actions if isinstance(a, planner.DeleteObject)]
+    assert creates(kept) == ["train-worker-2"]
+    # No worker left (suspended and resumed, queued again): deleted, then made with the new minimum.
+    result = plan(j, [rdzv()], pod_group=have)
     (deleted,) = [a for a in result.actions if isinstance(a, planner.DeleteObject)]
     assert (deleted.api_version, deleted.kind, deleted.name, deleted.uid) == (
         WORKLOAD_API, "PodGroup", "train-workers", "uid-pg")
-    assert not created(result, "PodGroup")
-    assert creates(result) == []  # the missing worker waits for the new group
+    assert not created(result, "PodGroup") and creates(result) == []  # workers wait for the new group
     assert result.requeue_after <= 1
-    # Once it is gone, the next plan creates it with the new minimum, and the worker.
-    again = plan(j, [rdzv(), worker(0), worker(1)], pod_group=None)
+    again = plan(j, [rdzv()], pod_group=None)
     assert created(again, "PodGroup")[0]["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2
-    assert creates(again) == ["train-worker-2"]
+    assert creates(again) == ["train-worker-0", "train-worker-1", "train-worker-2"]
+
+
+def test_a_coscheduling_group_is_updated_in_place():
+    j = job(running_status(), minReplicas=2, replicas=3, scheduling={"gang": "Coscheduling",
+                                                                     "scheduleTimeoutSeconds": 30})
+    result = plan(j, [rdzv(), worker(0), worker(1)], pod_group=group(COSCHEDULING_API, 1, timeout_seconds=60))
+    (patch,) = [a for a in result.actions if isinstance(a, planner.PatchObject)]
+    assert (patch.api_version, patch.name) == (COSCHEDULING_API, "train-workers")
+    assert patch.patch == {"spec": {"minMember": 2, "scheduleTimeoutSeconds": 30}}
+    assert not [a for a in result.actions if isinstance(a, planner.DeleteObject)]
+    assert creates(result) == ["train-worker-2"]
 
 
 @pytest.mark.parametrize("have", [
@@ -130,12 +145,6 @@ def test_scale_up_and_replacements_join_the_same_group_without_touching_it():
     assert creates(result) == ["train-worker-1", "train-worker-3"]
     assert not created(result, "PodGroup")
     assert not [a for a in result.actions if isinstance(a, planner.DeleteObject)]
-
-
-def test_a_coscheduling_timeout_change_recreates_the_group():
-    j = job(scheduling={"gang": "Coscheduling", "scheduleTimeoutSeconds": 30})
-    result = plan(j, [rdzv()], pod_group=group(COSCHEDULING_API, 1, timeout_seconds=60))
-    assert [a.name for a in result.actions if isinstance(a, planner.DeleteObject)] == ["train-workers"]
 
 
 def test_observing_a_pod_group_of_either_api():

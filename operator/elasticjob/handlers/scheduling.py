@@ -77,18 +77,25 @@ def after_apply(memory: JobMemory, actions: list[planner.Action]) -> None:
     for action in actions:
         if isinstance(action, planner.CreateObject) and action.manifest["kind"] == "PodGroup":
             memory.pod_groups.pop(action.manifest["apiVersion"], None)
-        elif isinstance(action, planner.DeleteObject) and action.kind == "PodGroup":
+        elif isinstance(action, (planner.DeleteObject, planner.PatchObject)) and action.kind == "PodGroup":
             memory.pod_groups.pop(action.api_version, None)
 
 
 async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[str, Any],
                 log: logging.LoggerAdapter) -> None:
-    """DeleteObject, PatchWorkload, ApplyWorkloadStatus: each conditional on what it was planned from."""
+    """DeleteObject, PatchObject, PatchWorkload, ApplyWorkloadStatus."""
     kube = ctx.kube
     if isinstance(action, planner.DeleteObject):
         if await kube.delete_object(action.api_version, action.plural, ref.namespace, action.name, action.uid):
             if action.event:
                 ctx.post(body, action.event, log)
+    elif isinstance(action, planner.PatchObject):
+        try:
+            await kube.patch_object(action.api_version, action.plural, ref.namespace, action.name, action.patch)
+        except k8s.NotFound:
+            return  # gone meanwhile: read again and made anew
+        if action.event:
+            ctx.post(body, action.event, log)
     elif isinstance(action, planner.PatchWorkload):
         patch = {"metadata": {"resourceVersion": action.resource_version},
                  "spec": {"queueName": action.queue_name, "podSets": action.pod_sets}}
@@ -103,4 +110,4 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[st
             ctx.post(body, action.event, log)
 
 
-HANDLED = (planner.DeleteObject, planner.PatchWorkload, planner.ApplyWorkloadStatus)
+HANDLED = (planner.DeleteObject, planner.PatchObject, planner.PatchWorkload, planner.ApplyWorkloadStatus)

@@ -18,6 +18,7 @@ from elasticjob.planner.base import (
     Event,
     Job,
     Observed,
+    PatchObject,
     PatchWorkload,
     Plan,
     RoundFailure,
@@ -31,7 +32,7 @@ from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
     "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CreateObject", "DefaultReplicas", "DeleteJob",
-    "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Observed", "PatchWorkload", "Plan",
+    "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Observed", "PatchObject", "PatchWorkload", "Plan",
     "RoundFailure", "SetSuspend", "StoreAction", "plan", "reject", "spec_changes", "stuck_nodes",
     "suspect_nodes", "validate",
 ]

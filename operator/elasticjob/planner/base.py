@@ -66,6 +66,18 @@ class DeleteObject:
 
 
 @dataclass(frozen=True)
+class PatchObject:
+    """A merge patch of an object of another API the job owns (Coscheduling's PodGroup)."""
+
+    api_version: str
+    kind: str
+    plural: str
+    name: str
+    patch: dict
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
 class DefaultReplicas:
     replicas: int
 
@@ -106,7 +118,7 @@ class DeleteJob:
 
 
 Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction, DeleteObject,
-               SetSuspend, PatchWorkload, ApplyWorkloadStatus]
+               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus]
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:

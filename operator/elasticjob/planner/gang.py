@@ -1,15 +1,20 @@
 """The PodGroup the workers join, kept at minReplicas. Pure.
 
 The operator has no watch on PodGroups: the handler reads the group once (and again after the operator
-changed it, or every few minutes) and hands it over as `Observed.pod_group`. A group whose minimum is wrong is
-deleted and made again (the Workload API's gang policy is immutable; Coscheduling's is recreated the same
-way): pods already bound are not affected, pods still pending wait for the new group.
+changed it, or every few minutes) and hands it over as `Observed.pod_group`.
+
+When minReplicas changes: Coscheduling's minMember is updated in place. The Workload API's gang policy is
+immutable, and its PodGroup carries the finalizer scheduling.k8s.io/podgroup-protection, which keeps a deleted
+group until no pod refers to it any more (and a pod's spec.schedulingGroup is immutable): so the group is
+deleted and made again once no worker pod of the job is left (the job suspended and resumed, or queued again
+by Kueue). Until then replacements and scale-ups join the existing group; its old minimum is already met by
+the pods bound before them, so they schedule one by one.
 """
 
 from __future__ import annotations
 
 from elasticjob import gang
-from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, Plan
+from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, PatchObject, Plan
 
 
 def ensure_gang(plan: Plan, job: Job, observed: Observed) -> bool:
@@ -27,10 +32,17 @@ def ensure_gang(plan: Plan, job: Job, observed: Observed) -> bool:
     if have.owner_uid != job.ref.uid or have.deleting:
         plan.soon(2)  # an earlier job's group the garbage collector is removing, or ours on its way out
         return False
-    if not have.same_policy(want):
-        plan.act(DeleteObject(have.api_version, "PodGroup", gang.PLURAL, have.name, have.uid, Event(
-            "Normal", "RecreatingPodGroup", f"PodGroup {have.name} has minimum {have.min_member}, minReplicas is "
-            f"{want.min_member}: deleting it to create it again")))
-        plan.soon(1)
-        return False
-    return True
+    if have.same_policy(want):
+        return True
+    if want.api_version == gang.COSCHEDULING_API:
+        plan.act(PatchObject(have.api_version, "PodGroup", gang.PLURAL, have.name, {"spec": {
+            "minMember": want.min_member, "scheduleTimeoutSeconds": want.timeout_seconds}}, Event(
+            "Normal", "UpdatedPodGroup", f"PodGroup {have.name}: minMember {have.min_member} -> {want.min_member}")))
+        return True
+    if observed.workers:
+        return True  # the group is protected while pods refer to it: made again when the workers start anew
+    plan.act(DeleteObject(have.api_version, "PodGroup", gang.PLURAL, have.name, have.uid, Event(
+        "Normal", "RecreatingPodGroup", f"PodGroup {have.name} has gang.minCount {have.min_member}, minReplicas "
+        f"is {want.min_member}: deleting it to create it again")))
+    plan.soon(1)
+    return False
