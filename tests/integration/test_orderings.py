@@ -21,7 +21,7 @@ from elasticjob.handlers.stores import StoreWatches
 from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 from helpers import wait_for
-from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
+from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
 LOG = logging.getLogger("test")
 IGNORE_SIGTERM = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -172,3 +172,36 @@ def test_a_pod_held_by_a_finalizer_on_a_ready_node_is_not_force_deleted(api, nam
     finally:
         hold(api, namespace, ["train-worker-1"], [])
     wait_pods(api, namespace, 2, timeout=60)
+
+
+# --- the operator killed between two writes -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
+def test_an_operator_killed_while_a_job_converges_leaves_no_duplicate_and_no_double_count(
+        api, namespace, operator_factory, cluster, delay):
+    """SIGKILL at a moment while pods are being created and a failure is being recorded: the next operator
+    finishes the work from what it observes, creating no pod twice and counting the failure once."""
+    if cluster.kind != "local":
+        pytest.skip("kills a worker through the local cluster's faults")
+    import signal
+    import time as clock
+
+    from localcluster import faults
+
+    first = operator_factory()
+    create(api, namespace, job_manifest("train", replicas=3))
+    wait_pods(api, namespace, 3)
+    faults.kill_pod(namespace, "train-worker-1", signal.SIGKILL, ROOT / ".localcluster")
+    started = clock.monotonic()
+    wait_for(lambda: clock.monotonic() - started, 5, f"{delay}s into the recovery", until=lambda t: t >= delay)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    first.check_log, first.exit_code = False, 0
+    operator_factory().wait_for_log("watches synced", timeout=60)
+    status = wait_for(lambda: status_of(api, namespace, "train"), 60, "the failure counted and replaced",
+                      until=lambda s: s.get("restarts") == 1 and s.get("readyReplicas") == 3)
+    workers = wait_pods(api, namespace, 3)
+    assert sorted(p.metadata.name for p in workers) == ["train-worker-0", "train-worker-1", "train-worker-2"]
+    assert [f["pod"] for f in status["lastFailures"]] == ["train-worker-1"], status["lastFailures"]
+    assert status["restarts"] == 1
