@@ -16,7 +16,7 @@ VALUES = ROOT / "charts" / "elasticjob-operator" / "values.yaml"
 README = ROOT / "README.md"
 START, END = "<!-- values-table:start -->", "<!-- values-table:end -->"
 # Maps whose keys are the user's own (labels, resources...) are one row, not one row per key.
-WHOLE = {"resources", "podSecurityContext", "securityContext", "serviceMonitor.labels"}
+WHOLE = {"resources", "podSecurityContext", "securityContext", "serviceMonitor.labels", "dashboard.labels"}
 _KEY = re.compile(r"^(\s*)([A-Za-z][\w.-]*):")
 
 
