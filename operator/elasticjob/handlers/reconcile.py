@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from elasticjob import k8s, metrics, planner
 from elasticjob.builders import JobRef
-from elasticjob.handlers import observing, scheduling
+from elasticjob.handlers import observing, scheduling, telemetry
 from elasticjob.handlers.apply import apply
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
@@ -88,6 +88,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
             ctx.post(memory.written, event, log)
         return 0.0
     body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
+    telemetry.record(meta, job.status, plan.status, observed.store, now)
     for event in plan.events:
         ctx.post(body, event, log)
     scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens

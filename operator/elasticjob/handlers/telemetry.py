@@ -19,11 +19,11 @@ class Disruption:
     round: int | None  # the round running when it happened: recovered once a later one is complete
 
 
-_open: dict[str, Disruption] = {}  # job uid -> the disruption not yet recovered from
+_open: dict[tuple[str, str], Disruption] = {}  # job key -> the disruption not yet recovered from
 
 
 def record(meta: dict, old: ElasticJobStatus, new: ElasticJobStatus, store: StoreView | None, now: datetime) -> None:
-    uid = meta["uid"]
+    key = (meta["namespace"], meta["name"])
     if new.restarts > old.restarts:
         metrics.RESTARTS.inc(new.restarts - old.restarts)
     seen = {f.uid for f in old.last_failures}
@@ -37,21 +37,21 @@ def record(meta: dict, old: ElasticJobStatus, new: ElasticJobStatus, store: Stor
     if new.phase == Phase.RUNNING and not any(c.type == "Running" and c.status == "True" for c in old.conditions) \
             and old.restarts == 0 and not old.last_failures and (created := parse_time(meta.get("creationTimestamp"))):
         metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
-    if (fresh or scaled) and uid not in _open:
-        _open[uid] = Disruption(now, store.round if store else None)
-    recovered(uid, store, now)
+    if (fresh or scaled) and key not in _open:
+        _open[key] = Disruption(now, store.round if store else None)
+    recovered(key, store, now)
     if new.phase.finished:
-        _open.pop(uid, None)
+        _open.pop(key, None)
 
 
-def recovered(uid: str, store: StoreView | None, now: datetime) -> None:
-    disruption = _open.get(uid)
+def recovered(key: tuple[str, str], store: StoreView | None, now: datetime) -> None:
+    disruption = _open.get(key)
     if disruption is None or store is None or not store.complete or store.round is None:
         return
     if disruption.round is None or store.round > disruption.round:
         metrics.RECOVERY_SECONDS.observe((now - disruption.at).total_seconds())
-        del _open[uid]
+        del _open[key]
 
 
-def forget(uid: str) -> None:
-    _open.pop(uid, None)
+def forget(key: tuple[str, str]) -> None:
+    _open.pop(key, None)

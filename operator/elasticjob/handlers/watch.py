@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from elasticjob import kueue, metrics, naming, reflector
+from elasticjob.handlers import telemetry
 from elasticjob.handlers.context import Context
 from elasticjob.mirror import JobKey
 from elasticjob.models import GROUP, PLURAL, VERSION
@@ -90,3 +91,4 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             ctx.spawn(ctx.loops.forget(key))
             ctx.watches.stop(key)
             metrics.forget_job(*key)
+            telemetry.forget(key)

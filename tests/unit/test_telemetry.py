@@ -1,0 +1,69 @@
+"""Metrics derived from what a reconcile changed (the real prometheus_client registry, read back)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import REGISTRY
+
+from elasticjob.handlers import telemetry
+from elasticjob.models import ElasticJobStatus
+from elasticjob.observe import StoreView
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+META = {"namespace": "ml", "name": "t", "uid": "u", "creationTimestamp": "2026-01-01T11:59:50Z"}
+
+
+def value(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def status(**fields) -> ElasticJobStatus:
+    return ElasticJobStatus.model_validate(fields)
+
+
+def test_restarts_infrastructure_failures_and_scale_events_are_counted_from_the_change():
+    before = (value("elasticjob_restarts_total"), value("elasticjob_infrastructure_failures_total", reason="Evicted"),
+              value("elasticjob_scale_events_total", direction="down"))
+    old = status(restarts=1, desiredReplicas=3, lastFailures=[{"pod": "a", "uid": "1", "reason": "Error"}])
+    new = status(restarts=2, desiredReplicas=2, lastFailures=[
+        {"pod": "a", "uid": "1", "reason": "Error"}, {"pod": "b", "uid": "2", "reason": "Evicted", "charged": False}])
+    telemetry.record(META, old, new, None, NOW)
+    after = (value("elasticjob_restarts_total"), value("elasticjob_infrastructure_failures_total", reason="Evicted"),
+             value("elasticjob_scale_events_total", direction="down"))
+    assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
+
+
+def test_time_to_running_is_observed_once_from_creation():
+    count = value("elasticjob_time_to_running_seconds_count")
+    running = status(phase="Running", conditions=[{"type": "Running", "status": "True", "reason": "Running"}])
+    telemetry.record(META, status(), running, None, NOW)
+    telemetry.record(META, running, running, None, NOW + timedelta(seconds=5))
+    assert value("elasticjob_time_to_running_seconds_count") == count + 1
+    assert value("elasticjob_time_to_running_seconds_bucket", le="10.0") >= 1
+
+
+def test_recovery_ends_when_a_later_round_is_complete():
+    meta = {**META, "name": "r"}
+    count = value("elasticjob_recovery_seconds_count")
+    failed = status(lastFailures=[{"pod": "a", "uid": "9", "reason": "Killed"}])
+    telemetry.record(meta, status(), failed, StoreView(epoch="e", round=3, complete=True), NOW)
+    telemetry.record(meta, failed, failed, StoreView(epoch="e", round=3, complete=False), NOW + timedelta(seconds=2))
+    assert value("elasticjob_recovery_seconds_count") == count
+    telemetry.record(meta, failed, failed, StoreView(epoch="e", round=4, complete=True), NOW + timedelta(seconds=4))
+    assert value("elasticjob_recovery_seconds_count") == count + 1
+    assert value("elasticjob_recovery_seconds_bucket", le="5.0") >= 1
+
+
+def test_jobs_by_phase_and_per_job_series_only_while_unfinished():
+    from elasticjob import metrics
+
+    metrics.observe_job("ml", "a", "Running", 0)
+    metrics.observe_job("ml", "b", "Running", 2)
+    assert value("elasticjob_jobs", phase="Running") >= 2
+    assert value("elasticjob_job_restarts", namespace="ml", job="b") == 2
+    metrics.observe_job("ml", "b", "Succeeded", 2)
+    assert REGISTRY.get_sample_value("elasticjob_job_restarts", {"namespace": "ml", "job": "b"}) is None
+    assert value("elasticjob_jobs", phase="Succeeded") >= 1
+    metrics.forget_job("ml", "a")
+    assert REGISTRY.get_sample_value("elasticjob_job_phase", {"namespace": "ml", "job": "a", "phase": "Running"}) is None
