@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 from kubernetes.utils.quantity import parse_quantity
 
+from .images import ImageConfig
+
 # lookup(kind, namespace, name, key) -> value or None; kind is "configmap" or "secret".
 Lookup = Callable[[str, str, str, Optional[str]], object]
 
@@ -125,9 +127,13 @@ def env_value(pod, container, var, env_so_far, lookup: Lookup, node_allocatable)
     raise ValueError(f"unsupported valueFrom in env {var['name']}")
 
 
-def command_line(container: dict, env: dict[str, str]) -> list[str]:
-    # Without an image there is no entrypoint: `args` alone are taken as the command.
-    argv = list(container.get("command") or []) + list(container.get("args") or [])
+def command_line(container: dict, env: dict[str, str], image: ImageConfig | None = None) -> list[str]:
+    """Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD. A known image (images.py)
+    supplies both; any other image has neither here, so its `args` alone are taken as the command."""
+    command, args = list(container.get("command") or []), list(container.get("args") or [])
+    if image is not None and not command:
+        command, args = list(image.entrypoint), args or list(image.cmd)
+    argv = command + args
     if not argv:
         raise ValueError(f"container {container['name']} has no command or args (images are not run)")
     return [expand(a, env) for a in argv]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import containers, state
+from .images import ImageConfig
 
 SHIM = Path(__file__).with_name("shim.py")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -127,10 +128,10 @@ def base_env(pod: dict) -> dict[str, str]:
 
 
 def launch(pod: dict, spec: dict, sandbox: Sandbox, env: dict[str, str], volumes: dict[str, str], repo_root: Path,
-           restarting: bool) -> ContainerProcess:
+           restarting: bool, image: ImageConfig | None = None) -> ContainerProcess:
     name = spec["name"]
     path = sandbox.path
-    argv = containers.command_line(spec, env)
+    argv = containers.command_line(spec, env, image)
     term = state.termination_file(path, name)
     term.write_text("")
     hosts = path / "hosts"

@@ -14,8 +14,12 @@ What a pod gets (module in brackets):
   variables a kubelet sets (KUBERNETES_SERVICE_HOST/PORT always, the namespace's Services with enableServiceLinks)
   [containers]; volumes hostPath, emptyDir, configMap, secret, downwardAPI and projected (the ServiceAccount token,
   CA and namespace at /var/run/secrets/kubernetes.io/serviceaccount, so in-cluster config works) [volumes].
-- terminationMessagePath/-Policy, init containers in order, restart policies with a 1-10 s back-off, readiness
-  probes (tcpSocket, httpGet, exec); liveness/startup probes, resource limits and GPUs are not enforced [podrunner].
+- terminationMessagePath/-Policy, init containers in order, restart policies with a 1-10 s back-off, readiness and
+  liveness probes (tcpSocket, httpGet, exec; a failed liveness probe posts Unhealthy and Killing Events, then the
+  container gets SIGTERM, SIGKILL after the grace period, and is restarted unless restartPolicy is Never); startup
+  probes, resource limits and GPUs are not enforced [podrunner, probes, podevents].
+- The known images of this project (images.py: the operator's) supply the ENTRYPOINT, CMD and ENV their
+  Dockerfile declares, so a container with `args` only (the chart's Deployment) runs what the image would [images].
 - Graceful deletion (SIGTERM, SIGKILL at the deletionTimestamp, then delete with grace 0); a force-deleted pod is
   killed at once. A restarted agent adopts the running containers of pods that still exist [podrunner].
 - ClusterIP Services through a userspace TCP proxy on ClusterIP:port (ClusterIPs live on `lo`) [proxy]; UDP,

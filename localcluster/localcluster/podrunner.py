@@ -14,7 +14,7 @@ from typing import Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from . import containers, kube, launcher, network, podstatus, probes, state, volumes
+from . import containers, images, kube, launcher, network, podevents, podstatus, probes, state, volumes
 from .podstatus import ContainerRecord
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class PodRunner:
         self.sandbox: launcher.Sandbox | None = None
         self.procs: dict[str, launcher.ContainerProcess] = {}
         self.readiness: dict[str, probes.Readiness] = {}
+        self.liveness: dict[str, probes.Liveness] = {}
+        self.killing: dict[str, float] = {}  # container -> when SIGKILL follows the SIGTERM of a failed liveness
         self.not_before: dict[str, float] = {}
         self.envs: dict[str, dict] = {}
         self.volumes: dict[str, str] | None = None
@@ -87,6 +89,7 @@ class PodRunner:
             readiness = probes.Readiness(None if rec.init else self.specs[rec.name].get("readinessProbe"))
             readiness.ready = rec.ready = bool(prev.get("ready")) or readiness.ready
             self.readiness[rec.name] = readiness
+            self.liveness[rec.name] = probes.Liveness(None if rec.init else self.specs[rec.name].get("livenessProbe"))
             adopted.add(rec.name)
         return adopted
 
@@ -144,6 +147,7 @@ class PodRunner:
             if self.sandbox is None:
                 self.setup_sandbox()
             self.reap()
+            self.enforce_kills()
             self.start_due()
             self.probe()
         self.push_status()
@@ -186,6 +190,8 @@ class PodRunner:
     def schedule_restart(self, rec: ContainerRecord) -> None:
         code = rec.exit_code
         restart = code != 0 and self.policy != "Never" if rec.init else podstatus.should_restart(self.policy, code)
+        if self.killing.pop(rec.name, None) is not None:
+            restart = self.policy != "Never"  # killed for a failed liveness probe: restarted whatever it exited with
         if restart and not self.pod["metadata"].get("deletionTimestamp"):
             delay = min(MAX_BACKOFF, 2.0 ** rec.restart_count)
             self.not_before[rec.name] = time.monotonic() + delay
@@ -209,6 +215,7 @@ class PodRunner:
             return
         spec = self.specs[rec.name]
         restarting = bool(rec.last_state)
+        image = images.config_for(spec.get("image"), self.ctx.repo_root)
         # The downward API sees the pod's IP before any status carrying it has come back from the apiserver.
         pod = {**self.pod, "status": {**(self.pod.get("status") or {}), "podIP": self.sandbox.ip,
                                       "hostIP": self.ctx.host_ip}}
@@ -216,10 +223,11 @@ class PodRunner:
             if self.volumes is None:
                 self.volumes = volumes.materialize(self.ctx.core, pod, self.path)
             env = launcher.base_env(pod)
+            env.update(image.env if image else {})
             env.update(containers.service_env(services_for_env(self.ctx.core, pod)))
             env.update(containers.resolve_env(pod, spec, self.lookup, self.ctx.allocatable))
             self.procs[rec.name] = launcher.launch(pod, spec, self.sandbox, env, self.volumes,
-                                                   self.ctx.repo_root, restarting)
+                                                   self.ctx.repo_root, restarting, image)
         except (LookupError, ValueError, OSError, ApiException) as exc:
             rec.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             self.not_before[rec.name] = time.monotonic() + 2
@@ -230,18 +238,46 @@ class PodRunner:
             rec.restart_count += 1
         rec.state = {"running": {"startedAt": podstatus.now()}}
         self.readiness[rec.name] = probes.Readiness(None if rec.init else spec.get("readinessProbe"))
+        self.liveness[rec.name] = probes.Liveness(None if rec.init else spec.get("livenessProbe"))
         rec.ready = self.readiness[rec.name].ready and not rec.init
 
     def probe(self) -> None:
         for rec in self.mains:
-            readiness = self.readiness.get(rec.name)
-            if readiness is None or "running" not in rec.state or not readiness.due():
+            if "running" not in rec.state or rec.name in self.killing:
                 continue
             proc = self.procs.get(rec.name)
-            ok = probes.run_probe(readiness.probe, self.specs[rec.name], self.sandbox.ip,
-                                  proc.host_pid(0) if proc else None, self.envs.get(rec.name, {}))
-            readiness.record(ok)
-            rec.ready = readiness.ready
+            readiness, liveness = self.readiness.get(rec.name), self.liveness.get(rec.name)
+            if readiness is not None and readiness.due():
+                readiness.record(self.run_probe(rec.name, readiness.probe, proc) is None)
+                rec.ready = readiness.ready
+            if liveness is not None and liveness.due():
+                failed = self.run_probe(rec.name, liveness.probe, proc)
+                if failed is not None:  # a kubelet posts one for each failed readiness probe too; not done here
+                    podevents.post(self.ctx.core, self.pod, rec.name, self.node, "Warning", "Unhealthy",
+                                   f"Liveness probe failed: {failed}")
+                if liveness.record(failed is None):
+                    self.kill_for_liveness(rec.name, liveness.probe)
+
+    def run_probe(self, name: str, probe: dict, proc) -> str | None:
+        return probes.check(probe, self.specs[name], self.sandbox.ip, proc.host_pid(0) if proc else None,
+                            self.envs.get(name, {}))
+
+    def kill_for_liveness(self, name: str, probe: dict) -> None:
+        """As a kubelet: SIGTERM, SIGKILL after the grace period; the restart policy then applies."""
+        grace = probe.get("terminationGracePeriodSeconds") or self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        podevents.post(self.ctx.core, self.pod, name, self.node, "Normal", "Killing",
+                       f"Container {name} failed liveness probe, will be restarted")
+        log.info("pod %s: container %s failed its liveness probe; killing it", self.name, name)
+        self.killing[name] = time.monotonic() + grace
+        proc = self.procs.get(name)
+        if proc:
+            proc.signal(signal.SIGTERM)
+
+    def enforce_kills(self) -> None:
+        for name, deadline in self.killing.items():
+            proc = self.procs.get(name)
+            if proc and time.monotonic() >= deadline:
+                proc.signal(signal.SIGKILL)
 
     def push_status(self, phase: str | None = None) -> None:
         phase = phase or self.phase
