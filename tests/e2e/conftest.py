@@ -22,6 +22,8 @@ class Recovery:
 
 
 RECOVERIES: list[Recovery] = []
+# Kueue scenarios: (scenario, what, seconds), e.g. ("...", "queued -> admitted", 0.8).
+ADMISSIONS: list[tuple[str, str, float]] = []
 # Where the local cluster keeps its state (faults are injected through it).
 LOCAL_STATE = Path(__file__).resolve().parents[2] / ".localcluster"
 
@@ -66,7 +68,19 @@ def record_recovery(request: pytest.FixtureRequest) -> Callable[..., None]:
     return record
 
 
+@pytest.fixture
+def record_timing(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    def record(what: str, seconds: float) -> None:
+        ADMISSIONS.append((request.node.name, what, seconds))
+
+    return record
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if ADMISSIONS:
+        terminalreporter.section("admission by Kueue: measured intervals")
+        for scenario, what, seconds in ADMISSIONS:
+            terminalreporter.write_line(f"{scenario}  {what:<48} {seconds:6.1f} s")
     if not RECOVERIES:
         return
     terminalreporter.section("elastic recovery: fault -> next completed training step")

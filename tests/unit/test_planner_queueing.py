@@ -149,14 +149,17 @@ def test_a_pending_workload_shows_kueues_words():
     assert result.status.admission.message == result.status.message
 
 
-@pytest.mark.parametrize("conditions, patched", [(PENDING, True), (ADMITTED, False)])
+RESERVED_NOT_ADMITTED = [cond("QuotaReserved", "True", "QuotaReserved"),
+                         cond("Admitted", "False", "UnsatisfiedChecks", "waiting for admission checks")]
+
+
+@pytest.mark.parametrize("conditions, patched", [(PENDING, True), (RESERVED_NOT_ADMITTED, False)])
 def test_a_pending_workload_follows_the_spec_but_one_holding_quota_does_not(conditions, patched):
-    wl = workload(conditions, admission(2) if conditions is ADMITTED else None, workers=(2, 1))
-    wl = kueue.WorkloadView(**{**wl.__dict__, "status": {**wl.status, "conditions": conditions + [
-        cond("Evicted", "True", "Preempted")]}}) if not patched else wl
+    wl = workload(conditions, admission(2) if conditions is RESERVED_NOT_ADMITTED else None, workers=(2, 1))
     result = plan(kueue_job(suspend=True, replicas=3), [], workload=wl)
     patches = actions(result, planner.PatchWorkload)
-    assert bool(patches) == patched
+    assert bool(patches) == patched  # Kueue's pod sets are immutable while they hold quota
+    assert (result.status.phase, result.status.reason) == ("Queued", "Queued")
     if patched:
         (patch,) = patches
         assert (patch.name, patch.resource_version, patch.queue_name) == (WL, "77", "lq")

@@ -1,0 +1,109 @@
+"""Gang scheduling at minReplicas with real training (issue 10), on the local cluster.
+
+Each worker asks for all but one cpu of a node, so one fits per node; blocker pods (bound to a node by name)
+leave room for fewer workers than minReplicas. Then no worker is bound: nothing sits half-started. When a
+second node frees up, minReplicas workers are bound together and train; the third worker, above the minimum,
+binds on its own when the last node frees up, and joins the training.
+The Workload API runs in `make test`; scheduler-plugins' Coscheduling in `make e2e`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from e2e_support import job_manifest, train_args
+from helpers import wait_for
+from test_training import finish, wait_progress
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD_SECONDS = 4  # unbound workers are watched this long once the scheduler has found them unschedulable
+START_TIMEOUT = 120
+
+
+@pytest.fixture(params=["Workload", pytest.param("Coscheduling", marks=pytest.mark.slow)])
+def gang(request, cluster) -> str:
+    if cluster.kind != "local":
+        pytest.skip("sized to the local cluster's nodes")
+    if request.param == "Coscheduling":
+        from localcluster import controlplane
+
+        controlplane.ensure_up(ROOT, cluster.nodes or 0, addons=["scheduler-plugins"])
+    return request.param
+
+
+def nodes(core: client.CoreV1Api) -> list[tuple[str, int]]:
+    found = [(n.metadata.name, int(n.status.allocatable["cpu"])) for n in core.list_node().items
+             if not n.spec.unschedulable]
+    return sorted(found)
+
+
+def blocker(name: str, node: str, cpu: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [
+                {"name": "c", "image": "x", "command": ["sleep", "3600"], "resources": {"requests": {"cpu": str(cpu)}}}]}}
+
+
+def bound(core: client.CoreV1Api, namespace: str) -> dict[str, str | None]:
+    selector = "elasticjob.dev/job-name=train,elasticjob.dev/role=worker"
+    return {p.metadata.name: p.spec.node_name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if not p.metadata.deletion_timestamp}
+
+
+def scheduled_at(core: client.CoreV1Api, namespace: str, name: str) -> float:
+    pod = core.read_namespaced_pod(name, namespace)
+    cond = next(c for c in pod.status.conditions if c.type == "PodScheduled" and c.status == "True")
+    return cond.last_transition_time.timestamp()
+
+
+def unschedulable(core: client.CoreV1Api, namespace: str) -> list[str]:
+    selector = "elasticjob.dev/job-name=train,elasticjob.dev/role=worker"
+    return [p.metadata.name for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or [])]
+
+
+def test_min_replicas_start_together_and_extras_one_by_one(gang, operator, jobs, progress):
+    core = jobs.core
+    (n0, cpu), (n1, _), (n2, _) = nodes(core)[:3]
+    big = cpu - 1  # one worker per node; the store (100m) fits beside anything
+    for name, node in (("block-0", n0), ("block-1", n1)):
+        core.create_namespaced_pod(jobs.namespace, blocker(name, node, big))
+    for name in ("block-0", "block-1"):
+        wait_for(lambda: jobs.pod(name).status.phase, 60, f"{name} running", until=lambda p: p == "Running")
+    steps = 40
+    manifest = job_manifest(jobs.namespace, train_args=train_args(steps, checkpoint_every=5), min_replicas=2,
+                            max_replicas=3, replicas=3, scheduling={"gang": gang})
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": str(big)}}
+    jobs.create(manifest)
+
+    # Room for one worker, two needed: the scheduler tries, and binds none.
+    wait_for(lambda: unschedulable(core, jobs.namespace), 60, "the scheduler to find a worker unschedulable")
+    deadline = time.monotonic() + HOLD_SECONDS
+    while time.monotonic() < deadline:
+        placed = {name: node for name, node in bound(core, jobs.namespace).items() if node}
+        assert not placed, f"workers bound with room for only one of minReplicas=2: {placed}"
+        time.sleep(0.2)
+    assert jobs.status()["phase"] == "Pending" and not progress().records
+
+    # A second node frees up: minReplicas workers are bound together and train at world size 2.
+    core.delete_namespaced_pod("block-0", jobs.namespace, grace_period_seconds=0)
+    pair = wait_for(lambda: bound(core, jobs.namespace), 60, "two workers bound",
+                    until=lambda seen: sum(1 for node in seen.values() if node) == 2)
+    placed = sorted(name for name, node in pair.items() if node)
+    times = [scheduled_at(core, jobs.namespace, name) for name in placed]
+    assert max(times) - min(times) <= 2, f"gang members bound {max(times) - min(times):.1f}s apart: {placed}"
+    assert len({pair[name] for name in placed}) == 2
+    wait_progress(progress, lambda p: 2 in p.world_sizes(), START_TIMEOUT, "training at world size 2")
+    assert sum(1 for node in bound(core, jobs.namespace).values() if node) == 2
+
+    # The last node frees up: the third worker (above the minimum) binds alone and joins.
+    core.delete_namespaced_pod("block-1", jobs.namespace, grace_period_seconds=0)
+    wait_for(lambda: bound(core, jobs.namespace), 60, "the third worker bound",
+             until=lambda seen: all(seen.values()) and len(seen) == 3)
+    wait_progress(progress, lambda p: 3 in p.world_sizes(), START_TIMEOUT, "training at world size 3")
+    done = finish(jobs, progress, steps)
+    assert jobs.status()["restarts"] == 0, jobs.status()
+    assert {2, 3} <= done.world_sizes()

@@ -1,0 +1,154 @@
+"""Admission by Kueue with real training (issue 10), on the local cluster's Kueue add-on.
+
+A ClusterQueue holds 4 workers of 1 cpu (and the two stores' 100m each); the jobs have 3 workers (minReplicas 2).
+- The second job waits Queued (partial admission would need 2 workers, 1 is free) until the first finishes,
+  then trains (`make test`).
+- A higher-priority job preempts a running one: the preempted job is suspended (its workers checkpoint on
+  SIGTERM), the quota is released, the preemptor trains; then the preempted job is admitted again, resumes from
+  its checkpoint, and its restarts stay 0 (`make e2e`).
+Measured intervals are printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from e2e_support import HOST_ROOT, Jobs, LocalProgressReader, Progress, job_manifest, parse_progress, summary, train_args
+from helpers import wait_for
+from kueue_support import Queues, queued, queues_fixture, start_kueue
+
+CHECKPOINT_EVERY = 5
+START_TIMEOUT = 120
+FINISH_TIMEOUT = 150
+QUOTA_CPU = "4.2"  # 4 workers of 1 cpu, and two stores of 100m
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster) -> None:
+    start_kueue(cluster)
+
+
+@pytest.fixture
+def queues(kueue, kube, namespace):
+    yield from queues_fixture(kube, namespace)
+
+
+@pytest.fixture
+def kueue_operator(operator_factory):
+    return operator_factory(extra_args=["--kueue"])
+
+
+class Training:
+    """What one of several jobs in the namespace trained: each writes to a checkpoint dir of its own."""
+
+    def __init__(self, namespace: str, name: str):
+        self.reader = LocalProgressReader(f"{namespace}/{name}")
+
+    def __call__(self) -> Progress:
+        return parse_progress(self.reader.read_text())
+
+
+@pytest.fixture
+def trainings(jobs: Jobs):
+    made: list[Training] = []
+
+    def make(name: str) -> Training:
+        made.append(Training(jobs.namespace, name))
+        return made[-1]
+
+    yield make
+    for training in made:
+        training.reader.close()
+
+
+def kueue_job(jobs: Jobs, name: str, steps: int, priority: str | None = None) -> dict:
+    manifest = job_manifest(jobs.namespace, name=name, min_replicas=2, max_replicas=3, replicas=3,
+                            train_args=train_args(steps, checkpoint_every=CHECKPOINT_EVERY))
+    pod = manifest["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    pod["volumes"][0]["hostPath"]["path"] = str(HOST_ROOT / jobs.namespace / name)
+    return queued(manifest, priority=priority)
+
+
+def admitted_at(jobs: Jobs, name: str, timeout: float) -> float:
+    wait_for(lambda: jobs.status(name), timeout, f"{name} admitted",
+             until=lambda s: (s.get("admission") or {}).get("state") == "Admitted")
+    return time.time()
+
+
+def first_step_at(training: Training, after: float, timeout: float, what: str) -> dict:
+    return wait_for(training, timeout, what, until=lambda p: p.first_after(after)).first_after(after)
+
+
+def finished(jobs: Jobs, training: Training, name: str, steps: int) -> Progress:
+    status = jobs.wait_phase("Succeeded", FINISH_TIMEOUT, name=name)
+    done = training()
+    missing = set(range(1, steps + 1)) - {r["step"] for r in done.records}
+    assert done.last_step == steps and not missing, f"{name} incomplete (never done: {sorted(missing)}): {done}"
+    assert status["restarts"] == 0, summary(status)
+    return done
+
+
+def test_the_second_job_waits_queued_until_the_first_finishes(kueue_operator, jobs, queues: Queues, trainings,
+                                                              record_timing):
+    queues.make(cpu=QUOTA_CPU)
+    first, second = trainings("first"), trainings("second")
+    created = time.time()
+    jobs.create(kueue_job(jobs, "first", steps=16))
+    start = first_step_at(first, created, START_TIMEOUT, "the first job's first step")
+    record_timing("created -> first training step (admitted at once)", start["time"] - created)
+    jobs.create(kueue_job(jobs, "second", steps=12))
+    waiting = jobs.wait_phase("Queued", 60, name="second")
+    assert "insufficient unused quota" in waiting["message"], summary(waiting)
+    while jobs.status("first").get("phase") != "Succeeded":  # as long as the first runs, the second waits
+        status = jobs.status("second")
+        assert status["phase"] == "Queued" and not jobs.worker_pods("second"), summary(status)
+        assert not second().records
+        time.sleep(0.5)
+    done_at = time.time()
+    finished(jobs, first, "first", 16)
+    admitted = admitted_at(jobs, "second", 60)
+    step = first_step_at(second, done_at, START_TIMEOUT, "the second job's first step")
+    record_timing("first finished -> second admitted", admitted - done_at)
+    record_timing("second admitted -> its first training step", step["time"] - admitted)
+    assert step["world_size"] == 3
+    finished(jobs, second, "second", 12)
+
+
+@pytest.mark.slow
+def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_uncharged(kueue_operator, jobs,
+                                                                               queues: Queues, trainings,
+                                                                               record_timing):
+    queues.make(cpu=QUOTA_CPU)
+    low_class, high_class = queues.priority("low", 10), queues.priority("high", 1000)
+    low, high = trainings("low"), trainings("high")
+    steps = 60
+    jobs.create(kueue_job(jobs, "low", steps=steps, priority=low_class))
+    before = wait_for(low, START_TIMEOUT, "the low-priority job at step 12 with 3 workers",
+                      until=lambda p: any(r["step"] >= 12 and r["world_size"] == 3 for r in p.records))
+
+    preempt = time.time()
+    jobs.create(kueue_job(jobs, "high", steps=12, priority=high_class))
+    status = jobs.wait_phase("Queued", 60, name="low")
+    assert (status["reason"], status["admission"]["state"]) == ("Preempted", "Preempted"), summary(status)
+    record_timing("preemptor created -> preempted job Queued", time.time() - preempt)
+    stopped = low()
+    assert jobs.status("low")["restarts"] == 0
+    high_step = first_step_at(high, preempt, START_TIMEOUT, "the preemptor's first step")
+    record_timing("preemptor created -> its first training step", high_step["time"] - preempt)
+    finished(jobs, high, "high", 12)
+    high_done = time.time()
+
+    resumed = first_step_at(low, high_done, START_TIMEOUT, "the preempted job training again")
+    record_timing("preemptor finished -> preempted job's next step", resumed["time"] - high_done)
+    assert resumed["resumed_from"] >= stopped.last_step - CHECKPOINT_EVERY, (
+        f"resumed from step {resumed['resumed_from']}, step {stopped.last_step} had been reached")
+    assert stopped.last_step > before.last_step - 1
+    done = finished(jobs, low, "low", steps)
+    assert jobs.status("low")["restarts"] == 0 and not jobs.status("low").get("lastFailures")
+    reasons = [e.reason for e in jobs.core.list_namespaced_event(
+        jobs.namespace, field_selector="involvedObject.name=low").items]
+    assert reasons.count("Preempted") == 1 and reasons.count("Admitted") == 2, reasons
+    assert 3 in done.world_sizes()

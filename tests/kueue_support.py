@@ -1,0 +1,94 @@
+"""Kueue for the tests that queue jobs: the add-on, a ClusterQueue (and flavor) per test, priority classes.
+
+The objects are cluster-scoped: each test gets its own, named after its namespace, and they are deleted after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+LOCAL_QUEUE = "lq"
+
+
+def start_kueue(cluster) -> None:
+    if cluster.kind != "local":
+        pytest.skip("the Kueue add-on runs on the local cluster")
+    from localcluster import controlplane
+
+    controlplane.ensure_up(ROOT, cluster.nodes or 0, addons=["kueue"])
+
+
+def queued(manifest: dict, queue: str = LOCAL_QUEUE, priority: str | None = None) -> dict:
+    labels = manifest["metadata"].setdefault("labels", {})
+    labels[QUEUE_LABEL] = queue
+    if priority:
+        labels[PRIORITY_LABEL] = priority
+    return manifest
+
+
+class Queues:
+    """ClusterQueues (with their own flavor), a LocalQueue `lq` in the test's namespace, priority classes."""
+
+    def __init__(self, kube, namespace: str):
+        from localcluster import kueue_addon
+
+        self.kube, self.namespace, self.addon = kube, namespace, kueue_addon
+        self.custom = client.CustomObjectsApi(kube)
+        self.created: list[tuple[str, str]] = []  # (plural, name), deleted in reverse
+
+    def make(self, cpu: str, memory: str = "8Gi", node_labels: dict[str, str] | None = None) -> str:
+        """A ClusterQueue for this namespace with `cpu` and `memory` of one flavor; returns its name."""
+        name = f"cq-{self.namespace}"[:63]
+        flavor = self.addon.FLAVOR
+        if node_labels:
+            flavor = f"fl-{self.namespace}"[:63]
+            body = {**self.addon.resource_flavor(flavor), "spec": {"nodeLabels": node_labels}}
+            self.custom.create_cluster_custom_object(GROUP, VERSION, "resourceflavors", body)
+            self.created.append(("resourceflavors", flavor))
+        self.addon.ensure_cluster_queue(self.kube, name, cpu=cpu, memory=memory, namespaces=[self.namespace],
+                                        flavor=flavor)
+        self.created.append(("clusterqueues", name))
+        self.addon.ensure_local_queue(self.kube, self.namespace, LOCAL_QUEUE, name)
+        return name
+
+    def priority(self, name: str, value: int) -> str:
+        """A WorkloadPriorityClass (Kueue's own: it orders and preempts workloads, not pods)."""
+        full = f"{name}-{self.namespace}"[:63]
+        self.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": full},
+            "value": value})
+        self.created.append(("workloadpriorityclasses", full))
+        return full
+
+    def workload(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads", name)
+
+    def cleanup(self) -> None:
+        for plural, name in reversed(self.created):
+            try:
+                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+
+
+def queues_fixture(kube, namespace: str) -> Iterator[Queues]:
+    made = Queues(kube, namespace)
+    yield made
+    made.cleanup()
+
+
+def conditions(obj: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+Check = Callable[[dict], bool]
