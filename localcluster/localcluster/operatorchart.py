@@ -1,0 +1,112 @@
+"""The operator installed by its Helm chart on the local cluster, with real Helm (helm-python-sdk, Helm v4's Go
+SDK), as a platform team installs it: the Deployment, ServiceAccount, RBAC, rendezvous key Secret and metrics
+Service all come from charts/elasticjob-operator, and its CRDs from the chart's crds/.
+
+The image is ignored as for every pod here: the node agent runs what images/operator.Dockerfile's ENTRYPOINT
+declares (`elasticjob run`) with the Deployment's args, from the host's .venv (localcluster/images.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+from kubernetes import client
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "elasticjob-operator"
+RELEASE, NAMESPACE = "elasticjob-operator", "elasticjob-system"
+CHART_NAME = "elasticjob-operator"
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    revision: int
+    installed: bool  # False: an existing release was upgraded
+    crds_applied: bool  # the CRDs were in the cluster already and were applied from crds/ (Helm never upgrades them)
+
+    @property
+    def fullname(self) -> str:
+        """The chart's `fullname` helper: the release name when it contains the chart's name."""
+        return self.name if CHART_NAME in self.name else f"{self.name}-{CHART_NAME}"
+
+    @property
+    def selector(self) -> str:
+        return f"app.kubernetes.io/name={CHART_NAME},app.kubernetes.io/instance={self.name}"
+
+
+def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = RELEASE,
+                       namespace: str = NAMESPACE, timeout: int = 180) -> Release:
+    """`helm upgrade --install --wait`: a first install creates the namespace and installs crds/; an upgrade
+    first applies crds/ itself, as the README tells users to (Helm leaves existing CRDs alone)."""
+    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
+        exists = release_exists(cfg, release)
+        if exists:
+            crds_applied = apply_crds(kubeconfig)
+            result = cfg.upgrade(str(CHART), release, values, namespace=namespace, wait="watcher", timeout=timeout)
+        else:
+            crds_applied = apply_crds(kubeconfig, only_existing=True)
+            result = cfg.install(str(CHART), release, values, namespace=namespace, create_namespace=True,
+                                 wait="watcher", timeout=timeout)
+    return Release(release, namespace, int(result["revision"]), not exists, crds_applied)
+
+
+def release_exists(cfg: helm.Config, release: str) -> bool:
+    try:
+        cfg.status(release)
+        return True
+    except helm.HelmNotFoundError:
+        return False
+
+
+def uninstall(kubeconfig: Path, release: str = RELEASE, namespace: str = NAMESPACE, timeout: int = 120) -> None:
+    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
+        cfg.uninstall(release, wait="watcher", timeout=timeout)
+
+
+def chart_crds() -> list[dict]:
+    return [doc for path in sorted((CHART / "crds").glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def apply_crds(kubeconfig: Path, only_existing: bool = False) -> bool:
+    """Server-side apply of the chart's CRDs (all, or only those already in the cluster, which Helm would skip).
+    Returns whether any was applied."""
+    from kubernetes import config
+
+    with config.new_client_from_config(config_file=str(kubeconfig)) as api:
+        ext = client.ApiextensionsV1Api(api)
+        present = {crd.metadata.name for crd in ext.list_custom_resource_definition().items}
+        applied = False
+        for doc in chart_crds():
+            if only_existing and doc["metadata"]["name"] not in present:
+                continue
+            ext.patch_custom_resource_definition(doc["metadata"]["name"], doc, field_manager="elasticjob-chart",
+                                                 force=True, _content_type="application/apply-patch+yaml")
+            applied = True
+        return applied
+
+
+def operator_pods(core: client.CoreV1Api, release: Release) -> list[client.V1Pod]:
+    """The release's operator pods that are not being deleted."""
+    pods = core.list_namespaced_pod(release.namespace, label_selector=release.selector).items
+    return [p for p in pods if not p.metadata.deletion_timestamp]
+
+
+def wait_running(core: client.CoreV1Api, release: Release, timeout: float = 120) -> client.V1Pod:
+    """The one operator pod of the release, running (every other one gone)."""
+    deadline, seen = time.monotonic() + timeout, "nothing"
+    while time.monotonic() < deadline:
+        every = core.list_namespaced_pod(release.namespace, label_selector=release.selector).items
+        running = [p for p in every if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        if len(every) == 1 and running:
+            return running[0]
+        seen = [(p.metadata.name, p.status.phase, bool(p.metadata.deletion_timestamp)) for p in every]
+        time.sleep(0.5)
+    raise TimeoutError(f"the operator pod of {release.name} is not running alone after {timeout:.0f}s: {seen}")
