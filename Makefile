@@ -46,8 +46,8 @@ else
 	$(PY) -m pytest tests/e2e -p no:cacheprovider
 endif
 
-run: $(VENV)/.installed ## Start the local cluster, the operator and examples/elasticjob.yaml; follow it to the end
-	$(PY) -m localcluster.demo
+run: $(VENV)/.installed ## Local cluster, the operator by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
+	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
 
 cluster-build: ## Build (once; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
 	bash localcluster/build.sh >/dev/null

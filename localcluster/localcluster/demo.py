@@ -1,17 +1,19 @@
-"""`make run`: the operator doing its main job on the local cluster, followed until the job finishes.
+"""`make run`: the operator doing its job on the local cluster, installed by its Helm chart.
 
-Starts the local cluster if none runs, installs the CRD, runs the operator (`python -m elasticjob run`, the
-entry the image starts), applies examples/elasticjob.yaml and prints the job's progress: phase, workers,
-restarts, the training step and world size the workers report.
+    python -m localcluster.demo [--scenario story|basic]
+
+Starts the local cluster if none runs, installs (or upgrades) the operator with charts/elasticjob-operator
+through Helm's SDK, watching the `default` namespace, and applies examples/elasticjob.yaml there.
+- story (default): grow the job to 3 nodes with `kubectl scale`, SIGKILL the pod that holds rank 0, SIGKILL the
+  rendezvous store, let it finish; a live view meanwhile and a table of what each fault cost at the end.
+- basic: follow the job to its end, one plain line per change.
+Exits 0 only when the job Succeeded. The operator stays installed; the cluster keeps running.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import argparse
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,123 +21,113 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from rich.console import Console
 
-from . import controlplane
+from . import controlplane, liveview, operatorchart
+from .story import Story, StoryError, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elasticjob.yaml"
-CRD = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 NAMESPACE = "default"
-TIMEOUT_SECONDS = 900
+BASIC_TIMEOUT = 900
+# The chart's defaults, but watching only the namespace the demo uses (other tenants' namespaces are theirs).
+CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}}
 
 
-def install_crd(api: client.ApiClient) -> None:
-    ext = client.ApiextensionsV1Api(api)
-    doc = yaml.safe_load(CRD.read_text())
-    ext.patch_custom_resource_definition(doc["metadata"]["name"], doc, field_manager="elasticjob-demo",
-                                         force=True, _content_type="application/apply-patch+yaml")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
-        if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])):
-            return
-        time.sleep(0.5)
-    raise SystemExit("the ElasticJob CRD did not become Established within 30s")
+def install_operator(console: Console, kubeconfig: Path, api: client.ApiClient) -> operatorchart.Release:
+    console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} charts/elasticjob-operator "
+                  f"--namespace {operatorchart.NAMESPACE} --create-namespace --set watch.allNamespaces=false "
+                  f"--set watch.namespaces={{{NAMESPACE}}} --wait   (Helm's Go SDK, helm-python-sdk)",
+                  highlight=False, markup=False)
+    started = time.monotonic()
+    release = operatorchart.install_or_upgrade(kubeconfig, CHART_VALUES)
+    pod = operatorchart.wait_running(client.CoreV1Api(api), release)
+    action = "installed" if release.installed else f"upgraded to revision {release.revision}"
+    crds = ("the chart's crds/ applied (Helm never upgrades CRDs)" if release.crds_applied
+            else "CRDs installed by Helm from the chart's crds/")
+    console.print(f"operator: {action} in {time.monotonic() - started:.1f}s; pod {pod.metadata.name} runs "
+                  f"`elasticjob run` (the image's ENTRYPOINT) with the chart's args; {crds}", highlight=False)
+    console.print(f"          logs: kubectl -n {release.namespace} logs deploy/{release.fullname}", highlight=False)
+    return release
 
 
-def start_operator(kubeconfig: Path) -> subprocess.Popen:
-    log = ROOT / ".localcluster" / "logs" / "operator.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"operator: python -m elasticjob run --namespace {NAMESPACE} (log: {log.relative_to(ROOT)})")
-    return subprocess.Popen([sys.executable, "-m", "elasticjob", "run", "--namespace", NAMESPACE],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "KUBECONFIG": str(kubeconfig)}, start_new_session=True)
-
-
-def submit(custom: client.CustomObjectsApi, job: dict) -> None:
+def clear_previous(custom: client.CustomObjectsApi, job: dict, console: Console) -> None:
+    """Delete the job a previous run left and its checkpoints, so that training starts from step 0."""
     name = job["metadata"]["name"]
     try:
         custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
-        print(f"deleted the previous {name}")
-        wait_gone(custom, name)
+        console.print(f"deleted the previous {name}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+            time.sleep(0.5)
+        raise SystemExit(f"the previous {name} is still there after 60s")
     except ApiException as err:
         if err.status != 404:
             raise
-    checkpoints = job["spec"].get("checkpointDir")
-    if checkpoints:
-        # Start the demo from step 0, not from the last run's checkpoint.
+    if checkpoints := job["spec"].get("checkpointDir"):
         shutil.rmtree(Path(checkpoints).parent, ignore_errors=True)
+
+
+def basic(api: client.ApiClient, job: dict, console: Console) -> str:
+    """Today's plain run: apply the example and print a line whenever the job or training changes."""
+    custom = client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, job)
-    print(f"applied {EXAMPLE.relative_to(ROOT)}: ElasticJob {name}")
-
-
-def wait_gone(custom: client.CustomObjectsApi, name: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
-        except ApiException as err:
-            if err.status == 404:
-                return
-            raise
-        time.sleep(0.5)
-    raise SystemExit(f"the previous {name} is still there after 60s")
-
-
-def training_progress(checkpoint_dir: str | None) -> str:
-    if not checkpoint_dir:
-        return ""
-    progress = Path(checkpoint_dir) / "progress.jsonl"
-    try:
-        last = json.loads(progress.read_text().splitlines()[-1])
-    except (OSError, IndexError, ValueError):
-        return ""
-    return f" | step {last.get('step')} at world size {last.get('world_size')}"
-
-
-def follow(custom: client.CustomObjectsApi, job: dict, operator: subprocess.Popen) -> str:
     name = job["metadata"]["name"]
-    shown, deadline = "", time.monotonic() + TIMEOUT_SECONDS
+    console.print(f"applied {EXAMPLE.relative_to(ROOT)}: ElasticJob {name}")
+    progress = Path(job["spec"]["checkpointDir"]) / "progress.jsonl"
+    shown, deadline = "", time.monotonic() + BASIC_TIMEOUT
     while time.monotonic() < deadline:
-        if operator.poll() is not None:
-            raise SystemExit(f"the operator exited with {operator.returncode}; see .localcluster/logs/operator.log")
-        status = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name).get("status") or {}
-        line = (f"{status.get('phase', 'Pending'):<10} ready {status.get('readyReplicas', 0)}/"
-                f"{status.get('desiredReplicas', '?')}  restarts {status.get('restarts', 0)}  "
-                f"{status.get('message') or ''}{training_progress(job['spec'].get('checkpointDir'))}")
+        snap = liveview.observe(api, NAMESPACE, name, progress)
+        line = f"{liveview.plain_line(snap)}  {snap.status.get('message') or ''}"
         if line != shown:
-            print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+            console.print(f"[{time.strftime('%H:%M:%S')}] {line}", highlight=False, markup=False, soft_wrap=True)
             shown = line
-        if status.get("phase") in ("Succeeded", "Failed"):
-            return status["phase"]
+        if snap.phase in ("Succeeded", "Failed"):
+            return snap.phase
         time.sleep(1)
-    raise SystemExit(f"{name} did not finish within {TIMEOUT_SECONDS}s")
+    raise SystemExit(f"{name} did not finish within {BASIC_TIMEOUT}s")
 
 
-def stop(operator: subprocess.Popen) -> None:
-    if operator.poll() is None:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(operator.pid, signal.SIGKILL)
+def story(api: client.ApiClient, kubeconfig: Path, job: dict, console: Console) -> str:
+    view = liveview.View(f"{NAMESPACE}/{job['metadata']['name']}", console)
+    tale = Story(api, kubeconfig, EXAMPLE, job, view, ROOT / ".localcluster")
+    try:
+        with view:
+            phase = tale.run()
+    except StoryError as err:
+        console.print(f"\nthe story stopped: {err}", highlight=False, markup=False)
+        phase = "Failed"
+    view.final_frame()
+    console.print()
+    console.print(summary(tale.faults))
+    return phase
 
 
-def main() -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m localcluster.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=["story", "basic"], default="story")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=max(console.width, 120))  # a log has no width to fit
+    began = time.monotonic()
     cluster = controlplane.ensure_up(ROOT, 3)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    install_crd(api)
-    custom = client.CustomObjectsApi(api)
+    install_operator(console, cluster.kubeconfig, api)
     job = yaml.safe_load(EXAMPLE.read_text())
-    operator = start_operator(cluster.kubeconfig)
-    try:
-        submit(custom, job)
-        phase = follow(custom, job, operator)
-    finally:
-        stop(operator)
-    print(f"\n{job['metadata']['name']} {phase}. The cluster keeps running: "
-          f"`export KUBECONFIG={cluster.kubeconfig}` and `kubectl get ej`; `make cluster-down` stops it.")
+    clear_previous(client.CustomObjectsApi(api), job, console)
+    started = time.monotonic()
+    phase = basic(api, job, console) if args.scenario == "basic" else story(api, cluster.kubeconfig, job, console)
+    console.print(f"\n{job['metadata']['name']} {phase}: the job took {time.monotonic() - started:.0f}s, "
+                  f"`make run` {time.monotonic() - began:.0f}s. The cluster and the operator keep running: "
+                  f"`export KUBECONFIG={cluster.kubeconfig}` and `kubectl get ej`; `make cluster-down` stops it.",
+                  highlight=False, markup=False)
     return 0 if phase == "Succeeded" else 1
 
 

@@ -1,0 +1,195 @@
+"""`make run`'s story: an elastic job grows, loses the pod that holds rank 0, loses its rendezvous store, and
+finishes; then a table of what each of those cost.
+
+Each fault is timed as bench/recovery.py and the e2e tests time it: from the fault to the first training step
+completed by a worker process that had written nothing before it (a survivor may still finish the step it was
+in). Whether it was charged to maxRestarts comes from status.restarts and status.lastFailures.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from kubernetes import client
+from rich import box
+from rich.table import Table
+
+from . import faults, liveview
+from .liveview import Snapshot, View
+
+POLL = 0.5
+START_TIMEOUT = 120
+RECOVERY_TIMEOUT = 90
+FINISH_TIMEOUT = 120
+STEPS_BETWEEN = 3  # training steps to let pass after a recovery before the next fault
+
+
+@dataclass
+class Fault:
+    what: str
+    at: float
+    restarts_before: int
+    seconds: float | None = None  # fault -> next completed step; None: never within RECOVERY_TIMEOUT
+    world_size: int | None = None
+    charged: int | None = None  # restarts charged for it (None until known)
+    reasons: tuple[str, ...] = ()  # lastFailures recorded for it
+
+
+class Story:
+    def __init__(self, api: client.ApiClient, kubeconfig: Path, manifest: Path, job: dict, view: View,
+                 state_dir: Path):
+        self.api, self.kubeconfig, self.view, self.state_dir = api, kubeconfig, view, state_dir
+        self.manifest = manifest
+        self.name, self.namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+        self.progress = Path(job["spec"]["checkpointDir"]) / "progress.jsonl"  # a hostPath at the same path
+        self.faults: list[Fault] = []
+        self.snap: Snapshot | None = None
+
+    # --- watching ---------------------------------------------------------------------------------------
+    def observe(self) -> Snapshot:
+        self.snap = liveview.observe(self.api, self.namespace, self.name, self.progress)
+        self.view.update(self.snap)
+        return self.snap
+
+    def wait(self, until: Callable[[Snapshot], object], timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.observe()
+            if found := until(snap):
+                return found
+            if snap.phase in ("Succeeded", "Failed") and what != "the job to finish":
+                raise StoryError(f"the job finished {snap.phase} while waiting for {what}: {snap.status.get('message')}")
+            if time.monotonic() >= deadline:
+                raise StoryError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                                 f"last seen: {liveview.plain_line(snap)}")
+            time.sleep(POLL)
+
+    # --- acts -------------------------------------------------------------------------------------------
+    def run(self) -> str:
+        self.view.say(f"$ kubectl apply -f {self.manifest.parent.name}/{self.manifest.name}     # {self.name}: 1 to 3 nodes, starting with 2")
+        self.kubectl("apply", "-f", str(self.manifest))
+        self.wait(lambda s: s.world_size == 2 and s.step >= STEPS_BETWEEN, START_TIMEOUT, "training at world size 2")
+        self.scale_up()
+        self.steps_pass()
+        self.kill_rank0()
+        self.steps_pass()
+        self.kill_store()
+        self.view.say("now let it finish")
+        snap = self.wait(lambda s: s if s.phase in ("Succeeded", "Failed") else None, FINISH_TIMEOUT,
+                         "the job to finish")
+        self.settle(snap)
+        return snap.phase
+
+    def scale_up(self) -> None:
+        self.view.say(f"$ kubectl scale elasticjob/{self.name} --replicas=3     # grow while it trains")
+        fault = self.begin("scale 2 -> 3 (kubectl scale)")
+        self.kubectl("scale", f"elasticjob/{self.name}", "--replicas=3")
+        self.recovered(fault, world_size=3)
+
+    def kill_rank0(self) -> None:
+        rank0 = [r for r in self.snap.records if r["rank"] == 0][-1]["host"]  # hostname = pod name
+        self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{rank0}     "
+                      f"# SIGKILL the pod that holds rank 0 (progress.jsonl says so)")
+        fault = self.begin(f"SIGKILL the rank-0 pod ({rank0})")
+        self.signal_pod(rank0)
+        self.recovered(fault)
+
+    def kill_store(self) -> None:
+        store = f"{self.name}-rdzv"
+        self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{store}     "
+                      f"# SIGKILL the rendezvous store")
+        fault = self.begin(f"SIGKILL the store pod ({store})")
+        self.signal_pod(store)
+        self.recovered(fault)
+
+    def steps_pass(self) -> None:
+        step = self.snap.step or 0
+        self.wait(lambda s: (s.step or 0) >= step + STEPS_BETWEEN, RECOVERY_TIMEOUT, f"{STEPS_BETWEEN} more steps")
+
+    # --- faults and their cost --------------------------------------------------------------------------
+    def begin(self, what: str) -> Fault:
+        fault = Fault(what, time.time(), (self.snap.status.get("restarts") or 0) if self.snap else 0)
+        self.faults.append(fault)
+        return fault
+
+    def recovered(self, fault: Fault, world_size: int | None = None) -> None:
+        try:
+            first = self.wait(lambda s: first_step_after(s.records, fault.at, world_size), RECOVERY_TIMEOUT,
+                              f"a training step after: {fault.what}")
+        except StoryError as err:
+            self.view.say(f"no step within {RECOVERY_TIMEOUT}s: {err}")
+            return
+        fault.seconds, fault.world_size = first["time"] - fault.at, first["world_size"]
+        self.view.say(f"training again {fault.seconds:.1f}s later, at world size {fault.world_size} "
+                      f"(step {first['step']})")
+
+    def settle(self, snap: Snapshot) -> None:
+        settle(self.faults, snap.status)
+
+    # --- doing ------------------------------------------------------------------------------------------
+    def kubectl(self, *args: str) -> None:
+        if not shutil.which("kubectl"):
+            raise StoryError("kubectl is not on PATH: run `make run`, or `eval \"$(localcluster env)\"` first")
+        done = subprocess.run(["kubectl", "--namespace", self.namespace, *args], text=True, capture_output=True,
+                              env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
+        if done.returncode != 0:
+            raise StoryError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+
+    def signal_pod(self, pod: str) -> None:
+        if not faults.kill_pod(self.namespace, pod, 9, self.state_dir):
+            raise StoryError(f"pod {pod} has no running container to kill")
+
+
+class StoryError(RuntimeError):
+    pass
+
+
+def first_step_after(records: list[dict], when: float, world_size: int | None = None) -> dict | None:
+    """The first step completed by a worker process that had written nothing before `when`."""
+    old = {(r["host"], r["pid"], r["started"]) for r in records if r["time"] <= when}
+    later = [r for r in records if r["time"] > when and (r["host"], r["pid"], r["started"]) not in old
+             and (world_size is None or r["world_size"] == world_size)]
+    return min(later, key=lambda r: r["time"], default=None)
+
+
+def settle(faults_seen: list[Fault], status: dict) -> None:
+    """Charges per fault: the restarts between it and the next fault, and the failures recorded in that window
+    (their times have whole seconds, so windows start at the fault's whole second)."""
+    starts = [int(f.at) for f in faults_seen]
+    ends = starts[1:] + [float("inf")]
+    restarts = [f.restarts_before for f in faults_seen[1:]] + [status.get("restarts") or 0]
+    failures = status.get("lastFailures") or []
+    for fault, start, end, after in zip(faults_seen, starts, ends, restarts):
+        fault.charged = after - fault.restarts_before
+        fault.reasons = tuple(f"{f.get('reason')}{'' if f.get('charged', True) else ' (not charged)'}"
+                              for f in failures if start <= failure_time(f) < end)
+
+
+def failure_time(failure: dict) -> float:
+    stamp = failure.get("time")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+
+
+def summary(faults_seen: list[Fault]) -> Table:
+    table = Table(title="what each fault cost", title_justify="left", box=box.SIMPLE_HEAD)
+    for column, justify in (("fault", "left"), ("seconds to the next step", "right"), ("world size after", "right"),
+                            ("charged to maxRestarts", "left")):
+        table.add_column(column, justify=justify)
+    for f in faults_seen:
+        seconds = f"{f.seconds:.1f}" if f.seconds is not None else f"> {RECOVERY_TIMEOUT}"
+        charged = "?" if f.charged is None else ("yes" if f.charged else "no")
+        if f.charged:
+            charged += f", {f.charged} restart{'s' if f.charged > 1 else ''}"
+        if f.reasons:
+            counted = Counter(f.reasons)
+            charged += " (" + ", ".join(f"{n} x {r}" if n > 1 else r for r, n in counted.items()) + ")"
+        table.add_row(f.what, seconds, str(f.world_size or "-"), charged)
+    return table
