@@ -36,10 +36,11 @@ STEPS_BETWEEN = 3  # training steps to let pass after a recovery before the next
 class Fault:
     what: str
     at: float
-    restarts_before: int
+    pod_uid: str | None = None  # the pod it killed: failures on record for that pod are this fault's
+    owns: tuple[str, ...] = ()  # failure reasons only this fault causes (RendezvousLost for the store)
     seconds: float | None = None  # fault -> next completed step; None: never within RECOVERY_TIMEOUT
     world_size: int | None = None
-    charged: int | None = None  # restarts charged for it (None until known)
+    charged: int | None = None  # failures charged to maxRestarts for it (None until known)
     reasons: tuple[str, ...] = ()  # lastFailures recorded for it
 
 
@@ -98,7 +99,7 @@ class Story:
         rank0 = [r for r in self.snap.records if r["rank"] == 0][-1]["host"]  # hostname = pod name
         self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{rank0}     "
                       f"# SIGKILL the pod that holds rank 0 (progress.jsonl says so)")
-        fault = self.begin(f"SIGKILL the rank-0 pod ({rank0})")
+        fault = self.begin(f"SIGKILL the rank-0 pod ({rank0})", pod_uid=self.uid_of(rank0))
         self.signal_pod(rank0)
         self.recovered(fault)
 
@@ -106,7 +107,7 @@ class Story:
         store = f"{self.name}-rdzv"
         self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{store}     "
                       f"# SIGKILL the rendezvous store")
-        fault = self.begin(f"SIGKILL the store pod ({store})")
+        fault = self.begin(f"SIGKILL the store pod ({store})", owns=("RendezvousLost",))
         self.signal_pod(store)
         self.recovered(fault)
 
@@ -115,10 +116,13 @@ class Story:
         self.wait(lambda s: (s.step or 0) >= step + STEPS_BETWEEN, RECOVERY_TIMEOUT, f"{STEPS_BETWEEN} more steps")
 
     # --- faults and their cost --------------------------------------------------------------------------
-    def begin(self, what: str) -> Fault:
-        fault = Fault(what, time.time(), (self.snap.status.get("restarts") or 0) if self.snap else 0)
+    def begin(self, what: str, **identity) -> Fault:
+        fault = Fault(what, time.time(), **identity)
         self.faults.append(fault)
         return fault
+
+    def uid_of(self, pod: str) -> str | None:
+        return next((p["metadata"].get("uid") for p in self.snap.pods if p["metadata"]["name"] == pod), None)
 
     def recovered(self, fault: Fault, world_size: int | None = None) -> None:
         try:
@@ -161,16 +165,24 @@ def first_step_after(records: list[dict], when: float, world_size: int | None = 
 
 
 def settle(faults_seen: list[Fault], status: dict) -> None:
-    """Charges per fault: the restarts between it and the next fault, and the failures recorded in that window
-    (their times have whole seconds, so windows start at the fault's whole second)."""
-    starts = [int(f.at) for f in faults_seen]
-    ends = starts[1:] + [float("inf")]
-    restarts = [f.restarts_before for f in faults_seen[1:]] + [status.get("restarts") or 0]
-    failures = status.get("lastFailures") or []
-    for fault, start, end, after in zip(faults_seen, starts, ends, restarts):
-        fault.charged = after - fault.restarts_before
+    """Each failure on record (status.lastFailures) goes to the fault that caused it: the one that killed its pod,
+    the one whose kind of failure it is, or else the last fault before it (the operator may record a failure
+    after the next fault began, so time alone is the last resort; times have whole seconds)."""
+    found: dict[int, list[dict]] = {i: [] for i in range(len(faults_seen))}
+    for failure in status.get("lastFailures") or []:
+        cause = next((i for i, f in enumerate(faults_seen) if f.pod_uid and f.pod_uid == failure.get("uid")), None)
+        if cause is None:
+            cause = next((i for i, f in reversed(list(enumerate(faults_seen))) if failure.get("reason") in f.owns),
+                         None)
+        if cause is None:
+            cause = next((i for i, f in reversed(list(enumerate(faults_seen))) if int(f.at) <= failure_time(failure)),
+                         None)
+        if cause is not None:
+            found[cause].append(failure)
+    for i, fault in enumerate(faults_seen):
+        fault.charged = sum(1 for f in found[i] if f.get("charged", True))
         fault.reasons = tuple(f"{f.get('reason')}{'' if f.get('charged', True) else ' (not charged)'}"
-                              for f in failures if start <= failure_time(f) < end)
+                              for f in found[i])
 
 
 def failure_time(failure: dict) -> float:

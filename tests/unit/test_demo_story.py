@@ -91,23 +91,27 @@ def test_the_first_step_after_a_fault_is_a_new_process():
     assert story.first_step_after(records, 11.0, world_size=2) is None
 
 
-def test_each_fault_is_charged_what_happened_in_its_window():
-    """Failure times have whole seconds: one at 20:00:58 belongs to a fault at 58.4, not to one before it."""
+def test_each_failure_on_record_goes_to_the_fault_that_caused_it():
+    """By the pod it killed, by its kind (RendezvousLost: the store), else by time; times have whole seconds, and
+    the operator may record a failure after the next fault began."""
     base = 1_800_000_000.0
-    faults = [story.Fault("scale", base + 47.3, 0), story.Fault("kill rank 0", base + 58.4, 0),
-              story.Fault("kill store", base + 67.2, 2)]
+    faults = [story.Fault("scale", base + 47.3), story.Fault("kill rank 0", base + 58.4, pod_uid="u-0"),
+              story.Fault("kill store", base + 67.2, owns=("RendezvousLost",))]
 
     def stamp(seconds: float) -> str:
         return datetime.fromtimestamp(base + seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     status = {"restarts": 2, "lastFailures": [
-        {"reason": "Killed", "charged": True, "time": stamp(58.9)},
-        {"reason": "Error", "charged": True, "time": stamp(60.2)},
-        *({"reason": "RendezvousLost", "charged": False, "time": stamp(68.1)} for _ in range(3))]}
+        {"reason": "Killed", "uid": "u-0", "charged": True, "time": stamp(58.9)},
+        {"reason": "Error", "uid": "u-2", "charged": True, "time": stamp(60.2)},  # in place, a survivor's agent
+        *({"reason": "RendezvousLost", "uid": f"s-{i}", "charged": False, "time": stamp(68.1)} for i in range(3)),
+        {"reason": "Error", "uid": "u-0", "charged": False, "time": stamp(69.0)}]}  # late, but its pod says whose
     story.settle(faults, status)
     assert [f.charged for f in faults] == [0, 2, 0]
-    assert [f.reasons for f in faults] == [(), ("Killed", "Error"), ("RendezvousLost (not charged)",) * 3]
+    assert [f.reasons for f in faults] == [(), ("Killed", "Error", "Error (not charged)"),
+                                           ("RendezvousLost (not charged)",) * 3]
     out = io.StringIO()
     Console(file=out, width=200).print(story.summary(faults))
     text = out.getvalue()
-    assert "yes, 2 restarts (Killed, Error)" in text and "no (3 x RendezvousLost (not charged))" in text, text
+    assert "yes, 2 restarts (Killed, Error, Error (not charged))" in text, text
+    assert "no (3 x RendezvousLost (not charged))" in text, text
