@@ -2,7 +2,7 @@
 owned by the job; workers join it and bind; the store stays outside; a new minReplicas makes a new group.
 
 Cheap sleeping workers: this is about the objects and the schedulers. Capacity scenarios with training are in
-tests/e2e/test_gang.py.
+tests/e2e/test_gang_training.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ operator makes, waiting Queued, starting on admission with the flavor's node lab
 quota released as Kueue's own integrations do, nothing charged) and resumption, the Workload Finished at the end,
 the chart's MutatingAdmissionPolicy, and the chart's RBAC for all of it.
 
-Cheap workers (sleep); training through preemption is in tests/e2e/test_kueue.py.
+Cheap workers (sleep); training through preemption is in tests/e2e/test_kueue_training.py.
 """
 
 from __future__ import annotations
