@@ -51,8 +51,7 @@ NAMESPACED_GRANTS = {
     ("networking.k8s.io", "networkpolicies"): {"create"},
     ("", "events"): {"create"},
 }
-CRD_GRANT = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}, ("", "nodes"): {"get"}}
-NAMESPACES_GRANT = {("", "namespaces"): {"list", "watch"}}
+NODES_GRANT = {("", "nodes"): {"get"}}  # nothing for kopf: its scanning is off
 # Only with gangScheduling.workloadAPI / gangScheduling.coscheduling / kueue.enabled.
 WORKLOAD_API_GRANTS = {("scheduling.k8s.io", "podgroups"): {"get", "create", "delete"}}
 COSCHEDULING_GRANTS = {("scheduling.x-k8s.io", "podgroups"): {"get", "create", "patch"}}
@@ -274,7 +273,7 @@ def test_rbac_has_no_wildcards_and_reads_no_secrets(variant: str) -> None:
 def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
     docs = render()
     assert not by_kind(docs, "Role")
-    assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **CRD_GRANT}
+    assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **NODES_GRANT}
     assert named_grants(by_kind(docs, "ClusterRole")) == set()
     bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")
              if b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}]}
@@ -283,7 +282,7 @@ def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
 
 def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> None:
     docs = render(VARIANTS["namespaced"])
-    assert grants(by_kind(docs, "ClusterRole")) == {**CRD_GRANT, **NAMESPACES_GRANT}
+    assert grants(by_kind(docs, "ClusterRole")) == {**NODES_GRANT}
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
@@ -296,7 +295,7 @@ def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> Non
 def test_rbac_peering_grants_list_watch_and_get_patch_of_its_own_object() -> None:
     cluster = render(VARIANTS["peering"])
     assert grants(by_kind(cluster, "ClusterRole")) == {
-        **NAMESPACED_GRANTS, **CRD_GRANT, ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
+        **NAMESPACED_GRANTS, **NODES_GRANT, ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
     assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "get"),
                                                              ("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
     assert [p["metadata"]["name"] for p in by_kind(cluster, "ClusterKopfPeering")] == [FULLNAME]
@@ -323,21 +322,21 @@ def test_existing_service_account_is_bound_not_created() -> None:
 
 def test_rbac_gang_grants_each_api_only_when_enabled() -> None:
     both = grants(by_kind(render(VARIANTS["gangs"]), "ClusterRole"))
-    assert both == {**NAMESPACED_GRANTS, **CRD_GRANT, **WORKLOAD_API_GRANTS, **COSCHEDULING_GRANTS}
+    assert both == {**NAMESPACED_GRANTS, **NODES_GRANT, **WORKLOAD_API_GRANTS, **COSCHEDULING_GRANTS}
     one = grants(by_kind(render({"gangScheduling": {"workloadAPI": True, "coscheduling": False}}), "ClusterRole"))
-    assert one == {**NAMESPACED_GRANTS, **CRD_GRANT, **WORKLOAD_API_GRANTS}
+    assert one == {**NAMESPACED_GRANTS, **NODES_GRANT, **WORKLOAD_API_GRANTS}
     other = grants(by_kind(render({"gangScheduling": {"workloadAPI": False, "coscheduling": True}}), "ClusterRole"))
-    assert other == {**NAMESPACED_GRANTS, **CRD_GRANT, **COSCHEDULING_GRANTS}
+    assert other == {**NAMESPACED_GRANTS, **NODES_GRANT, **COSCHEDULING_GRANTS}
 
 
 def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() -> None:
     cluster = render(VARIANTS["kueue"])
-    assert grants(by_kind(cluster, "ClusterRole")) == {**NAMESPACED_GRANTS, **CRD_GRANT, **KUEUE_GRANTS,
+    assert grants(by_kind(cluster, "ClusterRole")) == {**NAMESPACED_GRANTS, **NODES_GRANT, **KUEUE_GRANTS,
                                                        **KUEUE_CLUSTER_GRANTS}
     namespaced = render(VARIANTS["kueue-namespaced"])
     (role,) = by_kind(namespaced, "Role")
     assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
-    assert grants(by_kind(namespaced, "ClusterRole")) == {**CRD_GRANT, **NAMESPACES_GRANT, **KUEUE_CLUSTER_GRANTS}
+    assert grants(by_kind(namespaced, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
 
 
 def test_kueue_policy_creates_queued_jobs_suspended_only_when_enabled() -> None:
