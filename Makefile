@@ -7,6 +7,7 @@ TORCH_VERSION ?= 2.13.0
 NODES ?= 3
 KUEUE ?= 0
 SCHEDULER_PLUGINS ?= 0
+KWOK ?= 0
 # kubectl v1.36.3 (built with the control plane) ahead of any other on PATH, for recipes and the tests they run.
 KUBE_BIN := $(shell bash localcluster/build.sh --bin-dir)
 export PATH := $(KUBE_BIN):$(PATH)
@@ -53,17 +54,22 @@ cluster-build: ## Build (once; progress on stderr) the control plane, kubectl an
 	bash localcluster/build.sh >/dev/null
 	bash localcluster/build_addons.sh >/dev/null
 
-cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; KUEUE=1, SCHEDULER_PLUGINS=1 add those)
+cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those)
 	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(KUEUE)),--kueue) \
-		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins)
+		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins) $(if $(filter 1,$(KWOK)),--kwok)
 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
 	$(VENV)/bin/localcluster down
 
-bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per event, and job size on the local cluster
+bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per event, job size, and a fleet of jobs vs a bare client
 	$(PY) bench/run.py
-	$(VENV)/bin/localcluster up --nodes $(NODES)
+	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/scale.py
+	$(PY) bench/fleet.py
+
+bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on one operator (kwok's fake nodes), vs a bare client
+	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
+	$(PY) bench/fleet.py
 
 bench-recovery: $(VENV)/.installed ## Fault -> next training step, three ways, medians of RUNS (default 5); about 40 min
 	$(VENV)/bin/localcluster up --nodes $(NODES)
@@ -77,7 +83,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench bench-recovery soak clean images chart e2e-kind
+.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
 
 images: ## Build the operator and worker images (needs Docker)
 	docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .

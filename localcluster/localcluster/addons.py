@@ -1,9 +1,12 @@
-"""Optional components started after the control plane and the nodes: scheduler-plugins' scheduler and Kueue.
+"""Optional components started after the control plane and the nodes: scheduler-plugins' scheduler, Kueue, and
+kwok's fake nodes.
 
-Each add-on module (schedplugins_addon.py, kueue_addon.py) provides NAME, BINARY, PORTS, HEALTHY_WITHIN and three steps:
-`prepare(endpoints)` (CRDs, RBAC, certificates, configuration; before the process, as Kueue exits when what it
-needs is missing), `argv(bin_dir, endpoints)`, and `finish(endpoints, log)` once the process is healthy (Kueue's
-webhooks and default queues). Their binaries come from build_addons.sh, built only when an add-on is asked for.
+Each add-on module (schedplugins_addon.py, kueue_addon.py, kwok_addon.py) provides NAME, BINARY, PORTS,
+HEALTHY_WITHIN and three steps: `prepare(endpoints)` (CRDs, RBAC, certificates, configuration, kwok's Nodes; before
+the process, as Kueue exits when what it needs is missing), `argv(bin_dir, endpoints)`, and `finish(endpoints, log)`
+once the process is healthy (Kueue's webhooks and default queues); optionally `cleanup(endpoints, log)` after
+`localcluster stop NAME` stopped it (kwok deletes its Nodes). Their binaries come from build_addons.sh, built only
+when an add-on is asked for.
 
 (Module names here must not be those of directories in localcluster/ (kueue/, schedplugins/, manifests/, cmd/):
 `python -m` from the repository root would import those directories as namespace packages instead.)
@@ -17,13 +20,14 @@ from pathlib import Path
 from types import ModuleType
 
 from localcluster import builds, components, sessions
-from localcluster import kueue_addon, schedplugins_addon
+from localcluster import kueue_addon, kwok_addon, schedplugins_addon
 from localcluster.health import Health, check, wait_healthy
 from localcluster.layout import Endpoints, Layout, record, recorded_nodes
 
 Log = Callable[[str], None]
 # In start order; `down` stops them before everything else.
-ADDONS: dict[str, ModuleType] = {schedplugins_addon.NAME: schedplugins_addon, kueue_addon.NAME: kueue_addon}
+ADDONS: dict[str, ModuleType] = {schedplugins_addon.NAME: schedplugins_addon, kueue_addon.NAME: kueue_addon,
+                                  kwok_addon.NAME: kwok_addon}
 STOP_GRACE_SECONDS = 20.0
 
 
@@ -67,6 +71,15 @@ def _stop(layout: Layout, name: str) -> None:
     if pid is not None and sessions.ours(layout, pid):
         sessions.stop_sessions([pid], STOP_GRACE_SECONDS)
     layout.pid_file(name).unlink(missing_ok=True)
+
+
+def stop(layout: Layout, endpoints: Endpoints, name: str, log: Log) -> None:
+    """Stops one add-on of a running cluster and undoes what it registered (kwok's Nodes); the rest stays."""
+    _stop(layout, name)
+    log(f"  stopped {name}")
+    cleanup = getattr(ADDONS[name], "cleanup", None)
+    if cleanup is not None:
+        cleanup(endpoints, log)
 
 
 def ensure(layout: Layout, endpoints: Endpoints, names: list[str], log: Log) -> None:

@@ -23,6 +23,7 @@ FIELD_MANAGER = "localcluster"
 PLURALS = {
     "CustomResourceDefinition": "customresourcedefinitions",
     "Namespace": "namespaces",
+    "Node": "nodes",
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",
     "Role": "roles",

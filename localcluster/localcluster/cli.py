@@ -26,7 +26,8 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
-    addons = [name for name, wanted in (("scheduler-plugins", args.scheduler_plugins), ("kueue", args.kueue)) if wanted]
+    addons = [name for name, wanted in (("scheduler-plugins", args.scheduler_plugins), ("kueue", args.kueue),
+                                        ("kwok", args.kwok)) if wanted]
     controlplane.ensure_up(
         args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
         node_memory=args.node_memory, apiserver_port=args.port, addons=addons,
@@ -36,6 +37,11 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     controlplane.stop(args.root)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    controlplane.stop_addon(args.root, args.addon)
     return 0
 
 
@@ -78,8 +84,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="also run scheduler-plugins' scheduler (Coscheduling) as scheduler-plugins-scheduler")
     up.add_argument("--kueue", action="store_true",
                     help="also run Kueue with ClusterQueue cluster-queue and LocalQueue default/user-queue")
+    up.add_argument("--kwok", action="store_true",
+                    help="also run kwok with 10 fake nodes (label type=kwok, taint kwok.x-k8s.io/node): pods there "
+                         "are Running without processes, for fleet-size benchmarks")
     up.set_defaults(run=_up)
     commands.add_parser("down", help="stop every process of the cluster").set_defaults(run=_down)
+    stop = commands.add_parser("stop", help="stop one add-on of a running cluster (kwok: and delete its nodes)")
+    stop.add_argument("addon", choices=["scheduler-plugins", "kueue", "kwok"])
+    stop.set_defaults(run=_stop)
     commands.add_parser("status", help="components, health and nodes").set_defaults(run=_status)
     commands.add_parser("env", help="print KUBECONFIG and PATH (kubectl v1.36.3 first) export lines").set_defaults(
         run=_env)

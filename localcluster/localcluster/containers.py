@@ -129,7 +129,10 @@ def env_value(pod, container, var, env_so_far, lookup: Lookup, node_allocatable)
 
 def command_line(container: dict, env: dict[str, str], image: ImageConfig | None = None) -> list[str]:
     """Kubernetes' rules: `command` replaces the image's ENTRYPOINT, `args` its CMD. A known image (images.py)
-    supplies both; any other image has neither here, so its `args` alone are taken as the command."""
+    supplies both; any other image has neither here, so its `args` alone are taken as the command. A stand-in
+    image runs its own program whatever the container names."""
+    if image is not None and image.program:
+        return list(image.program)
     command, args = list(container.get("command") or []), list(container.get("args") or [])
     if image is not None and not command:
         command, args = list(image.entrypoint), args or list(image.cmd)

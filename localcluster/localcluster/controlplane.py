@@ -21,6 +21,7 @@ from pathlib import Path
 from localcluster import builds, components, sessions
 from localcluster.addons import ADDONS, check_names
 from localcluster.addons import ensure as ensure_addons
+from localcluster.addons import stop as stop_addon_locked
 from localcluster.health import Health, api_json, check, ready_nodes, wait_healthy
 from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
@@ -327,6 +328,18 @@ def stop(root: Path, log: Log = _print) -> None:
     if strays:
         raise RuntimeError("processes of the local cluster are still running:\n" + "\n".join(strays))
     log("local cluster stopped")
+
+
+def stop_addon(root: Path, name: str, log: Log = _print) -> None:
+    """Stops one add-on (and what it registered, e.g. kwok's Nodes); the cluster keeps running."""
+    layout = Layout(root.resolve())
+    [name] = check_names([name])
+    with _locked(layout):
+        endpoints = load_endpoints(layout)
+        if endpoints is None:
+            log("no local cluster running: nothing to stop")
+            return
+        stop_addon_locked(layout, endpoints, name, log)
 
 
 def cluster_info(root: Path) -> Cluster | None:

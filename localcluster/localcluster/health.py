@@ -58,6 +58,8 @@ def check(endpoints: Endpoints, name: str) -> Health:
     if name == "kueue":
         # Ready once its webhook server serves (and the certificates are in place).
         return get(f"http://127.0.0.1:{ports['kueue-health']}/readyz")
+    if name == "kwok":
+        return get(f"http://127.0.0.1:{ports['kwok']}/healthz")
     if name == "nodeagent":
         return Health(True, "process running")
     raise ValueError(name)

@@ -20,6 +20,11 @@ from pathlib import Path
 KNOWN_IMAGES = {
     "elasticjob-operator": "images/operator.Dockerfile",
 }
+# Stand-in images: whatever command the container names, the node runs this program instead (as a real image
+# whose `python -m elasticjob_store` were this light program would). For benchmarks: storestandin.py.
+STAND_INS = {
+    "elasticjob-store-standin": ("python", "-m", "localcluster.storestandin"),
+}
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class ImageConfig:
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    program: tuple[str, ...] = ()  # a stand-in's: runs instead of the container's command and args
 
 
 def image_name(ref: str) -> str:
@@ -38,7 +44,10 @@ def image_name(ref: str) -> str:
 
 def config_for(ref: str | None, repo_root: Path) -> ImageConfig | None:
     """The known image's configuration, or None (a container of any other image must name its command)."""
-    dockerfile = KNOWN_IMAGES.get(image_name(ref or ""))
+    name = image_name(ref or "")
+    if name in STAND_INS:
+        return ImageConfig(program=STAND_INS[name])
+    dockerfile = KNOWN_IMAGES.get(name)
     return _parse_file(repo_root / dockerfile) if dockerfile else None
 
 

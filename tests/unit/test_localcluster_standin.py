@@ -1,0 +1,121 @@
+"""The light rendezvous stand-in (localcluster/storestandin.py): the operator's own client reads it as a store,
+with the real store's long-poll semantics, and the node maps its image to it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from elasticjob.rendezvous_client import StoreClient, parse_state
+from localcluster import containers, images, storestandin
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = b"k" * 32
+UID = "6f1c2b8e-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def standin(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(StoreClient(KEY).token(UID))
+    server = storestandin.make_server("127.0.0.1", 0, str(token), UID, 1, 4)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def state(server, **kwargs):
+    async def read():
+        client = StoreClient(KEY)
+        try:
+            return await client.state("127.0.0.1", server.server_address[1], UID, **kwargs)
+        finally:
+            await client.close()
+    return asyncio.run(read())
+
+
+def test_the_operator_parses_its_state_as_a_store_no_agent_wrote_to(standin):
+    view = state(standin)
+    assert view is not None
+    assert (view.epoch, view.version, view.round, view.participants, view.failure_rounds) == \
+        (standin.epoch, 0, None, (), 0)
+
+
+def test_a_long_poll_is_held_for_its_wait_when_nothing_changed(standin):
+    started = time.monotonic()
+    view = state(standin, after=0, epoch=standin.epoch, wait=0.3)
+    assert view is not None and time.monotonic() - started >= 0.3
+
+
+@pytest.mark.parametrize("after, epoch", [(-1, None), (0, "0123abcd")])
+def test_a_long_poll_answers_at_once_for_a_new_reader_or_another_epoch(standin, after, epoch):
+    """As the real store: version passed `after`, or the epoch is not this process's (it restarted)."""
+    started = time.monotonic()
+    view = state(standin, after=after, epoch=epoch or standin.epoch, wait=5)
+    assert view is not None and time.monotonic() - started < 2
+
+
+def test_without_the_token_only_healthz_answers(standin):
+    base = f"http://127.0.0.1:{standin.server_address[1]}"
+    assert urllib.request.urlopen(f"{base}/healthz", timeout=5).read() == b"ok"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/v1/state", timeout=5)
+    assert refused.value.code == 401
+    assert parse_state(b'{"epoch": "not hex"}') is None  # (the parser the operator uses is strict)
+
+
+def test_its_image_runs_the_stand_in_whatever_the_container_names():
+    """The store pod's command is `python -m elasticjob_store`; the stand-in image replaces it."""
+    image = images.config_for(f"{storestandin.IMAGE}:latest", ROOT)
+    container = {"name": "rendezvous", "command": ["python", "-m", "elasticjob_store"]}
+    assert containers.command_line(container, {}, image) == ["python", "-m", "localcluster.storestandin"]
+    assert containers.command_line(container, {}, images.config_for("elasticjob-worker:cpu", ROOT)) == \
+        ["python", "-m", "elasticjob_store"]
+
+
+def test_the_program_starts_light_and_serves(tmp_path):
+    """Without torch: it serves within a second (the real store takes about 2 s to import torch)."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    port = _free_port()
+    env = {"PATH": str(Path(sys.executable).parent), "ELASTICJOB_RDZV_PORT": str(port),
+           "ELASTICJOB_RDZV_TOKEN_FILE": str(token)}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "localcluster.storestandin"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.monotonic() - started < 5, "the stand-in did not serve within 5 s"
+                time.sleep(0.02)
+        assert "torch" not in subprocess.run(["cat", f"/proc/{proc.pid}/maps"], capture_output=True,
+                                             text=True).stdout
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+
+
+def _free_port() -> int:
+    import socket
+    while True:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
