@@ -108,7 +108,9 @@ def partition(api: Api, ns: str) -> tuple[float, int | None]:
     victim = other_worker(api, ns)
     when = time.time()
     cut.partition(ns, victim, STATE_DIR)
-    return when, 1
+    # Any world size: the survivor may train alone first, or the replacement may join before its first step
+    # (asking for a world of one counted such runs as no recovery at all).
+    return when, None
 
 
 def scale(api: Api, ns: str, replicas: int) -> tuple[float, int | None]:

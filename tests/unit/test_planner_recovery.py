@@ -123,3 +123,17 @@ def test_a_closed_or_unknown_rendezvous_is_left_alone():
     closed = StoreView(epoch="e1", round=4, complete=True, closed=True, participants=(node(0),))
     assert nudges(plan([killed(0)], closed)) == []
     assert nudges(plan([killed(0)], None)) == []
+
+
+def test_the_last_agent_of_a_round_is_never_cut_off_for_its_silence():
+    """Rank 0's pod killed and its agent removed: the survivor, alone in the round, may go quiet while it
+    restarts. No one waits on it in a collective, so its silence is no partition (it was fenced once, wrongly)."""
+    result = plan([killed(0), worker(1)], view(node(1, age=7.0)))
+    assert [k for k, _ in nudges(result)] == []
+    assert not [a for a in result.actions if isinstance(a, planner.DeletePod) and a.name == "train-worker-1"]
+    assert result.status.infrastructure_failures == 0
+
+
+def test_agents_all_silent_together_are_the_stores_problem_not_a_partition():
+    result = plan([worker(0), worker(1)], view(node(0, age=7.0), node(1, age=7.0)))
+    assert "restart" not in [k for k, _ in nudges(result)]

@@ -8,8 +8,9 @@ operator sees pods die within a fraction of a second, so it acts, but only on ev
 - an agent whose address no pod has any more and whose heartbeat is stale: its pod went after its kubelet
   confirmed the containers stopped;
 - an agent of a running round whose heartbeats stopped for torch's own dead-node time, or missed one while its
-  pod or node is not Ready: frozen or cut off. It is removed, the survivors are restarted (they hang in a
-  collective otherwise) and its pod is stopped, so that it cannot come back with stale state.
+  pod or node is not Ready, while another agent of the round still heartbeats: frozen or cut off. It is
+  removed, the survivors are restarted (they hang in a collective otherwise) and its pod is stopped, so that
+  it cannot come back with stale state.
 The last call ends early once the agents in the round are every live agent. The store itself refuses to
 empty a complete round that no agent left (that made a second world in measurements).
 """
@@ -85,8 +86,14 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, store: Store
                           now: datetime) -> set[str]:
     if not store.complete:
         return set()
+    fresh = {n.addr for n in store.participants if (store.age(n, now) or 0.0) <= stale_after(job)}
     cut = set()
     for node in store.participants:
+        if not fresh - {node.addr}:
+            # No other agent of the round is heartbeating, so no one hangs waiting on this one: the last agent
+            # of a round whose peer died may go quiet while it restarts (seen after rank 0's pod was killed),
+            # and a store cut off from every agent looks the same. torch's own expiry takes it out if need be.
+            continue
         live = [p for p in pods_at(observed, node.addr) if p.finished_at is None and not p.deleting]
         if len(live) != 1:
             continue
