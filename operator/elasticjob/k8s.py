@@ -113,20 +113,20 @@ class Kube:
 
     # --- objects the jobs own ---------------------------------------------------------------------------
 
-    async def create(self, manifest: dict[str, Any]) -> bool:
-        """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload; False when it already
-        exists (409 counts as done)."""
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
+        server stored it, or None when it already exists (409 counts as done)."""
         namespace = manifest["metadata"]["namespace"]
         try:
             if manifest["kind"] in self._creators:
-                await _call(self._creators[manifest["kind"]], namespace, manifest, _preload_content=False)
+                response = await _call(self._creators[manifest["kind"]], namespace, manifest, _preload_content=False)
             else:
                 group, version = manifest["apiVersion"].split("/")
-                await _call(self.custom.create_namespaced_custom_object, group, version, namespace,
-                            CUSTOM_PLURALS[manifest["kind"]], manifest, _preload_content=False)
+                response = await _call(self.custom.create_namespaced_custom_object, group, version, namespace,
+                                       CUSTOM_PLURALS[manifest["kind"]], manifest, _preload_content=False)
         except Conflict:
-            return False
-        return True
+            return None
+        return _json(response)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Delete that very pod (by uid, so a replacement of the same name is never hit); gone is done."""

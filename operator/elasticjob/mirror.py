@@ -74,6 +74,16 @@ class Store(Generic[V]):
             touched |= self._put(uid, entry)
         return touched
 
+    def add_created(self, body: Mapping[str, Any]) -> bool:
+        """An object this operator just created, as the API server's reply holds it: known at once, so that the
+        next plan neither waits for the watch nor creates it again. Never over anything the watch delivered
+        (that is as new or newer); the watch's own events then replace it. True when it was added."""
+        converted = self._convert(body)
+        if converted is None or converted[0] in self._by_uid:
+            return False
+        self._put(*converted)
+        return True
+
     def _put(self, uid: str, entry: Entry[V]) -> set[JobKey]:
         """Keeps the newest view; wakes the job only when it changed in what the planner looks at."""
         old = self._by_uid.get(uid)
@@ -159,7 +169,9 @@ def _job(body: Mapping[str, Any]) -> tuple[str, Entry[dict[str, Any]]] | None:
     meta = body.get("metadata") or {}
     if not meta.get("uid") or not meta.get("name"):
         return None
-    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), dict(body))
+    # Nothing here reads managedFields, and at fleet size they are a large share of what is kept per job.
+    kept = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), kept)
 
 
 def _same_version(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -179,6 +191,11 @@ class Mirror:
     def store(self, kind: str) -> Store[Any] | Flavors:
         return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services,
                 "workloads": self.workloads, "resourceflavors": self.flavors}[kind]
+
+    def add_created(self, body: Mapping[str, Any]) -> bool:
+        """A Pod or Service this operator created (see Store.add_created); other kinds are not mirrored."""
+        store = {"Pod": self.pods, "Service": self.services}.get(body.get("kind", ""))
+        return store is not None and store.add_created(body)
 
     def job(self, key: JobKey) -> dict[str, Any] | None:
         """The job now under that name; while an old job of that name is still being removed, the newest."""

@@ -75,3 +75,34 @@ def test_of_two_jobs_under_one_name_the_newest_is_the_job():
     mirror.jobs.apply("ADDED", jobbody(uid="old", created="2026-01-01T10:00:00Z"))
     mirror.jobs.apply("ADDED", jobbody(uid="new", created="2026-01-01T11:00:00Z"))
     assert mirror.job(("ml", "train"))["metadata"]["uid"] == "new"
+
+
+def test_a_created_pod_is_known_at_once_but_never_over_what_the_watch_delivered():
+    mirror = Mirror()
+    created = {**pod("train-worker-0", phase="Pending"), "kind": "Pod"}
+    assert mirror.add_created(created)
+    assert [p.phase for p in mirror.owned_pods(("ml", "train"), "job-uid-1")] == ["Pending"]
+    # The watch got there first with something newer: the create's reply (older) must not replace it.
+    mirror.pods.apply("MODIFIED", pod("train-worker-1", phase="Running"))
+    assert not mirror.add_created({**pod("train-worker-1", phase="Pending"), "kind": "Pod"})
+    assert {p.name: p.phase for p in mirror.pods.of(("ml", "train"))} == \
+        {"train-worker-0": "Pending", "train-worker-1": "Running"}
+    # Later watch events replace the created view as usual.
+    mirror.pods.apply("MODIFIED", pod("train-worker-0", phase="Running"))
+    assert {p.phase for p in mirror.pods.of(("ml", "train"))} == {"Running"}
+
+
+def test_only_pods_and_services_are_mirrored_from_creates():
+    mirror = Mirror()
+    assert not mirror.add_created({"kind": "Secret", "metadata": {"name": "s", "namespace": "ml", "uid": "u",
+                                                                 "labels": {"elasticjob.dev/job-name": "train"}}})
+
+
+def test_jobs_are_kept_without_their_managed_fields():
+    mirror = Mirror()
+    body = jobbody()
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    mirror.jobs.apply("ADDED", body)
+    kept = mirror.job(("ml", "train"))
+    assert "managedFields" not in kept["metadata"] and kept["metadata"]["uid"] == "job-uid-1"
+    assert "managedFields" in body["metadata"]  # the watch's own object is not changed

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticjob import k8s, metrics, planner
 from elasticjob.builders import JobRef
 from elasticjob.handlers import scheduling
 from elasticjob.handlers.context import Context
+
+MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are read through it
 
 
 def waves(actions: list[planner.Action]) -> tuple[list[planner.Action], list[planner.Action]]:
@@ -23,44 +26,63 @@ def waves(actions: list[planner.Action]) -> tuple[list[planner.Action], list[pla
     return [a for a in actions if early(a)], [a for a in actions if not early(a)]
 
 
+@dataclass
+class Applied:
+    refusal: str | None = None  # the API server's words when it refused to create something
+    created: list[str] = field(default_factory=list)  # kinds of the objects created and now in the mirror
+
+
 async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], body: dict[str, Any],
-                log: logging.LoggerAdapter) -> str | None:
-    """Apply the actions; the API server's message when it refused to create something."""
-    refusals: list[str] = []
-    errors: list[BaseException] = []
+                log: logging.LoggerAdapter) -> Applied:
+    """Apply the actions; what was created, and the API server's message when it refused to create something.
+    Created Pods and Services go into the mirror at once (the next plan sees them without waiting for the
+    watch, and never creates them twice). Events of one kind go out as one (four CreatedWorker: one Event)."""
+    applied, errors, events = Applied(), [], []
     for wave in waves(actions):
         results = await asyncio.gather(*(apply_one(ctx, ref, a, body, log) for a in wave), return_exceptions=True)
-        for result in results:
+        for action, result in zip(wave, results):
             if isinstance(result, k8s.Forbidden):
-                refusals.append(result.message)
+                applied.refusal = applied.refusal or result.message
             elif isinstance(result, BaseException):
                 errors.append(result)
+            elif result is not None:
+                events += [action.event] if getattr(action, "event", None) else []
+                if isinstance(result, dict) and ctx.mirror.add_created(result):
+                    applied.created.append(result.get("kind", ""))
+    for event in merged(events):
+        ctx.post(body, event, log)
     invalid = next((e for e in errors if isinstance(e, k8s.Invalid)), None)
     if invalid or errors:
         raise invalid or errors[0]
-    return refusals[0] if refusals else None
+    return applied
+
+
+def merged(events: list[planner.Event]) -> list[planner.Event]:
+    """One Event per (type, reason), its messages joined, in the order first seen."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for event in events:
+        by_reason.setdefault((event.type, event.reason), []).append(event.message)
+    return [planner.Event(kind, reason, "; ".join(messages)[:MAX_EVENT_MESSAGE])
+            for (kind, reason), messages in by_reason.items()]
 
 
 async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dict[str, Any],
-                    log: logging.LoggerAdapter) -> None:
+                    log: logging.LoggerAdapter) -> dict[str, Any] | bool | None:
+    """The created object, True for another action that took effect, None for one that found it done."""
     metrics.ACTIONS.labels(type(action).__name__).inc()
     kube = ctx.kube
     if isinstance(action, planner.CreateObject):
         try:
-            created = await kube.create(action.manifest)
+            return await kube.create(action.manifest)
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)
             if action.manifest["kind"] in k8s.CUSTOM_PLURALS:  # a PodGroup or Workload: the job waits for it
                 raise k8s.Forbidden(404, "NotFound", f"the API server does not serve "
                                     f"{action.manifest['apiVersion']} {action.manifest['kind']}") from None
             log.warning(f"could not create {action.manifest['kind']}: {exc.message}")
-            return
-        if created and action.event:
-            ctx.post(body, action.event, log)
-    elif isinstance(action, planner.DeletePod):
-        deleted = await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds)
-        if deleted and action.event:
-            ctx.post(body, action.event, log)
-    elif isinstance(action, planner.DeleteService):
+            return None
+    if isinstance(action, planner.DeletePod):
+        return await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds) or None
+    if isinstance(action, planner.DeleteService):
         await kube.delete_service(ref.namespace, action.name, action.uid or None)
     elif isinstance(action, planner.DeleteJob):
         log.info("ttlSecondsAfterFinished passed: deleting the job")
@@ -69,6 +91,7 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         await nudge(ctx, ref, action, body, log)
     elif isinstance(action, scheduling.HANDLED):
         await scheduling.apply(ctx, ref, action, body, log)
+    return None
 
 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: dict[str, Any],

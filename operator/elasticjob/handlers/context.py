@@ -36,6 +36,7 @@ class Refusal:
 class JobMemory:
     # The body our last write returned: newer than the mirror's until the watch catches up.
     written: dict[str, Any] | None = None
+    status_written_at: float | None = None  # time.monotonic() of that write
     refusal: Refusal | None = None
     # The store's failure rounds whose causes were read from the agents' logs, and what they said.
     logs_read_for: tuple[str, int] | None = None

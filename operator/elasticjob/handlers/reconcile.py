@@ -26,6 +26,11 @@ from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 CONFLICT_RETRIES = 3
 ERROR_RETRY_SECONDS = 5.0
 REFUSAL_BACKOFF = (2, 4, 8, 15, 30, 60, 120, 300)
+STATUS_INTERVAL = 1.0
+# Status fields the planner derives afresh from the cluster at every reconcile (see status_deferral). Not the
+# store's readiness or endpoint: a lost store is counted against the readiness last written.
+OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
+                                   "rendezvous": {"round", "nodes"}}
 
 
 async def reconcile(ctx: Context, loop: JobLoop) -> float:
@@ -87,13 +92,15 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
         for event in spec_events:
             ctx.post(memory.written, event, log)
         return 0.0
-    body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
+    defer = status_deferral(memory, job.status, plan.status)
+    if defer is None:
+        body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, observed.store, now)
     for event in plan.events:
         ctx.post(body, event, log)
     scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens
     try:
-        refused = await apply(ctx, ref, plan.actions, body, log)
+        applied = await apply(ctx, ref, plan.actions, body, log)
     except k8s.Invalid as exc:
         rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
                                                     f"template: {exc.message}", now)
@@ -102,7 +109,10 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
             ctx.post(body, event, log)
         return planner.RESYNC_SECONDS
     metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
-    return remember_refusal(ctx, memory, plan, refused, body, now, log)
+    delay = remember_refusal(ctx, memory, plan, applied.refusal, body, now, log)
+    if "Service" in applied.created:
+        return 0.0  # the workers wait for its ClusterIP, which the mirror now holds
+    return delay if defer is None else min(delay, defer)
 
 
 def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refused: str | None,
@@ -121,13 +131,31 @@ def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refuse
     return plan.requeue_after
 
 
+def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobStatus) -> float | None:
+    """Seconds to hold back a status write, or None to write now. Only what is read off the cluster again at
+    every reconcile and never used as memory (pod counts, the message, the store's round) waits, and only
+    while this loop wrote less than STATUS_INTERVAL ago: a job starting or changing fast is written about
+    once a second instead of once per pod event. The phase and whatever is counted or remembered (restarts,
+    failures, admission, times) go out before any action, as always."""
+    if memory.status_written_at is None:
+        return None
+    wait = memory.status_written_at + STATUS_INTERVAL - time.monotonic()
+    if wait <= 0 or _durable(old) != _durable(new):
+        return None
+    return wait
+
+
+def _durable(status: ElasticJobStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, mode="json", exclude=OBSERVED_FIELDS)
+
+
 async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: ElasticJobStatus,
                        new: ElasticJobStatus, body: dict[str, Any], log: logging.LoggerAdapter) -> dict[str, Any]:
     wire = new.model_dump(by_alias=True, mode="json")
     if wire == old.model_dump(by_alias=True, mode="json"):
         return body
     result = await ctx.kube.patch_job_status(ref.namespace, ref.name, wire, body["metadata"]["resourceVersion"])
-    memory.written = result
+    memory.written, memory.status_written_at = result, time.monotonic()
     if new.phase != old.phase or new.reason != old.reason:
         log.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
     return result
