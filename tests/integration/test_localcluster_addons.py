@@ -247,3 +247,27 @@ def test_a_pod_reaches_the_api_server_with_in_cluster_config(cluster, kube, name
     phase, log = _run_in_cluster_client(core, namespace, "nobody")
     assert phase == "Failed", f"listing pods without RBAC succeeded:\n{log}"
     assert "(403)" in log and "Forbidden" in log, log
+
+
+# ---------------------------------------------------------------- kwok (fleet benchmarks)
+
+
+def test_kwok_nodes_run_pods_without_processes_and_leave_with_the_addon(cluster, kube, namespace):
+    """`up --kwok`: pods placed on its fake nodes are Running at once, with no process behind them; stopping
+    the add-on removes its nodes, so the tests after this one see only the real ones."""
+    from localcluster import controlplane, kwok_addon
+
+    _addon(cluster, "kwok")
+    core = client.CoreV1Api(kube)
+    selector = f"{kwok_addon.LABEL[0]}={kwok_addon.LABEL[1]}"
+    try:
+        assert len(core.list_node(label_selector=selector).items) == kwok_addon.FAKE_NODES
+        pod = _pod("fake", "100", **kwok_addon.POD_PLACEMENT)  # 100 cpu: more than any real node has
+        core.create_namespaced_pod(namespace, pod)
+        running = wait_for(lambda: core.read_namespaced_pod("fake", namespace), 60, "the kwok pod Running",
+                           until=lambda p: p.status.phase == "Running")
+        assert running.spec.node_name.startswith(kwok_addon.NODE_PREFIX)
+        assert running.status.pod_ip and running.status.pod_ip.startswith("10.248.")
+    finally:
+        controlplane.stop_addon(ROOT, "kwok", log=lambda line: None)
+    assert core.list_node(label_selector=selector).items == []
