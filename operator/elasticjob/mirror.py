@@ -165,13 +165,17 @@ class Flavors:
         return set()
 
 
+def without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Nothing here reads managedFields, and at fleet size they are a large share of what is kept per job."""
+    meta = body.get("metadata") or {}
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _job(body: Mapping[str, Any]) -> tuple[str, Entry[dict[str, Any]]] | None:
     meta = body.get("metadata") or {}
     if not meta.get("uid") or not meta.get("name"):
         return None
-    # Nothing here reads managedFields, and at fleet size they are a large share of what is kept per job.
-    kept = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), kept)
+    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), without_managed_fields(body))
 
 
 def _same_version(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -21,6 +21,7 @@ from elasticjob.handlers import observing, scheduling, telemetry
 from elasticjob.handlers.apply import apply
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
+from elasticjob.mirror import without_managed_fields
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 
 CONFLICT_RETRIES = 3
@@ -67,7 +68,7 @@ async def reconcile_fresh(ctx: Context, memory: JobMemory, body: dict[str, Any],
         except k8s.Conflict:
             meta = body["metadata"]
             log.debug("the job changed since it was read: reading it again and planning anew")
-            body = memory.written = await ctx.kube.get_job(meta["namespace"], meta["name"])
+            body = memory.written = without_managed_fields(await ctx.kube.get_job(meta["namespace"], meta["name"]))
     return 1.0
 
 
@@ -88,7 +89,8 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
     spec_patch, spec_events = planner.spec_changes(plan.actions)
     if spec_patch:
         # The spec first (the replicas default, Kueue's suspend): the status planned here was planned without it.
-        memory.written = await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"])
+        memory.written = without_managed_fields(
+            await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"]))
         for event in spec_events:
             ctx.post(memory.written, event, log)
         return 0.0
@@ -155,7 +157,7 @@ async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: Elasti
     if wire == old.model_dump(by_alias=True, mode="json"):
         return body
     result = await ctx.kube.patch_job_status(ref.namespace, ref.name, wire, body["metadata"]["resourceVersion"])
-    memory.written, memory.status_written_at = result, time.monotonic()
+    memory.written, memory.status_written_at = without_managed_fields(result), time.monotonic()
     if new.phase != old.phase or new.reason != old.reason:
         log.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
     return result
