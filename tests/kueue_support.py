@@ -81,7 +81,14 @@ class Queues:
                     raise
 
 
-def queues_fixture(kube, namespace: str) -> Iterator[Queues]:
+@pytest.fixture(scope="module")
+def kueue(cluster) -> None:
+    """The Kueue add-on on the running cluster, for a module that imports this fixture."""
+    start_kueue(cluster)
+
+
+@pytest.fixture
+def queues(kueue, kube, namespace) -> Iterator[Queues]:
     made = Queues(kube, namespace)
     yield made
     made.cleanup()

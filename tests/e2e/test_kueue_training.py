@@ -17,22 +17,12 @@ import pytest
 
 from e2e_support import HOST_ROOT, Jobs, LocalProgressReader, Progress, job_manifest, parse_progress, summary, train_args
 from helpers import wait_for
-from kueue_support import Queues, queued, queues_fixture, start_kueue
+from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
 
 CHECKPOINT_EVERY = 5
 START_TIMEOUT = 120
 FINISH_TIMEOUT = 150
 QUOTA_CPU = "4.2"  # 4 workers of 1 cpu, and two stores of 100m
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster) -> None:
-    start_kueue(cluster)
-
-
-@pytest.fixture
-def queues(kueue, kube, namespace):
-    yield from queues_fixture(kube, namespace)
 
 
 @pytest.fixture

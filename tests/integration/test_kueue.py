@@ -16,21 +16,11 @@ from kubernetes import client
 
 from helpers import wait_for
 from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_phase
-from kueue_support import Queues, conditions, queued, queues_fixture, start_kueue
+from kueue_support import Queues, conditions, kueue, queued, queues  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = {"requests": {"cpu": "400m", "memory": "64Mi"}}  # two of them and a store (100m) fit in 1 cpu
 SHORT = ["python", "-c", "import time; time.sleep(6)"]
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster) -> None:
-    start_kueue(cluster)
-
-
-@pytest.fixture
-def queues(kueue, kube, namespace):
-    yield from queues_fixture(kube, namespace)
 
 
 @pytest.fixture
