@@ -90,8 +90,10 @@ def test_the_second_job_waits_queued_until_the_first_finishes(kueue_operator, jo
     start = first_step_at(first, created, START_TIMEOUT, "the first job's first step")
     record_timing("created -> first training step (admitted at once)", start["time"] - created)
     jobs.create(kueue_job(jobs, "second", steps=12))
-    waiting = jobs.wait_phase("Queued", 60, name="second")
-    assert "insufficient unused quota" in waiting["message"], summary(waiting)
+    jobs.wait_phase("Queued", 60, name="second")
+    # Queued before Kueue has looked at the Workload ("waiting for Kueue to admit ..."), then in Kueue's words.
+    wait_for(lambda: jobs.status("second"), 30, "Kueue's reason on the queued job",
+             until=lambda s: s.get("phase") == "Queued" and "insufficient unused quota" in (s.get("message") or ""))
     while jobs.status("first").get("phase") != "Succeeded":  # as long as the first runs, the second waits
         status = jobs.status("second")
         assert status["phase"] == "Queued" and not jobs.worker_pods("second"), summary(status)

@@ -63,8 +63,10 @@ def test_a_queued_job_waits_then_runs_with_its_flavor_and_finishes_its_workload(
 
     # No room for a second one: it waits, suspended, in phase Queued with Kueue's words.
     create(api, namespace, queued(small("second", SHORT)))
-    waiting = wait_phase(api, namespace, "second", "Queued", reason="Queued")
-    assert "insufficient unused quota" in waiting["message"], waiting
+    wait_phase(api, namespace, "second", "Queued", reason="Queued")
+    # Queued before Kueue has looked at the Workload ("waiting for Kueue to admit ..."), then in Kueue's words.
+    wait_for(lambda: status_of(api, namespace, "second"), 30, "Kueue's reason on the queued job",
+             until=lambda s: s.get("phase") == "Queued" and "insufficient unused quota" in (s.get("message") or ""))
     assert api[0].get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "second")["spec"]["runPolicy"]["suspend"]
     assert not [p for p in pods(api, namespace) if p.metadata.name.startswith("second")]
     table = subprocess.run(["kubectl", "get", "ej", "-n", namespace, "--kubeconfig",
