@@ -19,6 +19,7 @@ from elasticjob.kueue import FlavorView, WorkloadView, observe_flavor, observe_w
 from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
 
 JobKey = tuple[str, str]
+GONE_KEPT = 10000
 V = TypeVar("V")
 
 
@@ -40,6 +41,7 @@ class Store(Generic[V]):
         self._same = same or (lambda a, b: a == b)
         self._by_uid: dict[str, Entry[V]] = {}
         self._by_job: dict[JobKey, dict[str, V]] = {}
+        self._gone: dict[str, None] = {}  # uids seen deleted, newest last: a late create reply must not revive them
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -79,7 +81,7 @@ class Store(Generic[V]):
         next plan neither waits for the watch nor creates it again. Never over anything the watch delivered
         (that is as new or newer); the watch's own events then replace it. True when it was added."""
         converted = self._convert(body)
-        if converted is None or converted[0] in self._by_uid:
+        if converted is None or converted[0] in self._by_uid or converted[0] in self._gone:
             return False
         self._put(*converted)
         return True
@@ -94,6 +96,9 @@ class Store(Generic[V]):
         return set() if same else touched | {entry.key}
 
     def _drop(self, uid: str) -> set[JobKey]:
+        self._gone[uid] = None
+        if len(self._gone) > GONE_KEPT:
+            del self._gone[next(iter(self._gone))]
         entry = self._by_uid.pop(uid, None)
         if entry is None:
             return set()

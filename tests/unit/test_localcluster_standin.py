@@ -96,6 +96,8 @@ def test_the_program_starts_light_and_serves(tmp_path):
         while True:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1)
+                # Answered by this process, not by another that holds the port (then this one exited 1).
+                assert proc.poll() is None, proc.stdout.read()
                 break
             except OSError:
                 assert proc.poll() is None, proc.stdout.read()

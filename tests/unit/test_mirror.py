@@ -106,3 +106,11 @@ def test_jobs_are_kept_without_their_managed_fields():
     kept = mirror.job(("ml", "train"))
     assert "managedFields" not in kept["metadata"] and kept["metadata"]["uid"] == "job-uid-1"
     assert "managedFields" in body["metadata"]  # the watch's own object is not changed
+
+
+def test_a_create_reply_that_arrives_after_the_pods_deletion_does_not_revive_it():
+    mirror = Mirror()
+    mirror.pods.apply("ADDED", pod("train-worker-0"))
+    mirror.pods.apply("DELETED", pod("train-worker-0"))
+    assert not mirror.add_created({**pod("train-worker-0", phase="Pending"), "kind": "Pod"})
+    assert mirror.pods.of(("ml", "train")) == []
