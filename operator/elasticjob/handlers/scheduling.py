@@ -44,7 +44,10 @@ async def pod_group(ctx: Context, memory: JobMemory, ref: JobRef) -> gang.PodGro
         return known[0]
     body = await ctx.kube.get_object(want.api_version, gang.PLURAL, ref.namespace, want.name)
     view = gang.observe_pod_group(body) if body is not None else None
-    memory.pod_groups[want.api_version] = (view, time.monotonic())
+    if view is not None and view.owner_uid == ref.uid and not view.deleting:
+        # Only a settled group of ours is remembered: one on its way out, or an earlier job's, is read
+        # again at every reconcile until it is gone and ours can be made.
+        memory.pod_groups[want.api_version] = (view, time.monotonic())
     return view
 
 
