@@ -144,3 +144,21 @@ def test_a_refusal_is_shown_and_nothing_is_created_until_the_retry_time():
 
 def test_a_job_never_refused_has_no_replica_failure_condition():
     assert condition(plan(job(running_status()), [rdzv(), worker(0), worker(1)]), "ReplicaFailure") is None
+
+
+@pytest.mark.parametrize("lost, restarts", [(failed(1, exit_code=137, reason="Error", ago=8), 1), (evicted(1), 0)])
+def test_a_round_re_formed_by_a_replacement_with_its_predecessors_address_is_not_charged_again(lost, restarts):
+    # The replacement of a killed (or evicted) pod can come back with the same address: the store then sees
+    # the same nodes re-form the round and reports a failure round. It is the incident already counted.
+    first = plan(job(running_status()), [rdzv(), worker(0), lost])
+    assert first.status.restarts == restarts
+    replaced = plan(again(first), [rdzv(), worker(0), worker(1, uid="new-1")],
+                    store=store(failure_rounds=1, last_failure_round_at=NOW))
+    assert replaced.status.restarts == restarts
+    assert not replaced.status.last_failures[-1].charged
+    assert "WorkerFailed" not in [e.reason for e in replaced.events]
+    # A worker failing afterwards is a restart of its own.
+    later = planner.plan(again(replaced), observed([rdzv(), worker(0), worker(1, uid="new-1")],
+                                                   store=store(failure_rounds=2, last_failure_round_at=NOW)),
+                         NOW + timedelta(seconds=5))
+    assert later.status.restarts == restarts + 1

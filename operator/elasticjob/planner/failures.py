@@ -5,7 +5,8 @@ that leaves breaks the survivors' collective, which torch counts as a failure), 
 never reach, and the operator charges:
 - a worker pod that failed (not an eviction, preemption, lost node or lost store), once per incident;
 - a round that the same nodes re-formed (torchrun restarted its workers in place after a failure), as the
-  store reports it. Rounds in which nodes joined or left are membership changes and cost nothing.
+  store reports it. Rounds in which nodes joined or left are membership changes and cost nothing, and so does
+  the first such round after a pod ended: its replacement came back under the same address.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure
 # Failures this close together are one incident: agents of one group tend to fail together.
 INCIDENT_WINDOW = timedelta(seconds=15)
 INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost")
+# A group re-forms this long at most after a pod of it ended: its replacement is scheduled, imports torch, joins.
+REFORM_WINDOW = timedelta(seconds=60)
 
 
 def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime) -> tuple[str, bool]:
@@ -144,17 +147,39 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     seen.failure_rounds = store.failure_rounds
     when = store.last_failure_round_at or now
     cause = root_cause(observed.round_failures, job.ref.spec.failure_policy.fatal_exit_codes)
+    lost = lost_pod_before(plan.status, when)
     text = round_text(cause, new)
+    if lost is not None:
+        text = f"{text}; the first is the group re-forming after pod {lost.pod} ended, already counted"
+    charged = new - (lost is not None)
     remember(plan.status, FailureRecord(
         pod=cause.pod if cause else "", uid=f"{store.epoch}/{store.failure_rounds}", exit_code=cause.exit_code
         if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
-        charged=True, time=stamp(when)))
+        charged=charged > 0, time=stamp(when)))
     if fatal(cause, job):
         enter_phase(plan, job, Phase.FAILED, "FatalExitCode",
                     f"{text}; {cause.exit_code} is in failurePolicy.fatalExitCodes", now)
         return
     # Each is a restart of its own: a worker that fails at every start must use up the budget.
-    charge(plan, job, new, when, text, now)
+    if charged:
+        charge(plan, job, charged, when, text, now)
+
+
+def lost_pod_before(status: ElasticJobStatus, when: datetime) -> FailureRecord | None:
+    """The pod failure, if the last thing remembered is one, that this re-formed round belongs to.
+
+    A replacement pod can come back with its predecessor's address (its name, an IP handed out again), so the
+    store sees the same nodes re-form the round and reports a failure round: but that pod's failure was
+    already counted (or deliberately not, for an eviction). A second round, or one long after, is new."""
+    last = status.last_failures[-1] if status.last_failures else None
+    if last is None or is_round_record(last):
+        return None
+    gap = since(last.time, when)
+    return last if gap is not None and timedelta(0) <= gap <= REFORM_WINDOW else None
+
+
+def is_round_record(record: FailureRecord) -> bool:
+    return "/" in record.uid  # "<store epoch>/<failure round>"; pod uids never hold a slash
 
 
 def root_cause(failures: list[RoundFailure], fatal_codes: list[int]) -> RoundFailure | None:
