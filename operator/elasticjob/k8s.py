@@ -138,12 +138,22 @@ class Kube:
             return False
         return True
 
-    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> None:
+    async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> bool:
         body = {"preconditions": {"uid": uid}} if uid else None
         try:
             await _call(self.core.delete_namespaced_service, name, namespace, body=body, _preload_content=False)
         except (NotFound, Conflict):
-            pass
+            return False
+        return True
+
+    async def controller_ref(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The controlling ownerReference of a Pod or Service as stored now; None when it has none or is gone."""
+        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
+        try:
+            body = _json(await _call(read, name, namespace, _preload_content=False))
+        except NotFound:
+            return None
+        return next((r for r in body["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
 
     async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int) -> str:
         """The last lines a container wrote ('' when the kubelet cannot say)."""

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 from elasticjob import naming
 from elasticjob.kueue import FlavorView, WorkloadView, observe_flavor, observe_workload
 from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
+from elasticjob.planner import Leftover
 
 JobKey = tuple[str, str]
 GONE_KEPT = 10000
@@ -219,6 +220,14 @@ class Mirror:
 
     def owned_service(self, key: JobKey, uid: str) -> ServiceView | None:
         return next((s for s in self.services.of(key) if s.owner_uid == uid), None)
+
+    def leftovers(self, key: JobKey, uid: str) -> list[Leftover]:
+        """Pods and Services under this job's name controlled by another job (a pod already being deleted is
+        on its way out)."""
+        found = [Leftover("Pod", p.name, p.uid, p.owner_uid) for p in self.pods.of(key)
+                 if p.owner_uid not in (None, uid) and not p.deleting]
+        return found + [Leftover("Service", s.name, s.uid, s.owner_uid) for s in self.services.of(key)
+                        if s.owner_uid not in (None, uid)]
 
     def owned_workload(self, key: JobKey, uid: str) -> WorkloadView | None:
         return next((w for w in self.workloads.of(key) if w.owner_uid == uid), None)

@@ -7,7 +7,10 @@ slow pods, and pods held by a finalizer. Refusals (Pod Security, quotas) are in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import time
 from datetime import datetime, timezone
 
@@ -111,6 +114,43 @@ def test_a_job_recreated_under_the_same_name_does_not_inherit_the_old_ones_pods(
     wait_phase(api, namespace, "train", "Running")
 
 
+@contextlib.contextmanager
+def garbage_collector_stopped():
+    """SIGSTOP the local cluster's kube-controller-manager (and its supervisor): owners go, dependents stay."""
+    group = int((ROOT / ".localcluster" / "pids" / "controller-manager.pid").read_text().split()[0])
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
+def test_what_an_earlier_job_left_is_removed_when_the_garbage_collector_does_not(api, namespace, operator, cluster):
+    if cluster.kind != "local":
+        pytest.skip("stops the local cluster's controller-manager")
+    old = create(api, namespace, job_manifest("train"))
+    wait_pods(api, namespace, 2)
+    core = api[1]
+
+    def left() -> list[str]:
+        found = core.list_namespaced_pod(namespace).items + core.list_namespaced_service(namespace).items
+        return [f"{o.kind or type(o).__name__}/{o.metadata.name}" for o in found if o.metadata.deletion_timestamp is None
+                and any(r.uid == old["metadata"]["uid"] for r in o.metadata.owner_references or [])]
+
+    with garbage_collector_stopped():
+        api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")
+        wait_for(lambda: api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], 30,
+                 "the old job gone", until=lambda items: not items)
+        assert len(left()) == 4, left()  # the store, two workers, the Service: nothing collects them
+        new = create(api, namespace, job_manifest("train"))
+        wait_for(left, 90, "what the old job left removed by the operator", until=lambda found: not found)
+    reasons = [e for e in events(api, namespace, "DeletedLeftover") if e.involved_object.uid == new["metadata"]["uid"]]
+    assert reasons and old["metadata"]["uid"] in reasons[0].message, reasons
+    running = wait_pods(api, namespace, 2, timeout=90)
+    assert {p.metadata.owner_references[0].uid for p in running} == {new["metadata"]["uid"]}
+    wait_phase(api, namespace, "train", "Running")
+
+
 # --- success while a pod never started -------------------------------------------------------------------
 
 
@@ -184,7 +224,6 @@ def test_an_operator_killed_while_a_job_converges_leaves_no_duplicate_and_no_dou
     finishes the work from what it observes, creating no pod twice and counting the failure once."""
     if cluster.kind != "local":
         pytest.skip("kills a worker through the local cluster's faults")
-    import signal
     import time as clock
 
     from localcluster import faults

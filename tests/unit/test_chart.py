@@ -44,9 +44,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 NAMESPACED_GRANTS = {
     ("elasticjob.dev", "elasticjobs"): {"get", "list", "watch", "patch", "delete"},
     ("elasticjob.dev", "elasticjobs/status"): {"patch"},
-    ("", "pods"): {"list", "watch", "create", "delete"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "pods/log"): {"get"},
-    ("", "services"): {"list", "watch", "create", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
     ("", "secrets"): {"create"},
     ("networking.k8s.io", "networkpolicies"): {"create"},
     ("", "events"): {"create"},

@@ -114,3 +114,14 @@ def test_a_create_reply_that_arrives_after_the_pods_deletion_does_not_revive_it(
     mirror.pods.apply("DELETED", pod("train-worker-0"))
     assert not mirror.add_created({**pod("train-worker-0", phase="Pending"), "kind": "Pod"})
     assert mirror.pods.of(("ml", "train")) == []
+
+
+def test_leftovers_are_what_another_job_of_the_name_controls_and_is_not_already_deleting():
+    mirror = Mirror()
+    going = pod("train-worker-2", owner="job-uid-0")
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    unowned = pod("train-worker-3")
+    unowned["metadata"]["ownerReferences"] = []
+    mirror.pods.replace(None, [pod("train-worker-0"), pod("train-worker-1", owner="job-uid-0"), going, unowned])
+    assert [(x.kind, x.name, x.owner_uid) for x in mirror.leftovers(("ml", "train"), "job-uid-1")] == [
+        ("Pod", "train-worker-1", "job-uid-0")]

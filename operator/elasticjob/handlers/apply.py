@@ -82,6 +82,8 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
             return None
     if isinstance(action, planner.DeletePod):
         return await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds) or None
+    if isinstance(action, planner.CollectLeftover):
+        return await collect(ctx, ref, action) or None
     if isinstance(action, planner.DeleteService):
         await kube.delete_service(ref.namespace, action.name, action.uid or None)
     elif isinstance(action, planner.DeleteJob):
@@ -89,6 +91,7 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
         await nudge(ctx, ref, action, body, log)
+
     elif isinstance(action, scheduling.HANDLED):
         await scheduling.apply(ctx, ref, action, body, log)
     return None
@@ -106,3 +109,23 @@ async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: di
         ctx.post(body, action.event, log)
     elif reply.get("refused") or reply.get("error"):
         log.info(f"store {action.kind} {action.body}: {reply.get('refused') or reply.get('error')}")
+
+
+async def collect(ctx: Context, ref: JobRef, action: planner.CollectLeftover) -> bool:
+    """Delete what an earlier job of this name left, once a fresh read shows this job holds the name: a name
+    holds one object at a time, so the leftover's owner is gone (on a stale view, an old job's loop could
+    otherwise delete a newer job's pods)."""
+    try:
+        current = await ctx.kube.get_job(ref.namespace, ref.name)
+    except k8s.NotFound:
+        return False
+    if current["metadata"]["uid"] != ref.uid:
+        return False
+    left = action.leftover
+    owner = await ctx.kube.controller_ref(left.kind, ref.namespace, left.name)
+    if owner is None or (owner.get("kind"), owner.get("name"), owner.get("uid")) != (
+            "ElasticJob", ref.name, left.owner_uid):
+        return False  # not an earlier job of this name's (someone else's object with our labels), or replaced
+    if left.kind == "Pod":
+        return await ctx.kube.delete_pod(ref.namespace, left.name, left.uid, None)
+    return await ctx.kube.delete_service(ref.namespace, left.name, left.uid)

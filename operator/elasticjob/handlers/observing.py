@@ -26,6 +26,7 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     failures = await read_round_failures(ctx, memory, job, pods, store)
     refusal = memory.refusal
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
+                            leftovers=ctx.mirror.leftovers(key, ref.uid),
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
                             **await scheduling.observe(ctx, memory, job))

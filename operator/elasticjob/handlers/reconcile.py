@@ -23,6 +23,7 @@ from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger,
 from elasticjob.loops import JobLoop
 from elasticjob.mirror import without_managed_fields
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
+from elasticjob.observe import parse_time
 
 CONFLICT_RETRIES = 3
 ERROR_RETRY_SECONDS = 5.0
@@ -83,7 +84,8 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
     ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec,
                  labels=tuple(sorted((meta.get("labels") or {}).items())))
     job = planner.Job(ref=ref, generation=meta.get("generation", 0),
-                      status=ElasticJobStatus.model_validate(body.get("status") or {}))
+                      status=ElasticJobStatus.model_validate(body.get("status") or {}),
+                      created=parse_time(meta.get("creationTimestamp")))
     observed = await observing.observe(ctx, memory, job, now)
     plan = planner.plan(job, observed, now, ctx.settings, ctx.stores.token(ref.uid))
     spec_patch, spec_events = planner.spec_changes(plan.actions)

@@ -66,6 +66,24 @@ class DeleteObject:
 
 
 @dataclass(frozen=True)
+class Leftover:
+    """A Pod or Service under this job's name whose controlling owner is another ElasticJob uid."""
+
+    kind: str
+    name: str
+    uid: str
+    owner_uid: str
+
+
+@dataclass(frozen=True)
+class CollectLeftover:
+    """Delete a leftover by uid, once the job is read afresh (see handlers.apply.collect)."""
+
+    leftover: Leftover
+    event: Event | None = None  # posted only when it was really deleted
+
+
+@dataclass(frozen=True)
 class PatchObject:
     """A merge patch of an object of another API the job owns (Coscheduling's PodGroup)."""
 
@@ -118,7 +136,7 @@ class DeleteJob:
 
 
 Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction, DeleteObject,
-               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus]
+               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus, CollectLeftover]
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:
@@ -140,6 +158,7 @@ class Job:
     ref: JobRef
     generation: int
     status: ElasticJobStatus
+    created: datetime | None = None  # metadata.creationTimestamp
 
 
 @dataclass(frozen=True)
@@ -171,6 +190,8 @@ class Observed:
     workload: WorkloadView | None = None
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
     priority: Priority | None = None
+    # Pods and Services under this job's name that an earlier job of that name left behind.
+    leftovers: list[Leftover] = field(default_factory=list)
 
     @property
     def workers(self) -> list[PodView]:

@@ -31,6 +31,7 @@ from elasticjob.planner.base import (
 from elasticjob.planner import queueing
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.gang import ensure_gang
+from elasticjob.planner.leftovers import collect_leftovers
 from elasticjob.planner.recovery import drive_rendezvous
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
 from elasticjob.planner.scaling import force_delete_stuck, scale, stop_all
@@ -48,6 +49,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     result = Plan(status=status)
     count_workers(result, observed.workers)
     report_round(result, observed)
+    collect_leftovers(result, job, observed, now)
     settings = settings or Settings()
     if not status.phase.finished:
         drive(result, job, observed, settings, token, now)
