@@ -63,6 +63,7 @@ cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process be
 
 bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per event, job size, and a fleet of jobs vs a bare client
 	$(PY) bench/run.py
+	$(PY) bench/memory.py
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/scale.py
 	$(PY) bench/fleet.py
