@@ -134,8 +134,8 @@ def test_what_an_earlier_job_left_is_removed_when_the_garbage_collector_does_not
 
     def left() -> list[str]:
         found = core.list_namespaced_pod(namespace).items + core.list_namespaced_service(namespace).items
-        return [f"{o.kind or type(o).__name__}/{o.metadata.name}" for o in found if o.metadata.deletion_timestamp is None
-                and any(r.uid == old["metadata"]["uid"] for r in o.metadata.owner_references or [])]
+        owned = [o for o in found if any(r.uid == old["metadata"]["uid"] for r in o.metadata.owner_references or [])]
+        return [f"{type(o).__name__}/{o.metadata.name}" for o in owned if o.metadata.deletion_timestamp is None]
 
     with garbage_collector_stopped():
         api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")

@@ -91,7 +91,6 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
         await nudge(ctx, ref, action, body, log)
-
     elif isinstance(action, scheduling.HANDLED):
         await scheduling.apply(ctx, ref, action, body, log)
     return None

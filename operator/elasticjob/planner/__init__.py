@@ -1,8 +1,9 @@
 """Decisions, pure: from a job and what was observed, the next status and the actions that get there.
 
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
-failures (what each failure costs), leftovers (what an earlier job of the name left), rendezvous (the store and its Service), recovery (nudging the store on
-evidence), scaling (which pods), gang (the workers' PodGroup), queueing (admission by Kueue).
+failures (what each failure costs), leftovers (what an earlier job of the name left), rendezvous (the store and
+its Service), recovery (nudging the store on evidence), scaling (which pods), gang (the workers' PodGroup),
+queueing (admission by Kueue).
 """
 
 from elasticjob.planner.base import (
@@ -33,8 +34,8 @@ from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
-    "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject", "DefaultReplicas", "DeleteJob",
-    "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover", "Observed", "PatchObject", "PatchWorkload", "Plan",
-    "RoundFailure", "SetSuspend", "StoreAction", "plan", "reject", "spec_changes", "stuck_nodes",
-    "suspect_nodes", "validate",
+    "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject", "DefaultReplicas",
+    "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover", "Observed", "PatchObject",
+    "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "plan", "reject", "spec_changes",
+    "stuck_nodes", "suspect_nodes", "validate",
 ]

@@ -1,11 +1,12 @@
 """Pods and Services an earlier job of the same name left behind. Pure.
 
-The garbage collector removes them once their owner is gone, usually within a second. But its graph can miss
-an owner's deletion (an API server restart while the CRD's discovery is briefly absent makes it drop and
-rebuild its ElasticJob monitor), and then it keeps them for ever: a job created again under that name waits on
-a store and workers it cannot make, since their names are taken. After a grace period the operator removes
-them itself, as the collector would have: only objects whose controlling owner is another ElasticJob uid,
-and only once a fresh read shows this job holds the name (so that uid is gone; see handlers.apply).
+The garbage collector removes them once their owner is gone, usually within a second. But it can miss an
+owner's deletion and then keep them for ever (seen in the soak around an API server restart, while the
+collector's discovery failed and the restarted server still refused it by RBAC): a job created again under
+that name waits on a store and workers it cannot make, since their names are taken. After a grace period the
+operator removes them itself, as the collector would have: only objects whose controlling owner is another
+ElasticJob uid, and only once a fresh read shows this job holds the name (so that uid is gone; see
+handlers.apply).
 """
 
 from __future__ import annotations
