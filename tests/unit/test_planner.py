@@ -40,6 +40,14 @@ def test_a_new_job_gets_its_rendezvous_service_before_any_worker():
     assert result.requeue_after <= 1
 
 
+def test_a_new_jobs_first_pending_posts_no_event_a_job_falling_back_to_pending_does():
+    first = plan(job(), [], service=None)
+    assert [e.reason for e in first.events] == []  # the creates carry their own Events
+    fallen = plan(job(running_status()), [rdzv(ready=False), worker(0), worker(1)])
+    assert fallen.status.phase == "Pending"
+    assert "Waiting" in [e.reason for e in fallen.events]
+
+
 def test_workers_are_created_once_the_service_has_a_cluster_ip():
     result = plan(job(), [rdzv(ready=False)])
     assert creates(result) == ["train-worker-0", "train-worker-1"]

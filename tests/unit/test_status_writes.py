@@ -7,29 +7,44 @@ import time
 from elasticjob import planner
 from elasticjob.handlers.apply import merged
 from elasticjob.handlers.context import JobMemory
-from elasticjob.handlers.reconcile import STATUS_INTERVAL, status_deferral
-from elasticjob.models import ElasticJobStatus, FailureRecord, Phase
+from elasticjob.handlers.reconcile import STATUS_BATCH, STATUS_INTERVAL, status_deferral
+from elasticjob.models import Condition, ElasticJobStatus, FailureRecord, Phase
 
 
 def status(**fields) -> ElasticJobStatus:
     return ElasticJobStatus(**{"phase": Phase.RUNNING, "replicas": 2, "ready_replicas": 2, **fields})
 
 
-def written(ago: float) -> JobMemory:
-    return JobMemory(status_written_at=time.monotonic() - ago)
+def written(ago: float, held: float | None = None) -> JobMemory:
+    now = time.monotonic()
+    return JobMemory(status_written_at=now - ago, status_held_since=None if held is None else now - held)
 
 
-def test_the_first_write_of_a_loop_goes_out_at_once():
-    assert status_deferral(JobMemory(), status(), status(ready_replicas=1)) is None
+def test_a_change_that_may_wait_is_held_for_the_batch_even_in_a_fresh_loop():
+    wait = status_deferral(JobMemory(), status(), status(ready_replicas=1))
+    assert wait is not None and 0 < wait <= STATUS_BATCH
+
+
+def test_a_held_change_waits_from_when_it_was_first_held_not_from_the_latest_change():
+    memory = written(STATUS_INTERVAL + 5)
+    first = status_deferral(memory, status(), status(ready_replicas=1))
+    memory.status_held_since -= STATUS_BATCH  # the batch has passed since the first change was held
+    assert first is not None and status_deferral(memory, status(), status(ready_replicas=0)) is None
 
 
 def test_pod_counts_and_the_message_wait_while_the_last_write_is_recent():
-    wait = status_deferral(written(0.2), status(), status(ready_replicas=1, message="1/2 ready"))
+    wait = status_deferral(written(0.2, held=STATUS_BATCH), status(), status(ready_replicas=1, message="1/2 ready"))
     assert wait is not None and 0 < wait <= STATUS_INTERVAL
 
 
-def test_nothing_waits_once_the_interval_has_passed():
-    assert status_deferral(written(STATUS_INTERVAL + 0.1), status(), status(ready_replicas=1)) is None
+def test_nothing_waits_once_the_batch_and_the_interval_have_passed():
+    memory = written(STATUS_INTERVAL + 0.1, held=STATUS_BATCH + 0.1)
+    assert status_deferral(memory, status(), status(ready_replicas=1)) is None
+
+
+def test_no_change_is_not_held():
+    memory = JobMemory()
+    assert status_deferral(memory, status(), status()) is None and memory.status_held_since is None
 
 
 def test_the_phase_and_everything_counted_or_remembered_go_out_at_once():
@@ -41,15 +56,27 @@ def test_the_phase_and_everything_counted_or_remembered_go_out_at_once():
     ready = status()
     ready.rendezvous.ready = True
     assert status_deferral(written(0.1), old, ready) is None  # a store lost later is counted against it
-    endpoint = status()
-    endpoint.rendezvous.endpoint = "10.96.0.1:29400"
-    assert status_deferral(written(0.1), old, endpoint) is None
+    counted = status()
+    counted.rendezvous.epoch, counted.rendezvous.failure_rounds = "e2", 1
+    assert status_deferral(written(0.1), old, counted) is None
 
 
-def test_the_stores_round_waits():
+def test_the_stores_round_address_and_identity_wait():
     new = status()
     new.rendezvous.round, new.rendezvous.nodes = 3, ["a", "b"]
+    new.rendezvous.endpoint, new.rendezvous.epoch = "10.96.0.1:29400", "e2"
     assert status_deferral(written(0.1), status(), new) is not None
+
+
+def running(message: str, state: bool = True) -> ElasticJobStatus:
+    condition = Condition(type="Running", status="True" if state else "False", reason="Running",
+                          message=message, last_transition_time="2026-01-01T00:00:00Z")
+    return status(conditions=[condition])
+
+
+def test_a_conditions_message_waits_its_status_does_not():
+    assert status_deferral(written(0.1), running("1/2 workers ready"), running("2/2 workers ready")) is not None
+    assert status_deferral(written(0.1), running("2/2 workers ready"), running("", state=False)) is None
 
 
 def test_events_of_one_reason_go_out_as_one_naming_each():

@@ -37,6 +37,7 @@ class JobMemory:
     # The body our last write returned: newer than the mirror's until the watch catches up.
     written: dict[str, Any] | None = None
     status_written_at: float | None = None  # time.monotonic() of that write
+    status_held_since: float | None = None  # when a change that may wait (see status_deferral) was first held
     refusal: Refusal | None = None
     # The store's failure rounds whose causes were read from the agents' logs, and what they said.
     logs_read_for: tuple[str, int] | None = None

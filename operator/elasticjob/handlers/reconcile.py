@@ -28,11 +28,14 @@ from elasticjob.observe import parse_time
 CONFLICT_RETRIES = 3
 ERROR_RETRY_SECONDS = 5.0
 REFUSAL_BACKOFF = (2, 4, 8, 15, 30, 60, 120, 300)
-STATUS_INTERVAL = 1.0
-# Status fields the planner derives afresh from the cluster at every reconcile (see status_deferral). Not the
-# store's readiness or endpoint: a lost store is counted against the readiness last written.
+STATUS_BATCH = 2.0
+STATUS_INTERVAL = 2.0
+# Status fields the planner derives afresh from the cluster at every reconcile (see status_deferral): counts,
+# messages, the Service's address, the store's round and its identity (a new epoch alone counts nothing: what is
+# counted against it, failureRounds, goes out at once). Not the store's readiness: a lost store is counted
+# against the readiness last written.
 OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
-                                   "rendezvous": {"round", "nodes"}}
+                                   "rendezvous": {"round", "nodes", "endpoint", "epoch"}}
 
 
 async def reconcile(ctx: Context, loop: JobLoop) -> float:
@@ -137,29 +140,38 @@ def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refuse
 
 def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobStatus) -> float | None:
     """Seconds to hold back a status write, or None to write now. Only what is read off the cluster again at
-    every reconcile and never used as memory (pod counts, the message, the store's round) waits, and only
-    while this loop wrote less than STATUS_INTERVAL ago: a job starting or changing fast is written about
-    once a second instead of once per pod event. The phase and whatever is counted or remembered (restarts,
-    failures, admission, times) go out before any action, as always."""
-    if memory.status_written_at is None:
+    every reconcile and never used as memory (pod counts, messages, the endpoint, the store's round) waits: until
+    STATUS_BATCH after the first such change was held, and STATUS_INTERVAL after the last write, so that the
+    changes of a job starting or changing fast go out together, as the Job controller batches pod updates. The
+    phase and whatever is counted or remembered (restarts, failures, admission, times) go out before any
+    action, as always, and take whatever was held with them."""
+    if old == new or _durable(old) != _durable(new):
         return None
-    wait = memory.status_written_at + STATUS_INTERVAL - time.monotonic()
-    if wait <= 0 or _durable(old) != _durable(new):
-        return None
-    return wait
+    now = time.monotonic()
+    if memory.status_held_since is None:
+        memory.status_held_since = now
+    due = memory.status_held_since + STATUS_BATCH
+    if memory.status_written_at is not None:
+        due = max(due, memory.status_written_at + STATUS_INTERVAL)
+    return due - now if due > now else None
 
 
 def _durable(status: ElasticJobStatus) -> dict[str, Any]:
-    return status.model_dump(by_alias=True, mode="json", exclude=OBSERVED_FIELDS)
+    durable = status.model_dump(by_alias=True, mode="json", exclude=OBSERVED_FIELDS)
+    for condition in durable.get("conditions") or ():
+        condition.pop("message", None)  # "3/4 workers ready": a count; its type, status and reason are not
+    return durable
 
 
 async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: ElasticJobStatus,
                        new: ElasticJobStatus, body: dict[str, Any], log: logging.LoggerAdapter) -> dict[str, Any]:
     wire = new.model_dump(by_alias=True, mode="json")
     if wire == old.model_dump(by_alias=True, mode="json"):
+        memory.status_held_since = None
         return body
     result = await ctx.kube.patch_job_status(ref.namespace, ref.name, wire, body["metadata"]["resourceVersion"])
     memory.written, memory.status_written_at = without_managed_fields(result), time.monotonic()
+    memory.status_held_since = None
     if new.phase != old.phase or new.reason != old.reason:
         log.info(f"phase {old.phase.value} -> {new.phase.value} ({new.reason}): {new.message}")
     return result

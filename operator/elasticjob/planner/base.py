@@ -243,7 +243,9 @@ def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str,
 
 def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, now: datetime) -> None:
     status = plan.status
-    if status.phase != phase or status.reason != reason:
+    # A new job's first Pending says nothing its conditions and the creation Events do not.
+    first_pending = status.reason is None and phase == Phase.PENDING
+    if (status.phase != phase or status.reason != reason) and not first_pending:
         event = plan.warn if phase in (Phase.FAILED, Phase.RESTARTING) else plan.normal
         event(reason, message)
     status.phase, status.reason, status.message = phase, reason, message
