@@ -144,8 +144,11 @@ def test_what_an_earlier_job_left_is_removed_when_the_garbage_collector_does_not
         assert len(left()) == 4, left()  # the store, two workers, the Service: nothing collects them
         new = create(api, namespace, job_manifest("train"))
         wait_for(left, 90, "what the old job left removed by the operator", until=lambda found: not found)
-    reasons = [e for e in events(api, namespace, "DeletedLeftover") if e.involved_object.uid == new["metadata"]["uid"]]
-    assert reasons and old["metadata"]["uid"] in reasons[0].message, reasons
+    # The Event follows the delete: it may land a moment after the objects are gone.
+    reasons = wait_for(lambda: [e for e in events(api, namespace, "DeletedLeftover")
+                                if e.involved_object.uid == new["metadata"]["uid"]],
+                       30, "a DeletedLeftover Event on the new job", until=bool)
+    assert old["metadata"]["uid"] in reasons[0].message, reasons
     running = wait_pods(api, namespace, 2, timeout=90)
     assert {p.metadata.owner_references[0].uid for p in running} == {new["metadata"]["uid"]}
     wait_phase(api, namespace, "train", "Running")

@@ -67,6 +67,14 @@ class OperatorRunner:
         self.start()
 
     def stop(self) -> int:
+        """SIGTERM once the last incarnation has started: one SIGKILLed a moment before the churn ended may
+        still be importing, and Python's default for SIGTERM is to die of it, which says nothing about us."""
+        log = self.logs / f"operator-{self.incarnations - 1}.log"
+        deadline = time.monotonic() + 60
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if "elasticjob operator started" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.2)
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=30)
