@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RETRY_SECONDS = 5.0
+# Reconciles in flight at once, as controller-runtime's MaxConcurrentReconciles: a fleet created at once would
+# otherwise build every job's manifests and hold every reply together, and the allocator keeps that peak.
+CONCURRENT_RECONCILES = 32
 
 
 @dataclass
@@ -31,9 +34,11 @@ Reconcile = Callable[[JobLoop], Awaitable[float]]
 
 
 class JobLoops:
-    def __init__(self, reconcile: Reconcile, logger: logging.Logger) -> None:
+    def __init__(self, reconcile: Reconcile, logger: logging.Logger,
+                 concurrency: int = CONCURRENT_RECONCILES) -> None:
         self._reconcile, self._log = reconcile, logger
         self._loops: dict[Hashable, JobLoop] = {}
+        self._slots = asyncio.Semaphore(concurrency)
 
     def observe(self, key: Hashable) -> JobLoop:
         """Wake the job's loop, starting it on first sight."""
@@ -65,9 +70,10 @@ class JobLoops:
 
     async def _run(self, loop: JobLoop) -> None:
         while True:
-            loop.wake.clear()
             try:
-                delay = await self._reconcile(loop)
+                async with self._slots:
+                    loop.wake.clear()  # after the wait for a slot: what came meanwhile is seen by this pass
+                    delay = await self._reconcile(loop)
             except asyncio.CancelledError:
                 raise
             except Exception:  # one job's surprise must not end its loop, nor touch the others

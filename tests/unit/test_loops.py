@@ -97,3 +97,29 @@ def test_forget_stops_the_loop():
         assert len(calls) == stopped_at and len(loops) == 0 and "k" not in loops
         loops.wake("k")  # waking a forgotten job is harmless
     asyncio.run(scenario())
+
+
+def test_reconciles_in_flight_are_bounded_and_the_waiting_ones_run_when_a_slot_frees():
+    async def scenario():
+        running, done, gate = set(), [], asyncio.Event()
+
+        async def reconcile(loop):
+            running.add(loop.key)
+            peak.append(len(running))
+            await gate.wait()
+            running.discard(loop.key)
+            done.append(loop.key)
+            return 60.0
+
+        peak: list[int] = []
+        loops = JobLoops(reconcile, LOG, concurrency=2)
+        for key in range(5):
+            loops.observe(key)
+        await until(lambda: len(running) == 2)
+        await asyncio.sleep(0.05)  # give a third one the chance to start, were it allowed to
+        assert len(running) == 2
+        gate.set()
+        await until(lambda: len(done) == 5)
+        assert max(peak) == 2
+        await loops.stop_all()
+    asyncio.run(scenario())
