@@ -13,6 +13,7 @@ from pathlib import Path
 
 from elasticjob import crd
 from elasticjob.builders import Settings
+from elasticjob.loops import CONCURRENT_RECONCILES
 from elasticjob.peering import Peering
 
 log = logging.getLogger("elasticjob")
@@ -27,6 +28,7 @@ class RunConfig:
     settings: Settings
     identity: str
     peering: Peering | None
+    concurrent_reconciles: int = CONCURRENT_RECONCILES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "Workloads and ResourceFlavors: Kueue's CRDs must be installed)")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
+    run.add_argument("--concurrent-reconciles", type=int, default=CONCURRENT_RECONCILES, metavar="N",
+                     help="reconciles in flight at once; more wait for a slot (bounds the memory a fleet created "
+                     "at once takes)")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     return parser.parse_args(argv)
 
@@ -85,7 +90,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
-                     settings, identity, peers)
+                     settings, identity, peers, max(1, args.concurrent_reconciles))
 
 
 def run_operator(args: argparse.Namespace) -> None:

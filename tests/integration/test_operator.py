@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from unittest import mock
 
 import pytest

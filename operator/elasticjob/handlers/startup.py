@@ -37,7 +37,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     config = memo.config
     ctx = Context(kube=k8s.Kube(k8s.api_client()), mirror=Mirror(), stores=StoreClient(config.key),
                   settings=config.settings, logger=logging.getLogger("elasticjob"), instance=config.identity)
-    ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger)
+    ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger, config.concurrent_reconciles)
     ctx.watches = StoreWatches(ctx.stores, ctx.loops.wake)
     memo.ctx = ctx
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
