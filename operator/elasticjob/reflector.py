@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -89,7 +90,7 @@ class Reflector:
     def stop(self) -> None:
         response = self._response
         if response is not None:
-            response.shutdown()  # unblocks the reading thread
+            shut(response)  # unblocks the reading thread
 
     async def _list(self) -> str:
         items, version = await asyncio.get_running_loop().run_in_executor(self._executor, self._list_all)
@@ -125,10 +126,11 @@ class Reflector:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
+        ended = threading.Event()
 
         def pump() -> None:
             try:
-                for event in self._stream(version):
+                for event in self._stream(version, ended):
                     loop.call_soon_threadsafe(events.put_nowait, event)
             except BaseException as exc:  # handed over to the loop, raised there
                 loop.call_soon_threadsafe(events.put_nowait, exc)
@@ -142,14 +144,19 @@ class Reflector:
                     raise event
                 version = self._handle(event, version)
         finally:
+            ended.set()
             self.stop()
             await asyncio.shield(reader)
         return version
 
-    def _stream(self, version: str) -> Iterator[dict[str, Any]]:
+    def _stream(self, version: str, ended: threading.Event) -> Iterator[dict[str, Any]]:
         response = self._call(watch=True, resource_version=version, allow_watch_bookmarks=True,
                               timeout_seconds=WATCH_SECONDS, _request_timeout=(10, WATCH_SECONDS + 30))
         self._response = response
+        if ended.is_set():
+            # Stopped while the request was on its way, so stop() found nothing to shut: without this the
+            # operator's shutdown waited for the watch's own timeout (minutes) and was SIGKILLed.
+            shut(response)
         try:
             for line in response:
                 if line.strip():
@@ -168,6 +175,13 @@ class Reflector:
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self._on_event(kind, body)
         return version
+
+
+def shut(response: Any) -> None:
+    try:
+        response.shutdown()
+    except OSError:  # shut already, by the other side of the race
+        pass
 
 
 def describe(exc: BaseException) -> str:
