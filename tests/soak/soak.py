@@ -85,22 +85,27 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
     duration = config.minutes * 60
     schedule = plan_disruptions(config, rng, duration)
     started = time.monotonic()
+    def disrupt(what: str) -> None:
+        if what == "operator":
+            operator.kill()
+            chaos.counts["operator SIGKILLs"] += 1
+        elif what == "lose-node":
+            nodes = [n.metadata.name for n in client.CoreV1Api(api).list_node().items]
+            chaos.lose_node(rng.choice(nodes), for_seconds=70)
+        else:
+            restarts.restart(ROOT, what, down_seconds=rng.uniform(0, 3), log=lambda line: None)
+            chaos.counts[f"{what} restarts"] += 1
+
     while (elapsed := time.monotonic() - started) < duration:
         while schedule and schedule[0][0] <= elapsed:
-            _, what = schedule.pop(0)
-            if what == "operator":
-                operator.kill()
-                chaos.counts["operator SIGKILLs"] += 1
-            elif what == "lose-node":
-                nodes = [n.metadata.name for n in client.CoreV1Api(api).list_node().items]
-                chaos.lose_node(rng.choice(nodes), for_seconds=70)
-            else:
-                restarts.restart(ROOT, what, down_seconds=rng.uniform(0, 3), log=lambda line: None)
-                chaos.counts[f"{what} restarts"] += 1
+            disrupt(schedule.pop(0)[1])
         chaos.step()
         operator.check_alive()
         objects.check(dict(history.latest))
         time.sleep(rng.uniform(0.2, 1.2))
+    # A slow last step (a drain, a control-plane restart) can carry the churn past the last ones' moments.
+    for _, what in schedule:
+        disrupt(what)
     churn = time.monotonic() - started
     chaos.settle()
     quiet_from = datetime.now() + timedelta(seconds=QUIET_AFTER)
