@@ -59,8 +59,13 @@ class JobLoops:
             await asyncio.gather(loop.task, return_exceptions=True)
 
     async def stop_all(self) -> None:
-        for key in list(self._loops):
-            await self.forget(key)
+        """Every loop cancelled before any is awaited: a loop cancelled while it held a slot would otherwise hand
+        the slot to a waiting one, which would start a pass during the shutdown."""
+        loops, self._loops = list(self._loops.values()), {}
+        tasks = [loop.task for loop in loops if loop.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def __len__(self) -> int:
         return len(self._loops)

@@ -123,3 +123,21 @@ def test_reconciles_in_flight_are_bounded_and_the_waiting_ones_run_when_a_slot_f
         assert max(peak) == 2
         await loops.stop_all()
     asyncio.run(scenario())
+
+
+def test_stopping_starts_no_pass_in_a_slot_the_stopped_loops_free():
+    async def scenario():
+        started, gate = [], asyncio.Event()
+
+        async def reconcile(loop):
+            started.append(loop.key)
+            await gate.wait()
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG, concurrency=1)
+        loops.observe("holds the slot")
+        await until(lambda: started == ["holds the slot"])
+        loops.observe("waits for it")
+        await loops.stop_all()
+        assert started == ["holds the slot"] and len(loops) == 0
+    asyncio.run(scenario())
