@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -39,3 +40,12 @@ def wait_for(
             seen = "nothing (never observed)" if last is _UNSEEN else repr(last)
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last observed: {seen}")
         time.sleep(interval)
+
+
+async def until(predicate: Callable[[], Any], timeout: float, what: str = "a condition",
+                interval: float = 0.01) -> None:
+    """wait_for's twin inside an event loop: polls `predicate` without blocking the loop."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(interval)

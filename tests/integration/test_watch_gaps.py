@@ -16,7 +16,7 @@ from kubernetes import client
 
 from elasticjob import reflector
 from elasticjob.mirror import Mirror
-from helpers import wait_for
+from helpers import until, wait_for
 from jobapi import GROUP, PLURAL, ROOT, VERSION, create, job_manifest
 
 LOG = logging.getLogger("test")
@@ -26,13 +26,6 @@ def labelled_pod(name: str) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"elasticjob.dev/job-name": "gap"}},
             "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "x"}]}}
-
-
-async def until(predicate, timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def test_a_resumed_watch_after_an_api_server_restart_lists_again_and_drops_the_deleted(
@@ -61,7 +54,7 @@ def test_a_resumed_watch_after_an_api_server_restart_lists_again_and_drops_the_d
 
     async def scenario():
         tasks = [asyncio.create_task(r.run()) for r in reflectors]
-        await until(lambda: len(mirror.pods) == 2 and len(mirror.jobs) == 1, 30, "the first list")
+        await until(lambda: len(mirror.pods) == 2 and len(mirror.jobs) == 1, 30, "the first list", interval=0.1)
         # The operator stops watching (frozen, partitioned); meanwhile a pod and the job are deleted,
         # and the API server restarts, forgetting the versions the watches would resume from.
         for task in tasks:
@@ -74,7 +67,8 @@ def test_a_resumed_watch_after_an_api_server_restart_lists_again_and_drops_the_d
         woken.clear()
         tasks = [asyncio.create_task(r.run()) for r in reflectors]
         try:
-            await until(lambda: all(r.lists > n for r, n in zip(reflectors, lists_before)), 60, "a new list")
+            await until(lambda: all(r.lists > n for r, n in zip(reflectors, lists_before)), 60, "a new list",
+                        interval=0.1)
         finally:
             for task in tasks:
                 task.cancel()

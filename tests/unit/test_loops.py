@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
+import helpers
 from elasticjob.loops import JobLoops
 
 LOG = logging.getLogger("test")
 
 
-async def until(predicate, timeout=2.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
+until = functools.partial(helpers.until, timeout=2.0)
 
 
 def test_events_during_a_reconcile_coalesce_into_one_more_reconcile():

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from elasticjob.reflector import Reflector, Source
+from helpers import until
 
 LOG = logging.getLogger("test")
 
@@ -47,13 +48,6 @@ class Client:
         return self.stream
 
 
-async def until(predicate, timeout=5.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 def test_a_watch_stopped_before_its_response_came_is_shut_when_it_comes():
     async def scenario():
         client, stopped = Client(), threading.Event()
@@ -66,9 +60,9 @@ def test_a_watch_stopped_before_its_response_came_is_shut_when_it_comes():
         executor = ThreadPoolExecutor(2)
         reflector = Watched(Source("Pod", None, None, client), lambda *_: None, lambda *_: None, executor, LOG)
         task = asyncio.create_task(reflector.run())
-        await until(client.requested.is_set)
+        await until(client.requested.is_set, 5, "the watch request sent")
         task.cancel()
-        await until(stopped.is_set)  # stop() ran with no response to shut
+        await until(stopped.is_set, 5, "the reflector stopped")  # with no response to shut
         client.answer.set()  # now the response arrives
         done, _ = await asyncio.wait({task}, timeout=5)
         assert done, "the reflector waited for its watch to time out"
