@@ -64,11 +64,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "Workloads and ResourceFlavors: Kueue's CRDs must be installed)")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
-    run.add_argument("--concurrent-reconciles", type=int, default=CONCURRENT_RECONCILES, metavar="N",
+    run.add_argument("--concurrent-reconciles", type=at_least_one, default=CONCURRENT_RECONCILES, metavar="N",
                      help="reconciles in flight at once; more wait for a slot (bounds the memory a fleet created "
                      "at once takes)")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     return parser.parse_args(argv)
+
+
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
 
 
 def rendezvous_key(path: str | None) -> bytes:
@@ -90,7 +100,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
-                     settings, identity, peers, max(1, args.concurrent_reconciles))
+                     settings, identity, peers, args.concurrent_reconciles)
 
 
 def run_operator(args: argparse.Namespace) -> None:
