@@ -1,0 +1,15 @@
+"""Warm worker starts: torchrun's worker processes forked from one that has already imported torch.
+
+Every time torchrun (re)starts its workers, each new process imports torch (about 2 s here) and DDP's
+constructor imports `torch._dynamo` (about 2 s more) before the first step. After a lost pod, a scale change
+or a failure that is most of the recovery. With
+
+    command: [torchrun, -m, elasticjob_warm, train.py, ...]
+
+the first worker of a pod starts a small server (server.py) that imports torch once and forks a worker for
+each request; each worker torchrun starts is then a thin client (client.py) that hands the server its argv,
+environment, working directory and stdio, forwards torchrun's signals, and exits as the worker did. When the
+server cannot be had the client runs the script itself, as plain torchrun would.
+
+Runs in the worker pod with the worker image's torch; it never imports the operator.
+"""

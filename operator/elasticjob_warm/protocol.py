@@ -1,0 +1,92 @@
+"""What the client and the server say to each other over the pod-local Unix socket.
+
+A request is one byte carrying the client's stdin, stdout and stderr (SCM_RIGHTS), then a length-prefixed JSON
+object: argv, env, cwd and whether Python runs unbuffered. The server answers with JSON lines: {"pid": N}
+once the worker is forked, then {"status": S} when it ended (S as os.waitstatus_to_exitcode: negative for a
+signal), or {"error": "..."} if it will not fork, in which case the client runs the script itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import tempfile
+from dataclasses import dataclass
+
+SOCKET_ENV = "ELASTICJOB_WARM_SOCKET"
+PRELOAD_ENV = "ELASTICJOB_WARM_PRELOAD"
+MAX_REQUEST = 16 * 1024 * 1024  # an environment of a few hundred KB is already unusual
+_LENGTH = struct.Struct("!I")
+
+
+class ProtocolError(Exception):
+    """The other side sent something this side cannot read."""
+
+
+@dataclass(frozen=True)
+class Request:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    unbuffered: bool = False
+
+
+def socket_path(environ: dict[str, str] | None = None) -> str:
+    """One server per torchrun agent: keyed by the agent's pid and the PID namespace it lives in (pods on one
+    node may share /tmp, and in a container every agent may have the same pid)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SOCKET_ENV):
+        return environ[SOCKET_ENV]
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return os.path.join(tempfile.gettempdir(), f"elasticjob-warm-{namespace}-{os.getppid()}.sock")
+
+
+def send_request(sock: socket.socket, request: Request, fds: list[int]) -> None:
+    body = json.dumps({"argv": request.argv, "env": request.env, "cwd": request.cwd,
+                       "unbuffered": request.unbuffered}).encode()
+    socket.send_fds(sock, [b"R"], fds)
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+
+
+def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
+    marker, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
+    if marker != b"R" or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError(f"expected a request carrying 3 descriptors, got {marker!r} with {len(fds)}")
+    try:
+        (length,) = _LENGTH.unpack(_read_exactly(sock, _LENGTH.size))
+        if length > MAX_REQUEST:
+            raise ProtocolError(f"request of {length} bytes")
+        raw = json.loads(_read_exactly(sock, length))
+        request = Request(argv=[str(a) for a in raw["argv"]], env={str(k): str(v) for k, v in raw["env"].items()},
+                          cwd=str(raw["cwd"]), unbuffered=bool(raw.get("unbuffered")))
+    except (ProtocolError, ValueError, KeyError, TypeError, AttributeError) as error:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError(f"unreadable request: {error}") from error
+    if not request.argv:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError("empty argv")
+    return request, fds
+
+
+def send_message(sock: socket.socket, **message: object) -> None:
+    sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 16))
+        if not chunk:
+            raise ProtocolError("connection closed in the middle of a request")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
