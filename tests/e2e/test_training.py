@@ -75,10 +75,11 @@ def test_start_runs_to_success(operator, jobs, progress):
     assert {(r["rank"], r["world_size"]) for r in last} == {(0, 2), (1, 2)}, last
 
 
-def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery, warm):
     steps = 40
-    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
-                   min_step=CHECKPOINT_EVERY + 2)
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), warm=warm),
+                   world_size=2, min_step=CHECKPOINT_EVERY + 2)
     victim = before.rank0_host()
     fault_time = faults.kill_pod(victim)
     before = Progress([r for r in progress().records if r["time"] <= fault_time])
@@ -88,7 +89,12 @@ def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, fault
     restarts = jobs.status().get("restarts")
     assert restarts == 1, f"one killed pod must count as exactly one restart: {jobs.status()}"
     assert (jobs.status()["rendezvous"].get("round") or 0) >= 1, f"the group re-formed: {jobs.status()}"
-    record_recovery(f"SIGKILL rank-0 pod {victim}", resumed["time"] - fault_time, resumed["world_size"], restarts)
+    if warm:  # every worker came from its pod's warm server: a client that could not have one says so
+        cold = [p.metadata.name for p in jobs.worker_pods()
+                if "no warm worker" in jobs.core.read_namespaced_pod_log(p.metadata.name, jobs.namespace)]
+        assert not cold, f"workers started cold in {cold}"
+    record_recovery(f"SIGKILL rank-0 pod {victim}{' (warm)' if warm else ''}", resumed["time"] - fault_time,
+                    resumed["world_size"], restarts)
 
 
 def test_trains_under_the_charts_least_privilege_rbac(cluster, operator_factory, install_rbac, kube, jobs,

@@ -58,8 +58,10 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
 
 @pytest.mark.parametrize("name", ["worker.Dockerfile", "worker-cpu.Dockerfile"])
 def test_worker_images_carry_the_store_but_not_the_operator(name: str) -> None:
-    """The rendezvous pod runs the worker image with `python -m elasticjob_store`."""
+    """The rendezvous pod runs the worker image with `python -m elasticjob_store`; workers may run
+    `torchrun -m elasticjob_warm`."""
     text = (ROOT / "images" / name).read_text()
     assert "COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store" in text
+    assert "COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm" in text
     assert "ENV PYTHONPATH=/opt/elasticjob" in text
     assert "operator/elasticjob " not in text and "operator/elasticjob\n" not in text
