@@ -31,6 +31,9 @@ def log(message: str) -> None:
 
 def preload(names: list[str]) -> str | None:
     """Import what every worker would; say why forking would be unsafe, if it would be."""
+    # A module that asks whether CUDA is available at import would initialize the CUDA runtime here, which a
+    # forked child cannot use; NVML answers the question without it. The workers' own environment is theirs.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     for name in names:
         try:
             importlib.import_module(name)
