@@ -72,7 +72,7 @@ bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on on
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/fleet.py
 
-bench-recovery: $(VENV)/.installed ## Fault -> next training step, three ways, medians of RUNS (default 5); about 40 min
+bench-recovery: $(VENV)/.installed ## Fault -> next training step, four ways, medians of RUNS (default 5); about 55 min
 	$(VENV)/bin/localcluster up --nodes $(NODES)
 	$(PY) bench/recovery.py --runs $(or $(RUNS),5)
 

@@ -1,7 +1,9 @@
 """Recovery in seconds: fault -> next completed training step, on the local cluster, in one run.
 
-Three ways of running the same job (examples/train_ddp.py, 2 pods, 0.25 s steps, checkpoint every 5):
+Four ways of running the same job (examples/train_ddp.py, 2 pods, 0.25 s steps, checkpoint every 5):
 - operator:       the defaults, and the operator driving the rendezvous it hosts (planner/recovery.py);
+- operator+warm:  the same, with workers forked from a process that has imported torch
+                  (`torchrun -m elasticjob_warm`, as examples/elasticjob.yaml does);
 - no help:        the same rendezvous settings, the operator not touching the rendezvous;
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
 Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
@@ -24,17 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
+from harness import STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
 from handstart import hand_start  # noqa: E402
 
 HOST_DIR = Path("/tmp/elasticjob-bench")
 STEP_SECONDS = 0.25
 LIMIT = 90.0  # a recovery slower than this is reported as '> 90'
-MODES = {
-    "operator": ({}, []),
-    "no help": ({}, ["--no-rendezvous-nudges"]),
+MODES = {  # name: (spec.rendezvous, the operator's flags, warm worker starts)
+    "operator": ({}, [], False),
+    "operator+warm": ({}, [], True),
+    "no help": ({}, ["--no-rendezvous-nudges"], False),
     "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
-                       ["--no-rendezvous-nudges"]),
+                       ["--no-rendezvous-nudges"], False),
 }
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 10", "scale-down": "<= 5", "scale-up": "<= 6",
            "start": "<= 1.3x by hand"}
@@ -46,9 +49,10 @@ class Sample:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def manifest(namespace: str, rendezvous: dict, replicas: int = 2) -> dict:
+def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = False) -> dict:
     container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": [
-        "torchrun", "/workspace/examples/train_ddp.py", "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
+        "torchrun", *(["-m", "elasticjob_warm"] if warm else []), "/workspace/examples/train_ddp.py",
+        "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
         "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
     return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
@@ -131,10 +135,10 @@ FAULTS = {
 # --- one run ----------------------------------------------------------------------------------------------
 
 
-def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict) -> Sample:
+def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm: bool) -> Sample:
     with api.namespace("bench-recovery") as ns:
         created = time.time()
-        api.create_job(ns, manifest(ns, rendezvous))
+        api.create_job(ns, manifest(ns, rendezvous, warm=warm))
         if scenario == "start":
             first = wait(lambda: first_step_after(ns, created), 180, "the first step")
             return Sample(first["time"] - created)
@@ -204,13 +208,13 @@ def main() -> int:
     api.install_crd()
     results: dict[tuple[str, str], list[Sample]] = {}
     for mode in modes:
-        rendezvous, flags = MODES[mode]
-        with Operator(STATE_DIR / f"bench-recovery-{mode.replace(' ', '-')}.log", flags) as operator:
+        rendezvous, flags, warm = MODES[mode]
+        with Operator(STATE_DIR / f"bench-recovery-{mode.replace(' ', '-').replace('+', '-')}.log", flags) as operator:
             for scenario in scenarios:
                 # A fault that torch alone never recovers from (a partition) is measured once.
-                runs = 1 if scenario == "partition" and mode != "operator" else args.runs
+                runs = 1 if scenario == "partition" and not mode.startswith("operator") else args.runs
                 for i in range(runs):
-                    sample = run_once(api, operator, scenario, rendezvous)
+                    sample = run_once(api, operator, scenario, rendezvous, warm)
                     results.setdefault((scenario, mode), []).append(sample)
                     print(f"  {mode:>14} {scenario:<11} run {i + 1}: "
                           f"{'> %.0f' % LIMIT if sample.seconds is None else '%.1f' % sample.seconds} s "
@@ -233,7 +237,7 @@ def print_table(scenarios: list[str], modes: list[str], results: dict, hand: lis
     header = ["fault", *modes, "by hand", "target", "agent removed", "round formed"]
     rows = []
     for scenario in scenarios:
-        ours = results.get((scenario, "operator"), [])
+        ours = [*results.get((scenario, "operator"), []), *results.get((scenario, "operator+warm"), [])]
         phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
                  if (vals := [s.phases[name] for s in ours if name in s.phases])}
         rows.append([scenario, *(cell(results.get((scenario, m), [])) for m in modes),
