@@ -4,10 +4,11 @@ Every time torchrun (re)starts its workers, each new process imports torch (abou
 constructor imports `torch._dynamo` (about 2 s more) before the first step. After a lost pod, a scale change
 or a failure that is most of the recovery. With
 
-    command: [torchrun, -m, elasticjob_warm, train.py, ...]
+    command: [python, -m, elasticjob_warm.torchrun, train.py, ...]      (torchrun.py: torchrun itself)
 
-the first worker of a pod starts a small server (server.py) that imports torch once and forks a worker for
-each request; each worker torchrun starts is then a thin client (client.py) that hands the server its argv,
+the agent starts a small server (server.py) as the container starts; it imports torch once and forks a worker
+for each request. `torchrun -m elasticjob_warm train.py` does the same, its server started by the pod's first
+worker. Each worker torchrun starts is then a thin client (client.py) that hands the server its argv,
 environment, working directory and stdio, forwards torchrun's signals, and exits as the worker did. When the
 server cannot be had the client runs the script itself, as plain torchrun would.
 

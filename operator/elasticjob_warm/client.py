@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         return 2
     forwarder = Forwarder()
     try:
-        sock = connect_or_start(protocol.socket_path())
+        sock = connect_or_start(protocol.socket_path(os.getppid()), os.getppid())
         reply = sock.makefile("rb")
         protocol.send_request(sock, request(argv), [0, 1, 2])
         pid = _first_answer(reply)
@@ -49,17 +49,18 @@ def request(argv: list[str]) -> protocol.Request:
                             unbuffered=bool(getattr(sys.stdout, "write_through", False)))  # python -u
 
 
-def connect_or_start(path: str) -> socket.socket:
+def connect_or_start(path: str, agent_pid: int) -> socket.socket:
+    """A connection to the agent's server, started here if there is none (the agent: torchrun, our parent)."""
     sock = _connect(path)
     if sock is not None:
         return sock
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one server per agent, however many local ranks start at once
-        return _connect(path) or _start(path)
+        return _connect(path) or _start(path, agent_pid)
 
 
-def _start(path: str) -> socket.socket:
-    server = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.server", path, str(os.getppid())],
+def _start(path: str, agent_pid: int) -> socket.socket:
+    server = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.server", path, str(agent_pid)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

@@ -33,7 +33,7 @@ class Request:
     unbuffered: bool = False
 
 
-def socket_path(environ: dict[str, str] | None = None) -> str:
+def socket_path(agent_pid: int, environ: dict[str, str] | None = None) -> str:
     """One server per torchrun agent: keyed by the agent's pid and the PID namespace it lives in (pods on one
     node may share /tmp, and in a container every agent may have the same pid)."""
     environ = os.environ if environ is None else environ
@@ -43,7 +43,7 @@ def socket_path(environ: dict[str, str] | None = None) -> str:
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         namespace = 0
-    return os.path.join(tempfile.gettempdir(), f"elasticjob-warm-{namespace}-{os.getppid()}.sock")
+    return os.path.join(tempfile.gettempdir(), f"elasticjob-warm-{namespace}-{agent_pid}.sock")
 
 
 def send_request(sock: socket.socket, request: Request, fds: list[int]) -> None:
@@ -53,8 +53,14 @@ def send_request(sock: socket.socket, request: Request, fds: list[int]) -> None:
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
+class Probe(Exception):
+    """A connection closed without a word: someone checking that the server listens."""
+
+
 def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
     marker, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
+    if marker == b"" and not fds:
+        raise Probe()
     if marker != b"R" or len(fds) != 3:
         for fd in fds:
             os.close(fd)

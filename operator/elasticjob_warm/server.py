@@ -111,6 +111,9 @@ class Server:
             return
         try:
             request, fds = protocol.recv_request(conn)
+        except protocol.Probe:
+            conn.close()
+            return
         except (protocol.ProtocolError, OSError) as error:
             log(f"dropped a request from pid {pid}: {error}")
             conn.close()

@@ -1,0 +1,45 @@
+"""`python -m elasticjob_warm.torchrun [torchrun's options] SCRIPT [ARGS...]`: torchrun, with warm workers
+whose server starts with the container.
+
+`torchrun -m elasticjob_warm SCRIPT` starts the server with the pod's first worker, which therefore still pays
+the import. Here this process is torchrun's agent itself: it starts the server first, so that torch is imported
+there while the agent imports its own and waits for its round, and then runs torchrun with SCRIPT behind
+`-m elasticjob_warm`. Options and exit status are torchrun's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from elasticjob_warm import client, protocol
+
+
+def main(argv: list[str]) -> int:
+    start_server()
+    from torch.distributed import run  # after the server has started importing torch beside us
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args = run.parse_args(argv)
+    if args.no_python:
+        print("elasticjob_warm.torchrun: --no-python runs no Python worker to start warm; use torchrun itself",
+              file=sys.stderr)
+        return 2
+    args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
+                                 *args.training_script_args]
+    args.training_script, args.module = "elasticjob_warm", True
+    record(run.run)(args)
+    return 0
+
+
+def start_server() -> None:
+    """Our workers' clients will look for the server of their parent, which is this process."""
+    try:
+        client.connect_or_start(protocol.socket_path(os.getpid()), os.getpid()).close()
+    except (client.Unavailable, OSError) as error:
+        print(f"elasticjob_warm.torchrun: no warm server yet ({error}); the first worker will start one",
+              file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

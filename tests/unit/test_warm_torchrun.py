@@ -1,0 +1,55 @@
+"""`python -m elasticjob_warm.torchrun`: real torchrun (standalone, one node), its server started first.
+
+Seconds, not milliseconds: the agent imports torch. The server preloads `decimal` only (ELASTICJOB_WARM_PRELOAD).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+REPORT = textwrap.dedent("""
+    import json, os, sys
+    server = os.getppid()
+    with open(f"/proc/{server}/stat") as stat:
+        server_parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    json.dump({"server_parent": server_parent, "preloaded": "decimal" in sys.modules, "argv": sys.argv[1:],
+               "rank": os.environ["RANK"]}, open(sys.argv[1] + os.environ["LOCAL_RANK"], "w"))
+    sys.exit(int(sys.argv[2]))
+""")
+
+
+def torchrun(tmp_path, *argv) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="decimal")
+    with open(tmp_path / "log", "w") as log:  # the server keeps the agent's stderr: a pipe would not end
+        proc = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.torchrun", "--standalone",
+                                 "--max-restarts=0", *argv], env=env, stdout=log, stderr=log)
+        proc.wait(timeout=120)
+    return proc
+
+
+def test_workers_come_from_the_server_that_the_agent_started(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(REPORT)
+    proc = torchrun(tmp_path, "--nproc-per-node=2", str(script), str(tmp_path / "r"), "0")
+    assert proc.returncode == 0, (tmp_path / "log").read_text()[-3000:]
+    reports = [json.load(open(tmp_path / f"r{i}")) for i in range(2)]
+    assert {r["server_parent"] for r in reports} == {proc.pid}  # the agent started it, not a first worker
+    assert all(r["preloaded"] for r in reports) and {r["rank"] for r in reports} == {"0", "1"}
+    assert reports[0]["argv"] == [str(tmp_path / "r"), "0"]
+
+
+def test_a_failing_worker_fails_the_agent_as_torchrun_would(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(REPORT)
+    proc = torchrun(tmp_path, "--nproc-per-node=1", str(script), str(tmp_path / "r"), "3")
+    log = (tmp_path / "log").read_text()
+    assert proc.returncode == 1 and "exitcode  : 3" in log, log[-3000:]
+
+
+def test_no_python_is_refused(tmp_path):
+    proc = torchrun(tmp_path, "--no-python", "true")
+    assert proc.returncode == 2 and "--no-python" in (tmp_path / "log").read_text()
