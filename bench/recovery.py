@@ -3,7 +3,7 @@
 Four ways of running the same job (examples/train_ddp.py, 2 pods, 0.25 s steps, checkpoint every 5):
 - operator:       the defaults, and the operator driving the rendezvous it hosts (planner/recovery.py);
 - operator+warm:  the same, with workers forked from a process that has imported torch
-                  (`torchrun -m elasticjob_warm`, as examples/elasticjob.yaml does);
+                  (`python -m elasticjob_warm.torchrun`, as examples/elasticjob.yaml does);
 - no help:        the same rendezvous settings, the operator not touching the rendezvous;
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
 Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
@@ -51,7 +51,7 @@ class Sample:
 
 def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = False) -> dict:
     container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": [
-        "torchrun", *(["-m", "elasticjob_warm"] if warm else []), "/workspace/examples/train_ddp.py",
+        *(["python", "-m", "elasticjob_warm.torchrun"] if warm else ["torchrun"]), "/workspace/examples/train_ddp.py",
         "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
         "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}

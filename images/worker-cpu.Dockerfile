@@ -20,7 +20,8 @@ COPY examples/train_ddp.py /workspace/train_ddp.py
 # The job's rendezvous pod runs this image too: `python -m elasticjob_store` (the c10d store and its control
 # endpoint; it needs nothing but torch, and not the operator).
 COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
-# `torchrun -m elasticjob_warm train.py` forks each worker from a process that imported torch once (fast restarts).
+# `python -m elasticjob_warm.torchrun train.py`: torchrun whose workers are forked from a process that imported
+# torch once (restarts without `import torch`).
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
 ENV PYTHONPATH=/opt/elasticjob
 CMD ["torchrun", "/workspace/train_ddp.py"]

@@ -40,7 +40,7 @@ def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1
                  replicas: int = 2, max_restarts: int = 3, name: str = JOB_NAME, warm: bool = False,
                  **spec_extra: Any) -> dict:
     """An ElasticJob running train_ddp.py with a shared hostPath checkpoint dir and fast rendezvous timeouts;
-    `warm`: its workers forked from a process that imported torch once (`torchrun -m elasticjob_warm`)."""
+    `warm`: its workers forked from a process that imported torch once (`python -m elasticjob_warm.torchrun`)."""
     spec = {
         "minReplicas": min_replicas,
         "maxReplicas": max_replicas,
@@ -56,7 +56,8 @@ def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1
             "containers": [{
                 "name": "worker",
                 "image": WORKER_IMAGE,
-                "command": ["torchrun", *(["-m", "elasticjob_warm"] if warm else []), TRAIN_SCRIPT, *train_args],
+                "command": [*(["python", "-m", "elasticjob_warm.torchrun"] if warm else ["torchrun"]), TRAIN_SCRIPT,
+                            *train_args],
                 # The agent's rendezvous decisions in the pod log, for the post-mortem of a slow recovery.
                 "env": [{"name": "LOGLEVEL", "value": "INFO"}],
                 "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}],
