@@ -237,7 +237,8 @@ def print_table(scenarios: list[str], modes: list[str], results: dict, hand: lis
     header = ["fault", *modes, "by hand", "target", "agent removed", "round formed"]
     rows = []
     for scenario in scenarios:
-        ours = [*results.get((scenario, "operator"), []), *results.get((scenario, "operator+warm"), [])]
+        # The phases of one mode: the first of the operator's that ran, never two mixed.
+        ours = next((got for m in ("operator", "operator+warm") if (got := results.get((scenario, m)))), [])
         phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
                  if (vals := [s.phases[name] for s in ours if name in s.phases])}
         rows.append([scenario, *(cell(results.get((scenario, m), [])) for m in modes),

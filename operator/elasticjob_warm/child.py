@@ -11,18 +11,16 @@ import sys
 import threading
 
 from elasticjob_warm import runner
-from elasticjob_warm.protocol import Request
+from elasticjob_warm.protocol import Request, close_all
 
 
 def become(request: Request, fds: list[int], closeables: list) -> None:
     code = 1
     try:
-        for item in closeables:
-            _close(item)
+        close_all(closeables)
         for target, fd in zip((0, 1, 2), fds):
             os.dup2(fd, target)
-        for fd in set(fds) - {0, 1, 2}:
-            os.close(fd)
+        close_all(list(set(fds) - {0, 1, 2}))
         os.chdir(request.cwd)
         os.environ.clear()
         os.environ.update(request.env)
@@ -55,12 +53,3 @@ def _exit(code: int) -> None:
     finally:
         os._exit(code)
 
-
-def _close(item) -> None:
-    try:
-        if isinstance(item, int):
-            os.close(item)
-        else:
-            item.close()
-    except OSError:
-        pass

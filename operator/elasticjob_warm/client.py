@@ -50,7 +50,7 @@ def request(argv: list[str]) -> protocol.Request:
 
 
 def connect_or_start(path: str, agent_pid: int) -> socket.socket:
-    """A connection to the agent's server, started here if there is none (the agent: torchrun, our parent)."""
+    """A connection to the agent's server, started here if there is none."""
     sock = _connect(path)
     if sock is not None:
         return sock

@@ -58,12 +58,19 @@ class Probe(Exception):
 
 
 def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
+    """The request and the client's stdin, stdout and stderr; the descriptors are closed if it is refused."""
     marker, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
     if marker == b"" and not fds:
         raise Probe()
+    try:
+        return _read_request(sock, marker, fds), fds
+    except BaseException:
+        close_all(fds)
+        raise
+
+
+def _read_request(sock: socket.socket, marker: bytes, fds: list[int]) -> Request:
     if marker != b"R" or len(fds) != 3:
-        for fd in fds:
-            os.close(fd)
         raise ProtocolError(f"expected a request carrying 3 descriptors, got {marker!r} with {len(fds)}")
     try:
         (length,) = _LENGTH.unpack(_read_exactly(sock, _LENGTH.size))
@@ -73,14 +80,22 @@ def recv_request(sock: socket.socket) -> tuple[Request, list[int]]:
         request = Request(argv=[str(a) for a in raw["argv"]], env={str(k): str(v) for k, v in raw["env"].items()},
                           cwd=str(raw["cwd"]), unbuffered=bool(raw.get("unbuffered")))
     except (ProtocolError, ValueError, KeyError, TypeError, AttributeError) as error:
-        for fd in fds:
-            os.close(fd)
         raise ProtocolError(f"unreadable request: {error}") from error
     if not request.argv:
-        for fd in fds:
-            os.close(fd)
         raise ProtocolError("empty argv")
-    return request, fds
+    return request
+
+
+def close_all(items: list) -> None:
+    """Close descriptors (ints) and objects with close(), whatever state each is in."""
+    for item in items:
+        try:
+            if isinstance(item, int):
+                os.close(item)
+            else:
+                item.close()
+        except OSError:
+            pass
 
 
 def send_message(sock: socket.socket, **message: object) -> None:

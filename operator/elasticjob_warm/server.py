@@ -1,7 +1,7 @@
 """`python -m elasticjob_warm.server SOCKET AGENT_PID`: import torch once, fork a worker per request.
 
-Started by the first client of a torchrun agent, in a session of its own so that torchrun's signals to a
-worker's process group do not reach it. It listens before it imports, so clients queue rather than start
+Started by `elasticjob_warm.torchrun` as the agent starts, or else by the agent's first client, in a session of
+its own so that torchrun's signals to a worker's process group do not reach it. It listens before it imports, so clients queue rather than start
 servers of their own, and it lives as long as the agent: when the agent is gone it kills what it forked and
 leaves. One thread only: a fork copies the thread that calls it, and a lock another thread held would stay
 held for ever in the child.
@@ -82,7 +82,6 @@ class Server:
                     self._client_left(pid)
                 else:
                     self._reap(pid)
-        self.stop()
 
     def stop(self) -> None:
         for pid in list(self.children):
@@ -120,7 +119,7 @@ class Server:
             return
         if self.refusal:
             _send(conn, error=self.refusal)
-            _close_all(fds)
+            protocol.close_all(fds)
             conn.close()
             return
         self._fork(conn, request, fds)
@@ -139,7 +138,7 @@ class Server:
             os.setpgid(pid, pid)  # also here: the client may signal the group before the child ran at all
         except OSError:
             pass  # the child got there first, or has already exited
-        _close_all(fds)
+        protocol.close_all(fds)
         pidfd = os.pidfd_open(pid)
         conn.settimeout(None)
         self.children[pid] = (conn, pidfd)
@@ -179,14 +178,6 @@ def _send(conn: socket.socket, **message: object) -> None:
         protocol.send_message(conn, **message)
     except OSError:
         pass  # the client is gone; its worker is dealt with as for any client that left
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def main(argv: list[str]) -> int:
