@@ -174,6 +174,10 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
     terminated = (_main_container_status(status, role).get("state") or {}).get("terminated") or {}
     message = terminated.get("message") or ""
     gave_up, worker_exit = parse_agent_message(message) if terminated else (False, None)
+    if not gave_up:
+        # The agent restarted its workers in place after that failure and later died of something else
+        # (a SIGKILL, a lost store): the line is history, the container's own exit code is the cause.
+        worker_exit = None
     scheduled = _condition(status, "PodScheduled")
     return PodView(
         name=meta.get("name", ""),

@@ -67,6 +67,13 @@ def test_killed_pod_keeps_the_container_exit_code():
     assert (view.worker_exit_code, view.agent_gave_up, view.store_lost) == (137, False, False)
 
 
+def test_a_killed_agent_is_not_blamed_on_a_worker_failure_it_survived():
+    # The termination message is the log's tail: an earlier in-place restart's line is still in it.
+    message = "E1123 21:33:06.225000 1 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 6)\nrank 0/1 resuming"
+    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
+    assert (view.exit_code, view.worker_exit_code, view.agent_gave_up) == (137, 137, False)
+
+
 def test_store_lost():
     assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).store_lost
 
