@@ -1,5 +1,5 @@
 """`python -m elasticjob_warm.torchrun [torchrun's options] SCRIPT [ARGS...]`: torchrun, with warm workers
-whose server starts with the container.
+whose server starts with the container, and shorter rendezvous polls (polling.py).
 
 `torchrun -m elasticjob_warm SCRIPT` starts the server with the pod's first worker, which therefore still pays
 the import. Here this process is torchrun's agent itself: it starts the server first, so that torch is imported
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from elasticjob_warm import client, protocol
+from elasticjob_warm import client, polling, protocol
 
 
 def main(argv: list[str]) -> int:
@@ -24,6 +24,11 @@ def main(argv: list[str]) -> int:
     if args.no_python:
         print("elasticjob_warm.torchrun: --no-python runs no Python worker to start warm; use torchrun itself",
               file=sys.stderr)
+        return 2
+    try:
+        polling.apply(args.nnodes)
+    except ValueError as error:
+        print(f"elasticjob_warm.torchrun: {error}", file=sys.stderr)
         return 2
     args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
                                  *args.training_script_args]

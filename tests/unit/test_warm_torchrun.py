@@ -22,8 +22,9 @@ REPORT = textwrap.dedent("""
 """)
 
 
-def torchrun(tmp_path, *argv) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="decimal")
+def torchrun(tmp_path, *argv, **env_extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="decimal",
+               **env_extra)
     with open(tmp_path / "log", "w") as log:  # the server keeps the agent's stderr: a pipe would not end
         proc = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.torchrun", "--standalone",
                                  "--max-restarts=0", *argv], env=env, stdout=log, stderr=log)
@@ -40,6 +41,8 @@ def test_workers_come_from_the_server_that_the_agent_started(tmp_path):
     assert {r["server_parent"] for r in reports} == {proc.pid}  # the agent started it, not a first worker
     assert all(r["preloaded"] for r in reports) and {r["rank"] for r in reports} == {"0", "1"}
     assert reports[0]["argv"] == [str(tmp_path / "r"), "0"]
+    # The rendezvous (standalone is c10d's too) ran with the shorter poll, torch calling it as it does.
+    assert "rendezvous polled every 0.1 s" in (tmp_path / "log").read_text()
 
 
 def test_a_failing_worker_fails_the_agent_as_torchrun_would(tmp_path):
@@ -53,3 +56,8 @@ def test_a_failing_worker_fails_the_agent_as_torchrun_would(tmp_path):
 def test_no_python_is_refused(tmp_path):
     proc = torchrun(tmp_path, "--no-python", "true")
     assert proc.returncode == 2 and "--no-python" in (tmp_path / "log").read_text()
+
+
+def test_a_bad_poll_is_refused_before_anything_runs(tmp_path):
+    proc = torchrun(tmp_path, "true", ELASTICJOB_RDZV_POLL_SECONDS="soon")
+    assert proc.returncode == 2 and "ELASTICJOB_RDZV_POLL_SECONDS='soon'" in (tmp_path / "log").read_text()
