@@ -87,7 +87,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = [subprocess.Popen(HOG) for _ in range(2)]
     try:
-        with Operator(STATE_DIR / "bench-split-brain.log") as _operator, api.namespace("bench-split") as ns:
+        with Operator(STATE_DIR / "bench-split-brain.log"), api.namespace("bench-split") as ns:
             job = manifest(ns, {}, replicas=3, warm=args.warm)
             # Kills of a lone worker are failures and charged: at the default 3 the job failed by the tenth fault.
             job["spec"]["maxRestarts"] = 1000
