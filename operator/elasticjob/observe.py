@@ -173,7 +173,10 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
     index = labels.get(naming.INDEX_LABEL)
     terminated = (_main_container_status(status, role).get("state") or {}).get("terminated") or {}
     message = terminated.get("message") or ""
-    gave_up, worker_exit = parse_agent_message(message) if terminated else (False, None)
+    # A container ended by a signal wrote no verdict: its message is the kubelet's copy of the log's tail
+    # (FallbackToLogsOnError), where a heartbeat that once failed is history, not the cause.
+    verdict = bool(terminated) and (terminated.get("exitCode") or 0) < 128
+    gave_up, worker_exit = parse_agent_message(message) if verdict else (False, None)
     if not gave_up:
         # The agent restarted its workers in place after that failure and later died of something else
         # (a SIGKILL, a lost store): the line is history, the container's own exit code is the cause.
@@ -194,7 +197,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         exit_code=terminated.get("exitCode"),
         worker_exit_code=worker_exit if worker_exit is not None else terminated.get("exitCode"),
         agent_gave_up=gave_up,
-        store_lost=lost_store(message),
+        store_lost=verdict and lost_store(message),
         reason=terminated.get("reason") or status.get("reason"),
         message=message or status.get("message") or "",
         disruption=_disruption(status),

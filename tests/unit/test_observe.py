@@ -74,6 +74,13 @@ def test_a_killed_agent_is_not_blamed_on_a_worker_failure_it_survived():
     assert (view.exit_code, view.worker_exit_code, view.agent_gave_up) == (137, 137, False)
 
 
+def test_a_killed_agent_did_not_lose_its_store_for_a_heartbeat_it_once_missed():
+    message = ("W1123 21:40:02.1 1 dynamic_rendezvous.py:1350] The node '10.244.0.3_1_0' has failed to send a "
+               "keep-alive heartbeat to the rendezvous 'run' due to an error of type RendezvousConnectionError.")
+    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
+    assert (view.store_lost, view.worker_exit_code) == (False, 137)
+
+
 def test_store_lost():
     assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).store_lost
 
