@@ -177,10 +177,10 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
     # (FallbackToLogsOnError), where a heartbeat that once failed is history, not the cause.
     verdict = bool(terminated) and (terminated.get("exitCode") or 0) < 128
     gave_up, worker_exit = parse_agent_message(message) if verdict else (False, None)
-    if not gave_up:
-        # The agent restarted its workers in place after that failure and later died of something else
-        # (a SIGKILL, a lost store): the line is history, the container's own exit code is the cause.
-        worker_exit = None
+    # Only an agent that gave up names the worker's code as its cause; otherwise the last "failed" line is an
+    # in-place restart it survived, and the container's own exit code is the cause.
+    if not gave_up or worker_exit is None:
+        worker_exit = terminated.get("exitCode")
     scheduled = _condition(status, "PodScheduled")
     return PodView(
         name=meta.get("name", ""),
@@ -195,7 +195,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         node=(body.get("spec") or {}).get("nodeName"),
         unschedulable=scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None,
         exit_code=terminated.get("exitCode"),
-        worker_exit_code=worker_exit if worker_exit is not None else terminated.get("exitCode"),
+        worker_exit_code=worker_exit,
         agent_gave_up=gave_up,
         store_lost=verdict and lost_store(message),
         reason=terminated.get("reason") or status.get("reason"),
