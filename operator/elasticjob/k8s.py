@@ -1,7 +1,8 @@
 """A thin async wrapper over the official kubernetes client; API errors become the project's own.
 
-The client is synchronous, so calls run in threads (a pool sized in handlers/startup.py). Responses the
-operator does not read are not decoded into client models: at fleet size that was most of its CPU.
+The client is synchronous, so calls run in threads (a pool sized in handlers/startup.py). Calls go by path
+(rest.py), bodies are dicts: decoding replies into client models was most of the operator's CPU at fleet size,
+and the generated API classes a third of its memory.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob.models import GROUP, PLURAL, VERSION
+from elasticjob import rest
+from elasticjob.models import API_VERSION, PLURAL
 
 CLIENT_CONNECTIONS = 32
 # Objects of other APIs the jobs own: kind -> plural.
 CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
+# Every kind of object the jobs own -> its plural (the path of its collection).
+PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets", "NetworkPolicy": "networkpolicies",
+           **CUSTOM_PLURALS}
 # How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
 QUOTA_MARKER = "exceeded quota"
 
@@ -102,65 +107,64 @@ def _json(response: Any) -> dict[str, Any]:
 class Kube:
     def __init__(self, client: kubernetes.client.ApiClient):
         self.client = client
-        self.core = kubernetes.client.CoreV1Api(client)
-        self.custom = kubernetes.client.CustomObjectsApi(client)
-        self.networking = kubernetes.client.NetworkingV1Api(client)
-        self.scheduling = kubernetes.client.SchedulingV1Api(client)
-        self._creators = {"Pod": self.core.create_namespaced_pod,
-                          "Service": self.core.create_namespaced_service,
-                          "Secret": self.core.create_namespaced_secret,
-                          "NetworkPolicy": self.networking.create_namespaced_network_policy}
+
+    async def _send(self, method: str, url_path: str, **kwargs: Any) -> Any:
+        return await _call(rest.call, self.client, method, url_path, **kwargs)
+
+    async def _get(self, url_path: str, **kwargs: Any) -> dict[str, Any]:
+        return _json(await self._send("GET", url_path, **kwargs))
+
+    def lister(self, url_path: str) -> Callable[..., Any]:
+        """A list-and-watch call of one collection, for the reflector."""
+        return rest.lister(self.client, url_path)
 
     # --- objects the jobs own ---------------------------------------------------------------------------
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
         server stored it, or None when it already exists (409 counts as done)."""
-        namespace = manifest["metadata"]["namespace"]
+        api_version, where = manifest["apiVersion"], rest.namespaced(manifest["metadata"]["namespace"],
+                                                                    PLURALS[manifest["kind"]])
+        url_path = rest.core(*where) if api_version == "v1" else rest.group(api_version, *where)
         try:
-            if manifest["kind"] in self._creators:
-                response = await _call(self._creators[manifest["kind"]], namespace, manifest, _preload_content=False)
-            else:
-                group, version = manifest["apiVersion"].split("/")
-                response = await _call(self.custom.create_namespaced_custom_object, group, version, namespace,
-                                       CUSTOM_PLURALS[manifest["kind"]], manifest, _preload_content=False)
+            return _json(await self._send("POST", url_path, body=manifest))
         except Conflict:
             return None
-        return _json(response)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Delete that very pod (by uid, so a replacement of the same name is never hit); gone is done."""
         body = {"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid} if uid else None}
-        try:
-            await _call(self.core.delete_namespaced_pod, name, namespace,
-                        body={k: v for k, v in body.items() if v is not None}, _preload_content=False)
-        except (NotFound, Conflict):
-            return False
-        return True
+        return await self._delete(rest.core(*rest.namespaced(namespace, "pods", name)),
+                                  {k: v for k, v in body.items() if v is not None})
 
     async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> bool:
         body = {"preconditions": {"uid": uid}} if uid else None
+        return await self._delete(rest.core(*rest.namespaced(namespace, "services", name)), body)
+
+    async def _delete(self, url_path: str, body: dict[str, Any] | None, **query: Any) -> bool:
+        """True when this call deleted it; gone already, or another object by now (uid), is False."""
         try:
-            await _call(self.core.delete_namespaced_service, name, namespace, body=body, _preload_content=False)
+            await self._send("DELETE", url_path, body=body, query=query)
         except (NotFound, Conflict):
             return False
         return True
 
     async def controller_ref(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The controlling ownerReference of a Pod or Service as stored now; None when it has none or is gone."""
-        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
+        plural = "pods" if kind == "Pod" else "services"
         try:
-            body = _json(await _call(read, name, namespace, _preload_content=False))
+            body = await self._get(rest.core(*rest.namespaced(namespace, plural, name)))
         except NotFound:
             return None
         return next((r for r in body["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
 
     async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int) -> str:
         """The last lines a container wrote ('' when the kubelet cannot say)."""
+        query = {"container": container, "tailLines": lines, "limitBytes": 64 * 1024}
         try:
-            response = await _call(self.core.read_namespaced_pod_log, name, namespace, container=container,
-                                   tail_lines=lines, limit_bytes=64 * 1024, _preload_content=False)
-        except (NotFound, KubeError):
+            response = await self._send("GET", rest.core(*rest.namespaced(namespace, "pods", name, "log")),
+                                        query=query)
+        except KubeError:
             return ""
         return response.data.decode(errors="replace")
 
@@ -168,7 +172,7 @@ class Kube:
         """True/False from the node's Ready condition; None when the node no longer exists; UNKNOWN when the
         API server would not say (the caller then acts as if it had not asked)."""
         try:
-            body = _json(await _call(self.core.read_node, name, _preload_content=False))
+            body = await self._get(rest.core("nodes", name))
         except NotFound:
             return None
         except KubeError:
@@ -180,97 +184,74 @@ class Kube:
 
     async def get_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
         """A namespaced (or, without namespace, cluster-scoped) custom object; None when there is none."""
-        group, version = api_version.split("/")
         try:
-            if namespace is None:
-                response = await _call(self.custom.get_cluster_custom_object, group, version, plural, name,
-                                       _preload_content=False)
-            else:
-                response = await _call(self.custom.get_namespaced_custom_object, group, version, namespace,
-                                       plural, name, _preload_content=False)
+            return await self._get(rest.group(api_version, *rest.namespaced(namespace, plural, name)))
         except NotFound:
             return None
-        return _json(response)
 
     async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str) -> bool:
-        group, version = api_version.split("/")
         body = {"preconditions": {"uid": uid}} if uid else None
-        try:
-            await _call(self.custom.delete_namespaced_custom_object, group, version, namespace, plural, name,
-                        body=body, _preload_content=False)
-        except (NotFound, Conflict):
-            return False
-        return True
+        return await self._delete(rest.group(api_version, *rest.namespaced(namespace, plural, name)), body)
 
     async def patch_object(self, api_version: str, plural: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> None:
         """A merge patch (put the resourceVersion in the patch to make it conditional)."""
-        group, version = api_version.split("/")
-        await _call(self.custom.patch_namespaced_custom_object, group, version, namespace, plural, name, patch,
-                    _preload_content=False)
+        await self._send("PATCH", rest.group(api_version, *rest.namespaced(namespace, plural, name)),
+                         body=patch, content_type=rest.MERGE_PATCH)
 
     async def apply_status(self, api_version: str, plural: str, body: dict[str, Any], manager: str) -> None:
         """Server-side apply of an object's status as `manager`, forced (its resourceVersion, if in the
         body, makes it conditional)."""
-        group, version = api_version.split("/")
         meta = body["metadata"]
-        await _call(self.custom.patch_namespaced_custom_object_status, group, version, meta["namespace"], plural,
-                    meta["name"], body, field_manager=manager, force=True,
-                    _content_type="application/apply-patch+yaml", _preload_content=False)
+        await self._send("PATCH", rest.group(api_version, *rest.namespaced(meta["namespace"], plural, meta["name"],
+                                                                            "status")),
+                         body=body, content_type=rest.APPLY_PATCH, query={"fieldManager": manager, "force": True})
 
     async def priority_class_value(self, name: str) -> int | None:
         """The value of a (pod) PriorityClass; None when there is none."""
         try:
-            body = _json(await _call(self.scheduling.read_priority_class, name, _preload_content=False))
+            body = await self._get(rest.group("scheduling.k8s.io/v1", "priorityclasses", name))
         except NotFound:
             return None
         return int(body.get("value", 0))
 
     # --- the jobs ---------------------------------------------------------------------------------------
 
+    def _job(self, namespace: str, name: str, sub: str | None = None) -> str:
+        return rest.group(API_VERSION, *rest.namespaced(namespace, PLURAL, name, sub))
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return await _call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+        return await self._get(self._job(namespace, name))
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
                                resource_version: str) -> dict[str, Any]:
         """Write status only if the job is still at the version it was planned from (else Conflict)."""
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        return await _call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL,
-                           name, patch)
+        return _json(await self._send("PATCH", self._job(namespace, name, "status"), body=patch,
+                                      content_type=rest.MERGE_PATCH))
 
     async def patch_job_spec(self, namespace: str, name: str, spec: dict[str, Any],
                              resource_version: str) -> dict[str, Any]:
         patch = {"metadata": {"resourceVersion": resource_version}, "spec": spec}
-        return await _call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-                           patch)
+        return _json(await self._send("PATCH", self._job(namespace, name), body=patch,
+                                      content_type=rest.MERGE_PATCH))
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
-        try:
-            await _call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-                        propagation_policy="Background", body={"preconditions": {"uid": uid}})
-        except (NotFound, Conflict):
-            pass
+        await self._delete(self._job(namespace, name), {"preconditions": {"uid": uid}},
+                           propagationPolicy="Background")
 
     # --- events -----------------------------------------------------------------------------------------
 
     async def post_event(self, event: dict[str, Any]) -> None:
-        await _call(self.core.create_namespaced_event, event["metadata"]["namespace"], event,
-                    _preload_content=False)
+        await self._send("POST", rest.core(*rest.namespaced(event["metadata"]["namespace"], "events")), body=event)
 
     # --- kopf peering ------------------------------------------------------------------------------------
 
     async def peering_peers(self, name: str, namespace: str | None) -> dict[str, Any]:
         """The peers kopf records in a (Cluster)KopfPeering's status; empty when the object is missing."""
-        custom = self.custom
-        try:
-            if namespace is None:
-                body = await _call(custom.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", name)
-            else:
-                body = await _call(custom.get_namespaced_custom_object, "kopf.dev", "v1", namespace,
-                                   "kopfpeerings", name)
-        except NotFound:
-            return {}
-        return dict(body.get("status") or {})
+        plural = "clusterkopfpeerings" if namespace is None else "kopfpeerings"
+        body = await self.get_object("kopf.dev/v1", plural, namespace, name)
+        return dict((body or {}).get("status") or {})
 
     def close(self) -> None:
         self.client.close()

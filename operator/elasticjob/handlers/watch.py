@@ -10,45 +10,31 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import kueue, metrics, naming, reflector
+from elasticjob import kueue, metrics, naming, reflector, rest
 from elasticjob.handlers import telemetry
 from elasticjob.handlers.context import Context
 from elasticjob.mirror import JobKey
-from elasticjob.models import GROUP, PLURAL, VERSION
+from elasticjob.models import API_VERSION, PLURAL
 
 # Pods and Services of every job carry this label: the API server sends the operator only those.
 OWNED_SELECTOR = naming.JOB_LABEL
 
 
 def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
-    core, custom = ctx.kube.core, ctx.kube.custom
-    found = []
+    kube, found = ctx.kube, []
     for ns in namespaces or [None]:
-        if ns is None:
-            jobs = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
-            pods, services = core.list_pod_for_all_namespaces, core.list_service_for_all_namespaces
-        else:
-            jobs = functools.partial(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL)
-            pods = functools.partial(core.list_namespaced_pod, ns)
-            services = functools.partial(core.list_namespaced_service, ns)
-        found += [reflector.Source("elasticjobs", ns, None, jobs),
-                  reflector.Source("pods", ns, OWNED_SELECTOR, pods),
-                  reflector.Source("services", ns, OWNED_SELECTOR, services)]
+        found += [reflector.Source("elasticjobs", ns, None,
+                                   kube.lister(rest.group(API_VERSION, *rest.namespaced(ns, PLURAL)))),
+                  reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.core(*rest.namespaced(ns, "pods")))),
+                  reflector.Source("services", ns, OWNED_SELECTOR,
+                                   kube.lister(rest.core(*rest.namespaced(ns, "services"))))]
         if ctx.settings.kueue:
-            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, workloads_of(ctx, ns)))
+            workloads = rest.group(kueue.API_VERSION, *rest.namespaced(ns, kueue.WORKLOADS))
+            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(workloads)))
     if ctx.settings.kueue:
-        flavors = functools.partial(custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.FLAVORS)
+        flavors = kube.lister(rest.group(kueue.API_VERSION, kueue.FLAVORS))
         found.append(reflector.Source("resourceflavors", None, None, flavors))
     return found
-
-
-def workloads_of(ctx: Context, namespace: str | None):
-    """Kueue's Workloads the operator made (labelled with their job's name), in one namespace or all."""
-    custom = ctx.kube.custom
-    if namespace is None:
-        return functools.partial(custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.WORKLOADS)
-    return functools.partial(custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace,
-                             kueue.WORKLOADS)
 
 
 def start(ctx: Context, namespaces: list[str] | None) -> tuple[list[reflector.Reflector], list[asyncio.Task]]:

@@ -1,0 +1,73 @@
+"""Requests to the API server by path, through the official client's ApiClient.
+
+The ApiClient brings what a client must get right: kubeconfig and in-cluster credentials, token refresh, TLS,
+proxies, retries of reads. Its generated API classes are left out: constructing CoreV1Api imports a pydantic
+model for every type of the core API and a validator for each of its methods, 21 MB resident, and with
+the networking, scheduling and custom-object APIs 27 MB, a third of the operator's start (bench/fleet.py's
+memory rows). The operator sends and reads JSON as dicts, so it needs none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+# The generated client's keyword arguments of list and watch calls -> the API's query parameters.
+QUERY_NAMES = {"label_selector": "labelSelector", "field_selector": "fieldSelector", "_continue": "continue",
+               "resource_version": "resourceVersion", "allow_watch_bookmarks": "allowWatchBookmarks",
+               "timeout_seconds": "timeoutSeconds", "limit": "limit", "watch": "watch"}
+
+
+def path(prefix: str, *parts: str | None) -> str:
+    """'/api/v1' + 'namespaces', 'ns', 'pods' -> '/api/v1/namespaces/ns/pods', each part quoted; None parts
+    are skipped (a cluster-wide list)."""
+    return "/".join([prefix, *(quote(part, safe="") for part in parts if part is not None)])
+
+
+def core(*parts: str | None) -> str:
+    return path("/api/v1", *parts)
+
+
+def group(api_version: str, *parts: str | None) -> str:
+    return path(f"/apis/{api_version}", *parts)
+
+
+def namespaced(namespace: str | None, plural: str, name: str | None = None, sub: str | None = None) -> tuple:
+    """The path parts of a namespaced resource; without namespace, the resource in all namespaces."""
+    head = ("namespaces", namespace) if namespace is not None else ()
+    return (*head, plural, name, sub)
+
+
+def call(client: kubernetes.client.ApiClient, method: str, url_path: str, *, query: dict[str, Any] | None = None,
+         body: Any = None, content_type: str = JSON, timeout: Any = None) -> Any:
+    """One request; the urllib3 response, unread (read `.data`, or iterate a watch's lines). A status outside
+    2xx raises the client's ApiException, as its generated calls do."""
+    headers = {"Accept": JSON}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    pairs = [(key, value) for key, value in (query or {}).items() if value is not None]
+    request = client.param_serialize(method=method, resource_path=url_path, query_params=pairs,
+                                     header_params=headers, body=body, auth_settings=["BearerToken"])
+    response = client.call_api(*request, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response
+
+
+def lister(client: kubernetes.client.ApiClient, url_path: str) -> Callable[..., Any]:
+    """A list-and-watch call for the reflector, taking the generated client's keyword arguments."""
+
+    def list_or_watch(_preload_content: bool = False, _request_timeout: Any = None, **params: Any) -> Any:
+        query = {QUERY_NAMES[key]: value for key, value in params.items()}
+        return call(client, "GET", url_path, query=query, timeout=_request_timeout)
+
+    return list_or_watch
