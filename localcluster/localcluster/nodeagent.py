@@ -70,7 +70,7 @@ class Agent:
         beats = nodes.Heartbeats(self.api, sorted(self.names), self.cap, state.BRIDGE_IP, self.ctx.is_lost, self.stop)
         beats.register()
         beats.start()
-        ServiceProxy(self.api, network.LoopbackIps(self.state_dir), self.stop).start()
+        ServiceProxy(self.api, network.LoopbackIps(self.state_dir), self.stop, self.names).start()
         log.info("nodes %s registered; watching pods", ", ".join(sorted(self.names)))
         kube.watch_forever(self.core.list_pod_for_all_namespaces, self.on_event, self.on_list, self.stop)
 

@@ -9,6 +9,7 @@ import itertools
 import logging
 import socket
 import threading
+from collections.abc import Iterable
 
 from kubernetes import client
 
@@ -94,10 +95,21 @@ class Listener(threading.Thread):
         self.sock.close()
 
 
+def elsewhere(slices: Iterable[dict], own_nodes: set[str]) -> set[tuple[str, str]]:
+    """Services (namespace, name) whose endpoints all run on nodes of no agent here (kwok's fake nodes): no
+    process answers behind them, so they get no listener. At fleet size (a store Service per job) listening for
+    them cost a thread per port and per connection, which starved the machine."""
+    nodes: dict[tuple[str, str], set[str | None]] = {}
+    for slice_ in slices:
+        owner = (slice_["metadata"].get("namespace", ""), (slice_["metadata"].get("labels") or {}).get(SERVICE_LABEL))
+        nodes.setdefault(owner, set()).update(ep.get("nodeName") for ep in slice_.get("endpoints") or [])
+    return {owner for owner, names in nodes.items() if names and not names & own_nodes and None not in names}
+
+
 class ServiceProxy:
-    def __init__(self, api: client.ApiClient, lo: LoopbackIps, stop: threading.Event):
+    def __init__(self, api: client.ApiClient, lo: LoopbackIps, stop: threading.Event, own_nodes: set[str]):
         self.core, self.discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
-        self.lo, self.stop = lo, stop
+        self.lo, self.stop, self.own_nodes = lo, stop, own_nodes
         self.lock = threading.Lock()
         self.sync_lock = threading.Lock()  # both watch threads call sync()
         self.services: dict[tuple[str, str], dict] = {}
@@ -148,8 +160,9 @@ class ServiceProxy:
 
     def apply(self) -> None:
         with self.lock:
+            skipped = elsewhere(self.slices.values(), self.own_nodes)
             wanted = {(ip, port): (ns, name, pname) for (ns, name), svc in self.services.items()
-                      for ip, port, pname in service_ports(svc)}
+                      if (ns, name) not in skipped for ip, port, pname in service_ports(svc)}
         for addr in set(self.listeners) - set(wanted):
             self.listeners.pop(addr).close()
             if not any(a[0] == addr[0] for a in self.listeners):

@@ -195,6 +195,18 @@ def test_slice_backends_keep_ready_endpoints():
     assert proxy.slice_backends(sl) == {"c10d": [("10.244.0.2", 29400), ("10.244.0.4", 29400)]}
 
 
+def _slice(ns: str, service: str, *nodes: str | None) -> dict:
+    return {"metadata": {"namespace": ns, "labels": {proxy.SERVICE_LABEL: service}},
+            "endpoints": [{"addresses": ["10.244.0.9"], "nodeName": node} for node in nodes]}
+
+
+def test_services_served_only_by_fake_nodes_get_no_listener():
+    slices = [_slice("a", "kwok-only", "kwok-1", "kwok-2"), _slice("a", "mixed", "kwok-1"),
+              _slice("a", "mixed", "local-node-0"), _slice("a", "real", "local-node-1"),
+              _slice("a", "no-endpoints"), _slice("a", "unplaced", None), _slice("b", "kwok-only", "local-node-0")]
+    assert proxy.elsewhere(slices, {"local-node-0", "local-node-1"}) == {("a", "kwok-only")}
+
+
 def test_readiness_thresholds():
     r = probes.Readiness({"tcpSocket": {"port": 1}, "failureThreshold": 2})
     assert not r.ready
