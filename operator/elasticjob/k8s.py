@@ -123,9 +123,7 @@ class Kube:
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
         server stored it, or None when it already exists (409 counts as done)."""
-        api_version, where = manifest["apiVersion"], rest.namespaced(manifest["metadata"]["namespace"],
-                                                                    PLURALS[manifest["kind"]])
-        url_path = rest.core(*where) if api_version == "v1" else rest.group(api_version, *where)
+        url_path = rest.resource(manifest["apiVersion"], manifest["metadata"]["namespace"], PLURALS[manifest["kind"]])
         try:
             return _json(await self._send("POST", url_path, body=manifest))
         except Conflict:
@@ -134,12 +132,12 @@ class Kube:
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Delete that very pod (by uid, so a replacement of the same name is never hit); gone is done."""
         body = {"gracePeriodSeconds": grace_seconds, "preconditions": {"uid": uid} if uid else None}
-        return await self._delete(rest.core(*rest.namespaced(namespace, "pods", name)),
+        return await self._delete(rest.resource("v1", namespace, "pods", name),
                                   {k: v for k, v in body.items() if v is not None})
 
     async def delete_service(self, namespace: str, name: str, uid: str | None = None) -> bool:
         body = {"preconditions": {"uid": uid}} if uid else None
-        return await self._delete(rest.core(*rest.namespaced(namespace, "services", name)), body)
+        return await self._delete(rest.resource("v1", namespace, "services", name), body)
 
     async def _delete(self, url_path: str, body: dict[str, Any] | None, **query: Any) -> bool:
         """True when this call deleted it; gone already, or another object by now (uid), is False."""
@@ -153,7 +151,7 @@ class Kube:
         """The controlling ownerReference of a Pod or Service as stored now; None when it has none or is gone."""
         plural = "pods" if kind == "Pod" else "services"
         try:
-            body = await self._get(rest.core(*rest.namespaced(namespace, plural, name)))
+            body = await self._get(rest.resource("v1", namespace, plural, name))
         except NotFound:
             return None
         return next((r for r in body["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
@@ -162,7 +160,7 @@ class Kube:
         """The last lines a container wrote ('' when the kubelet cannot say)."""
         query = {"container": container, "tailLines": lines, "limitBytes": 64 * 1024}
         try:
-            response = await self._send("GET", rest.core(*rest.namespaced(namespace, "pods", name, "log")),
+            response = await self._send("GET", rest.resource("v1", namespace, "pods", name, "log"),
                                         query=query)
         except KubeError:
             return ""
@@ -172,7 +170,7 @@ class Kube:
         """True/False from the node's Ready condition; None when the node no longer exists; UNKNOWN when the
         API server would not say (the caller then acts as if it had not asked)."""
         try:
-            body = await self._get(rest.core("nodes", name))
+            body = await self._get(rest.resource("v1", None, "nodes", name))
         except NotFound:
             return None
         except KubeError:
@@ -185,32 +183,31 @@ class Kube:
     async def get_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
         """A namespaced (or, without namespace, cluster-scoped) custom object; None when there is none."""
         try:
-            return await self._get(rest.group(api_version, *rest.namespaced(namespace, plural, name)))
+            return await self._get(rest.resource(api_version, namespace, plural, name))
         except NotFound:
             return None
 
     async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str) -> bool:
         body = {"preconditions": {"uid": uid}} if uid else None
-        return await self._delete(rest.group(api_version, *rest.namespaced(namespace, plural, name)), body)
+        return await self._delete(rest.resource(api_version, namespace, plural, name), body)
 
     async def patch_object(self, api_version: str, plural: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> None:
         """A merge patch (put the resourceVersion in the patch to make it conditional)."""
-        await self._send("PATCH", rest.group(api_version, *rest.namespaced(namespace, plural, name)),
+        await self._send("PATCH", rest.resource(api_version, namespace, plural, name),
                          body=patch, content_type=rest.MERGE_PATCH)
 
     async def apply_status(self, api_version: str, plural: str, body: dict[str, Any], manager: str) -> None:
         """Server-side apply of an object's status as `manager`, forced (its resourceVersion, if in the
         body, makes it conditional)."""
         meta = body["metadata"]
-        await self._send("PATCH", rest.group(api_version, *rest.namespaced(meta["namespace"], plural, meta["name"],
-                                                                            "status")),
+        await self._send("PATCH", rest.resource(api_version, meta["namespace"], plural, meta["name"], "status"),
                          body=body, content_type=rest.APPLY_PATCH, query={"fieldManager": manager, "force": True})
 
     async def priority_class_value(self, name: str) -> int | None:
         """The value of a (pod) PriorityClass; None when there is none."""
         try:
-            body = await self._get(rest.group("scheduling.k8s.io/v1", "priorityclasses", name))
+            body = await self._get(rest.resource("scheduling.k8s.io/v1", None, "priorityclasses", name))
         except NotFound:
             return None
         return int(body.get("value", 0))
@@ -218,7 +215,7 @@ class Kube:
     # --- the jobs ---------------------------------------------------------------------------------------
 
     def _job(self, namespace: str, name: str, sub: str | None = None) -> str:
-        return rest.group(API_VERSION, *rest.namespaced(namespace, PLURAL, name, sub))
+        return rest.resource(API_VERSION, namespace, PLURAL, name, sub)
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return await self._get(self._job(namespace, name))
@@ -243,7 +240,7 @@ class Kube:
     # --- events -----------------------------------------------------------------------------------------
 
     async def post_event(self, event: dict[str, Any]) -> None:
-        await self._send("POST", rest.core(*rest.namespaced(event["metadata"]["namespace"], "events")), body=event)
+        await self._send("POST", rest.resource("v1", event["metadata"]["namespace"], "events"), body=event)
 
     # --- kopf peering ------------------------------------------------------------------------------------
 

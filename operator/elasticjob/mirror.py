@@ -225,6 +225,10 @@ class Mirror:
         store = {"Pod": self.pods, "Service": self.services}.get(body.get("kind", ""))
         return store is not None and store.add_created(body)
 
+    def has_job(self, key: JobKey) -> bool:
+        """Whether a job of that name is known, without decoding its body."""
+        return bool(self.jobs.of(key))
+
     def job(self, key: JobKey) -> dict[str, Any] | None:
         """The job now under that name; while an old job of that name is still being removed, the newest."""
         stored = self.jobs.of(key)

@@ -26,24 +26,13 @@ QUERY_NAMES = {"label_selector": "labelSelector", "field_selector": "fieldSelect
                "timeout_seconds": "timeoutSeconds", "limit": "limit", "watch": "watch"}
 
 
-def path(prefix: str, *parts: str | None) -> str:
-    """'/api/v1' + 'namespaces', 'ns', 'pods' -> '/api/v1/namespaces/ns/pods', each part quoted; None parts
-    are skipped (a cluster-wide list)."""
-    return "/".join([prefix, *(quote(part, safe="") for part in parts if part is not None)])
-
-
-def core(*parts: str | None) -> str:
-    return path("/api/v1", *parts)
-
-
-def group(api_version: str, *parts: str | None) -> str:
-    return path(f"/apis/{api_version}", *parts)
-
-
-def namespaced(namespace: str | None, plural: str, name: str | None = None, sub: str | None = None) -> tuple:
-    """The path parts of a namespaced resource; without namespace, the resource in all namespaces."""
+def resource(api_version: str, namespace: str | None, plural: str, name: str | None = None,
+             sub: str | None = None) -> str:
+    """The path of a collection, an object or its subresource, each part quoted: the core API ("v1") under
+    /api, the others under /apis. Without namespace: a cluster-scoped object, or a list across namespaces."""
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     head = ("namespaces", namespace) if namespace is not None else ()
-    return (*head, plural, name, sub)
+    return "/".join([prefix, *(quote(part, safe="") for part in (*head, plural, name, sub) if part is not None)])
 
 
 def call(client: kubernetes.client.ApiClient, method: str, url_path: str, *, query: dict[str, Any] | None = None,

@@ -66,8 +66,9 @@ def test_jobs_change_only_with_their_resource_version_and_leave_on_relist():
     assert mirror.jobs.apply("ADDED", jobbody()) == {("ml", "train")}
     assert mirror.jobs.apply("MODIFIED", jobbody()) == set()
     assert mirror.jobs.apply("MODIFIED", jobbody(rv="6")) == {("ml", "train")}
+    assert mirror.has_job(("ml", "train"))
     assert mirror.jobs.replace(None, []) == {("ml", "train")}
-    assert mirror.job(("ml", "train")) is None
+    assert mirror.job(("ml", "train")) is None and not mirror.has_job(("ml", "train"))
 
 
 def test_of_two_jobs_under_one_name_the_newest_is_the_job():

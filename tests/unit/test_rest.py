@@ -12,14 +12,14 @@ from elasticjob import rest
 
 
 @pytest.mark.parametrize(("built", "expected"), [
-    (rest.core(*rest.namespaced("ns", "pods", "w-0", "log")), "/api/v1/namespaces/ns/pods/w-0/log"),
-    (rest.core(*rest.namespaced(None, "pods")), "/api/v1/pods"),
-    (rest.core("nodes", "node-1"), "/api/v1/nodes/node-1"),
-    (rest.group("elasticjob.dev/v1alpha1", *rest.namespaced("ns", "elasticjobs", "j", "status")),
+    (rest.resource("v1", "ns", "pods", "w-0", "log"), "/api/v1/namespaces/ns/pods/w-0/log"),
+    (rest.resource("v1", None, "pods"), "/api/v1/pods"),
+    (rest.resource("v1", None, "nodes", "node-1"), "/api/v1/nodes/node-1"),
+    (rest.resource("elasticjob.dev/v1alpha1", "ns", "elasticjobs", "j", "status"),
      "/apis/elasticjob.dev/v1alpha1/namespaces/ns/elasticjobs/j/status"),
-    (rest.group("kueue.x-k8s.io/v1beta2", *rest.namespaced(None, "workloads")),
+    (rest.resource("kueue.x-k8s.io/v1beta2", None, "workloads"),
      "/apis/kueue.x-k8s.io/v1beta2/workloads"),
-    (rest.group("kopf.dev/v1", *rest.namespaced(None, "clusterkopfpeerings", "p")),
+    (rest.resource("kopf.dev/v1", None, "clusterkopfpeerings", "p"),
      "/apis/kopf.dev/v1/clusterkopfpeerings/p"),
 ])
 def test_paths(built, expected):
@@ -27,7 +27,7 @@ def test_paths(built, expected):
 
 
 def test_a_name_cannot_leave_its_path_segment():
-    assert rest.core("nodes", "a/../b?c") == "/api/v1/nodes/a%2F..%2Fb%3Fc"
+    assert rest.resource("v1", None, "nodes", "a/../b?c") == "/api/v1/nodes/a%2F..%2Fb%3Fc"
 
 
 # Built and run in a fresh interpreter: this one has imported whatever other tests imported.

@@ -23,16 +23,14 @@ OWNED_SELECTOR = naming.JOB_LABEL
 def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
     kube, found = ctx.kube, []
     for ns in namespaces or [None]:
-        found += [reflector.Source("elasticjobs", ns, None,
-                                   kube.lister(rest.group(API_VERSION, *rest.namespaced(ns, PLURAL)))),
-                  reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.core(*rest.namespaced(ns, "pods")))),
-                  reflector.Source("services", ns, OWNED_SELECTOR,
-                                   kube.lister(rest.core(*rest.namespaced(ns, "services"))))]
+        found += [reflector.Source("elasticjobs", ns, None, kube.lister(rest.resource(API_VERSION, ns, PLURAL))),
+                  reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "pods"))),
+                  reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services")))]
         if ctx.settings.kueue:
-            workloads = rest.group(kueue.API_VERSION, *rest.namespaced(ns, kueue.WORKLOADS))
+            workloads = rest.resource(kueue.API_VERSION, ns, kueue.WORKLOADS)
             found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(workloads)))
     if ctx.settings.kueue:
-        flavors = kube.lister(rest.group(kueue.API_VERSION, kueue.FLAVORS))
+        flavors = kube.lister(rest.resource(kueue.API_VERSION, None, kueue.FLAVORS))
         found.append(reflector.Source("resourceflavors", None, None, flavors))
     return found
 
@@ -71,7 +69,7 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
     for key in keys:
         if kind != "elasticjobs":
             ctx.loops.wake(key)
-        elif ctx.mirror.job(key) is not None:
+        elif ctx.mirror.has_job(key):
             ctx.loops.observe(key)
         elif key in ctx.loops:
             ctx.spawn(ctx.loops.forget(key))
