@@ -5,9 +5,9 @@ One table, measured in one run (2 cores; the local cluster with 3 real nodes and
 - **converge**: N jobs of 4 workers (sleep containers) created at once (32 threads), the time until every worker
   is Running; beside it a bare client with the same client library and the same concurrency (32 threads create
   the jobs, 32 more make each job's objects as its create returns) creating what the operator must: per job the
-  Service, the store's token Secret, the store pod, 4 worker pods (the operator's own manifests, from
-  elasticjob.builders) and one status write. The bare client makes no NetworkPolicy (the operator makes one per
-  job unless --no-network-policy) and posts no Events. On real nodes the stores are the light stand-in
+  Service, the store pod, 4 worker pods (the operator's own manifests, from elasticjob.builders) and one status
+  write. The bare client makes no NetworkPolicy (the operator makes one per namespace unless
+  --no-network-policy) and posts no Events. On real nodes the stores are the light stand-in
   (`spec.rendezvous.image: elasticjob-store-standin`, localcluster/storestandin.py); on kwok nothing runs.
 - **API requests per job** at start (create to every worker Running and every job's status settled), by verb
   and resource, from the API server's own `apiserver_request_total` (its /metrics, admin kubeconfig), before and

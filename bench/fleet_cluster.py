@@ -165,7 +165,7 @@ def create_jobs(api: Api, ns: str, count: int, kwok: bool, then: Callable[[dict]
 
 class BareClient:
     """What any controller must do per job, with the operator's manifests and no more: the Service (its
-    create returns the ClusterIP), the token Secret, the store pod and the workers, one status write."""
+    create returns the ClusterIP), the store pod and the workers, one status write."""
 
     def __init__(self, api: Api):
         self.api = api
@@ -182,8 +182,7 @@ class BareClient:
         service = json.loads(core.create_namespaced_service(ns, builders.rendezvous_service(ref),
                                                             _preload_content=False).data)
         endpoint = f"{service['spec']['clusterIP']}:{ref.spec.rendezvous.port}"
-        core.create_namespaced_secret(ns, builders.rendezvous_secret(ref, "token"), _preload_content=False)
-        pods = [builders.rendezvous_pod(ref)] + [builders.worker_pod(ref, i, endpoint) for i in range(WORKERS)]
+        pods = [builders.rendezvous_pod(ref, token="token")] + [builders.worker_pod(ref, i, endpoint) for i in range(WORKERS)]
         for pod in pods:
             core.create_namespaced_pod(ns, pod, _preload_content=False)
         self.api.custom.patch_namespaced_custom_object_status(

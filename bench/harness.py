@@ -88,7 +88,11 @@ class Operator:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                          env={**os.environ, "KUBECONFIG": str(KUBECONFIG), "PYTHONUNBUFFERED": "1"},
                                          start_new_session=True)
-        wait(lambda: "watches synced" in self.log_path.read_text(errors="replace"), 60, "the operator's watches")
+        try:
+            wait(lambda: "watches synced" in self.log_path.read_text(errors="replace"), 60, "the operator's watches")
+        except BaseException:
+            self.__exit__()  # a `with` whose __enter__ raised never calls __exit__: no operator left behind
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:

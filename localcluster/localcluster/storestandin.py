@@ -6,7 +6,7 @@ The real store (`python -m elasticjob_store`) imports torch: about 2 s and 300 M
 size is most of this 2-core machine. This program has the same outside: it listens on ELASTICJOB_RDZV_PORT (so
 the pod's tcpSocket readiness probe passes) and serves the control endpoint on port + 1 exactly as
 operator/elasticjob_store/server.py does for a store no agent has written to yet: GET /healthz without a token;
-GET /v1/state with the bearer token from ELASTICJOB_RDZV_TOKEN_FILE, a long-poll with ?after=&epoch=&wait=
+GET /v1/state with the bearer token (elasticjob_store.auth: its digest in ELASTICJOB_RDZV_TOKEN_SHA256), a long-poll with ?after=&epoch=&wait=
 (answered at once when the epoch is not this process's or the version passed `after`, else after `wait`
 seconds, at most 60); POST /v1/remove|complete|restart answer "nothing changed". The epoch is random per process
 start and the version stays 0: nothing ever changes here. Standard library only (about 0.1 s to start, 15 MB).
@@ -17,7 +17,6 @@ program (images.py). Not for jobs whose workers run torchrun: the c10d port acce
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import secrets
@@ -31,20 +30,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from elasticjob_store.auth import Credential
+
 IMAGE = "elasticjob-store-standin"
 MAX_WAIT = 60.0  # as elasticjob_store.server
-TOKEN_MAX_BYTES = 4096
 ACTIONS = ("/v1/remove", "/v1/complete", "/v1/restart")
-
-
-def read_token(path: str | None) -> bytes | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read(TOKEN_MAX_BYTES).strip() or None
-    except OSError:
-        return None
 
 
 def state_body(epoch: str, run_id: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
@@ -65,7 +55,7 @@ def _number(query: dict[str, list[str]], name: str, default: float, low: float, 
     return number
 
 
-def make_server(host: str, port: int, token_file: str | None, run_id: str = "", min_nodes: int = 1,
+def make_server(host: str, port: int, credential: Credential, run_id: str = "", min_nodes: int = 1,
                 max_nodes: int = 1, epoch: str | None = None) -> ThreadingHTTPServer:
     epoch = epoch or secrets.token_hex(8)
     version = 0
@@ -107,10 +97,7 @@ def make_server(host: str, port: int, token_file: str | None, run_id: str = "", 
             self._json(HTTPStatus.OK, {"changed": False, "reason": "stand-in store: no rendezvous here"})
 
         def _authorized(self) -> bool:
-            token = read_token(token_file)
-            offered = self.headers.get("Authorization", "")
-            if token is not None and offered.startswith("Bearer ") and \
-                    hmac.compare_digest(offered[len("Bearer "):].strip().encode(), token):
+            if credential.accepts(self.headers.get("Authorization", "")):
                 return True
             self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
             return False
@@ -156,9 +143,8 @@ def main() -> None:
     port = int(os.environ.get("ELASTICJOB_RDZV_PORT", "29400"))
     min_nodes = int(os.environ.get("ELASTICJOB_RDZV_MIN_NODES") or 1)
     max_nodes = int(os.environ.get("ELASTICJOB_RDZV_MAX_NODES") or min_nodes)
-    token_file = os.environ.get("ELASTICJOB_RDZV_TOKEN_FILE") or None
     accept_and_close(port)
-    server = make_server("", port + 1, token_file, os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes,
+    server = make_server("", port + 1, Credential.from_env(), os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes,
                          max_nodes)
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     print(f"elasticjob rendezvous stand-in listening on port {port}, control on {port + 1}", flush=True)

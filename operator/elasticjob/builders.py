@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,8 +17,9 @@ NODE_LOST_TOLERATION_SECONDS = 30
 # torchrun's own restart budget: one it never reaches while an operator runs, which alone enforces
 # maxRestarts (torch spends its budget on peers that leave, too). A backstop for when no operator runs.
 AGENT_RESTART_BACKSTOP = 10000
-TOKEN_DIR = "/etc/elasticjob"
-TOKEN_KEY = "token"
+# The one NetworkPolicy per namespace that fences every store in it (see network_policy).
+NAMESPACE_POLICY = "elasticjob-rendezvous"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "elasticjob-operator"}
 # Pod Security "restricted" for the store pod, whatever the namespace enforces.
 STORE_USER = 65532
 STORE_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -148,9 +150,16 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     }, placement)
 
 
-def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str, Any]:
+def token_digest(token: str) -> str:
+    """What the store pod is given of its control token: SHA-256, so reading the pod spec does not reveal the
+    token (the operator derives the token, the store checks what it is offered against the digest)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str = "") -> dict[str, Any]:
     """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
-    Pod Security "restricted", scheduled like the workers."""
+    Pod Security "restricted", scheduled like the workers. Without a token its control endpoint refuses
+    every request."""
     template_spec = job.spec.template.get("spec") or {}
     container = worker_container(job.spec.template) or {}
     rdzv, name = job.spec.rendezvous, naming.rendezvous_name(job.name)
@@ -162,7 +171,6 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str
         "enableServiceLinks": False,
         "securityContext": {**STORE_POD_SECURITY, "runAsUser": user, "runAsGroup": user},
         "tolerations": _node_lost_tolerations(copy.deepcopy(template_spec.get("tolerations") or [])),
-        "volumes": [{"name": "token", "secret": {"secretName": name, "defaultMode": 0o440}}],
         "containers": [{
             "name": naming.RENDEZVOUS_CONTAINER,
             "image": rdzv.image or container.get("image", ""),
@@ -172,7 +180,7 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str
                     {"name": "ELASTICJOB_RDZV_READ_TIMEOUT", "value": str(rdzv.read_timeout_seconds)},
                     {"name": "ELASTICJOB_RDZV_MIN_NODES", "value": str(job.spec.min_replicas)},
                     {"name": "ELASTICJOB_RDZV_MAX_NODES", "value": str(job.spec.max_replicas)},
-                    {"name": "ELASTICJOB_RDZV_TOKEN_FILE", "value": f"{TOKEN_DIR}/{TOKEN_KEY}"},
+                    {"name": "ELASTICJOB_RDZV_TOKEN_SHA256", "value": token_digest(token) if token else ""},
                     # One missed keep-alive: the store reports the agent stale and wakes the operator.
                     {"name": "ELASTICJOB_RDZV_STALE_MS",
                      "value": str(int(rdzv.keep_alive_interval_seconds * torchrun.STALE_FACTOR * 1000))},
@@ -182,7 +190,6 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str
             "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 2},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "securityContext": copy.deepcopy(STORE_CONTAINER_SECURITY),
-            "volumeMounts": [{"name": "token", "mountPath": TOKEN_DIR, "readOnly": True}],
         }],
     }
     for key in SCHEDULING_FIELDS:
@@ -197,38 +204,26 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT) -> dict[str
     }, placement)
 
 
-def rendezvous_secret(job: JobRef, token: str) -> dict[str, Any]:
-    """The token the store's control endpoint asks for; the operator derives it, so it never reads it back."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
-                     "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
-        "stringData": {TOKEN_KEY: token},
-    }
-
-
-def network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
-    """Only the job's own pods reach its store, and only the operator its control port. Takes effect where
-    the network plugin enforces NetworkPolicies."""
-    port = job.spec.rendezvous.port
+def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
+    """One per namespace, around every store in it: the rendezvous port admits the namespace's ElasticJob pods,
+    the control port only the operator's pods (named ports, so each job keeps its own numbers). A policy per
+    job would fence no better: its "the job's pods" is a label that anyone who may create pods in the
+    namespace can set. Takes effect where the network plugin enforces NetworkPolicies."""
     operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(settings.operator_labels)}}
     if settings.operator_namespace:
         operator["namespaceSelector"] = {"matchLabels": {
             "kubernetes.io/metadata.name": settings.operator_namespace}}
+    job_pods = {"podSelector": {"matchExpressions": [{"key": naming.JOB_LABEL, "operator": "Exists"}]}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
-                     "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
+        "metadata": {"name": NAMESPACE_POLICY, "namespace": namespace, "labels": dict(MANAGED_BY)},
         "spec": {
-            "podSelector": {"matchLabels": naming.rendezvous_labels(job.name)},
+            "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [{"podSelector": {"matchLabels": naming.job_labels(job.name)}}],
-                 "ports": [{"protocol": "TCP", "port": port}]},
-                {"from": [operator], "ports": [{"protocol": "TCP", "port": port + 1}]},
+                {"from": [job_pods], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": "control"}]},
             ],
         },
     }

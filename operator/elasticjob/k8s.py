@@ -23,7 +23,7 @@ CLIENT_CONNECTIONS = 32
 # Objects of other APIs the jobs own: kind -> plural.
 CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
 # Every kind of object the jobs own -> its plural (the path of its collection).
-PLURALS = {"Pod": "pods", "Service": "services", "Secret": "secrets", "NetworkPolicy": "networkpolicies",
+PLURALS = {"Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
            **CUSTOM_PLURALS}
 # How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
 QUOTA_MARKER = "exceeded quota"
@@ -121,7 +121,7 @@ class Kube:
     # --- objects the jobs own ---------------------------------------------------------------------------
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod, Service, Secret, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
+        """Create a Pod, Service, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
         server stored it, or None when it already exists (409 counts as done)."""
         url_path = rest.resource(manifest["apiVersion"], manifest["metadata"]["namespace"], PLURALS[manifest["kind"]])
         try:

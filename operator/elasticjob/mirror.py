@@ -54,6 +54,9 @@ class Store(Generic[V]):
     def keys(self) -> set[JobKey]:
         return set(self._by_job)
 
+    def any_in(self, namespace: str) -> bool:
+        return any(key[0] == namespace for key in self._by_job)
+
     def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
         """One watch event (ADDED, MODIFIED, DELETED); returns the jobs it touched."""
         converted = self._convert(body)
@@ -228,6 +231,9 @@ class Mirror:
     def has_job(self, key: JobKey) -> bool:
         """Whether a job of that name is known, without decoding its body."""
         return bool(self.jobs.of(key))
+
+    def has_jobs_in(self, namespace: str) -> bool:
+        return self.jobs.any_in(namespace)
 
     def job(self, key: JobKey) -> dict[str, Any] | None:
         """The job now under that name; while an old job of that name is still being removed, the newest."""

@@ -4,8 +4,8 @@ Everything read from the network is validated before use: a reply is untrusted i
 store's port could have written torch's state), so nothing here unpickles or evaluates it, sizes are capped and
 every field has a type and a range. Unreadable means "unknown": the caller keeps what it knew.
 
-Tokens are HMAC(operator key, job uid): the operator never stores or reads them back; the store gets its own
-through a Secret the operator creates (create-only RBAC).
+Tokens are HMAC(operator key, job uid): the operator never stores them; the store pod is given only the
+token's SHA-256 in its spec (builders.token_digest), so nothing in the API reveals a token.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Environment (set by the operator on the pod):
   ELASTICJOB_RDZV_MAX_NODES      the job's max nodes (default: no limit). The agents recheck both before they
                                  complete a round, so wrong values make a nudge do nothing, never harm
   ELASTICJOB_RDZV_READ_TIMEOUT   seconds, the store's timeout (default 60)
-  ELASTICJOB_RDZV_TOKEN_FILE     the file holding the control endpoint's bearer token (unset: every control
-                                 request is refused)
+  ELASTICJOB_RDZV_TOKEN_SHA256   the SHA-256 (hex) of the control endpoint's bearer token
+  ELASTICJOB_RDZV_TOKEN_FILE     or a file holding the token itself (neither: every control request is refused)
   ELASTICJOB_RDZV_STALE_MS       a heartbeat older than this is reported stale (one missed keep-alive; default
                                  never)
 """
@@ -59,12 +59,12 @@ def main() -> None:
     except ConfigError as err:
         print(f"elasticjob rendezvous store: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
-    token_file = os.environ.get("ELASTICJOB_RDZV_TOKEN_FILE") or None
 
     import torch.distributed as dist
 
     from elasticjob_store.control import Control, start_poller
-    from elasticjob_store.server import make_server, read_token
+    from elasticjob_store.auth import Credential
+    from elasticjob_store.server import make_server
 
     # Listens on every address whatever the host; the host is where the store's own client connects.
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
@@ -72,10 +72,11 @@ def main() -> None:
                           timeout=timedelta(seconds=read_timeout))
     control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
                       stale_after=stale_ms / 1000)
-    server = make_server(control, "", port + 1, token_file)
+    credential = Credential.from_env()
+    server = make_server(control, "", port + 1, credential)
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     start_poller(control, threading.Event())
-    auth = "token required" if read_token(token_file) else "no token configured: control requests refused"
+    auth = "token required" if credential.configured() else "no token configured: control requests refused"
     print(f"elasticjob rendezvous store listening on port {port}, control on {port + 1} ({auth}); "
           f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
     signal.sigwait(STOP_SIGNALS)

@@ -1,14 +1,12 @@
 """The store's control endpoint on port + 1: the operator reads the rendezvous and nudges it, over HTTP only.
 
-Every request but GET /healthz needs `Authorization: Bearer <token>`, the token being the content of the
-file named by ELASTICJOB_RDZV_TOKEN_FILE (a mounted Secret). The file is read on every request, so a rotated
-Secret takes effect without a restart; with no token configured every control request is refused. Standard
-library only: the worker image this runs in has torch and nothing else.
+Every request but GET /healthz needs `Authorization: Bearer <token>`, checked as auth.Credential says (the pod
+holds the token's digest; with no token configured every control request is refused). Standard library only:
+the worker image this runs in has torch and nothing else.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import math
@@ -19,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from elasticjob_store.auth import Credential
 from elasticjob_store.control import ConflictError, Control, wait_for_change
 from elasticjob_store.report import describe, node_ref
 from elasticjob_store.state import StateError
@@ -27,7 +26,6 @@ MAX_BODY = 4096
 MAX_INT = 2**31 - 1
 # Unix seconds up to the year 5138: enough for any heartbeat, small enough to stay a valid datetime.
 MAX_UNIX = 1e11
-TOKEN_MAX_BYTES = 4096
 # The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
 MAX_WAIT = 60.0
 
@@ -95,19 +93,7 @@ def _query_float(query: dict[str, list[str]], name: str, default: float) -> floa
     return number
 
 
-def read_token(path: str | None) -> bytes | None:
-    """The configured token, or None when there is none (no file named, missing or empty)."""
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            token = f.read(TOKEN_MAX_BYTES).strip()
-    except OSError:
-        return None
-    return token or None
-
-
-def make_server(control: Control, host: str, port: int, token_file: str | None) -> ThreadingHTTPServer:
+def make_server(control: Control, host: str, port: int, credential: Credential) -> ThreadingHTTPServer:
     epoch = secrets.token_hex(8)  # per process start: tells the operator that counts and history restarted
 
     def state_view(_body: Any, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -187,11 +173,7 @@ def make_server(control: Control, host: str, port: int, token_file: str | None) 
                 self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"store: {err}"})
 
         def _authorized(self) -> bool:
-            token = read_token(token_file)
-            offered = self.headers.get("Authorization", "")
-            if token is None or not offered.startswith("Bearer "):
-                return False
-            return hmac.compare_digest(offered[len("Bearer "):].strip().encode(), token)
+            return credential.accepts(self.headers.get("Authorization", ""))
 
         def _body(self) -> Any:
             length = self.headers.get("Content-Length")

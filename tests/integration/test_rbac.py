@@ -32,7 +32,7 @@ OPERATOR_NEEDS = [
     ("delete", "", "pods", ""), ("get", "", "pods", "log"),
     ("get", "", "services", ""), ("list", "", "services", ""), ("watch", "", "services", ""),
     ("create", "", "services", ""), ("delete", "", "services", ""),
-    ("create", "", "secrets", ""), ("create", "networking.k8s.io", "networkpolicies", ""),
+    ("create", "networking.k8s.io", "networkpolicies", ""),
     ("create", "", "events", ""),
 ]
 # Cluster-scoped: the operator reads the node of a pod stuck terminating. kopf scans nothing (no CRD or
@@ -41,7 +41,8 @@ KOPF_CLUSTER_NEEDS = [("get", "", "nodes", "")]
 # Things the operator never does, in its own namespace.
 NEVER_IN_NAMESPACE = [
     ("get", "", "secrets", ""), ("list", "", "secrets", ""), ("watch", "", "secrets", ""),
-    ("update", "", "secrets", ""), ("delete", "", "secrets", ""), ("get", "", "configmaps", ""),
+    ("update", "", "secrets", ""), ("delete", "", "secrets", ""), ("create", "", "secrets", ""),
+    ("get", "", "configmaps", ""),
     ("create", "apps", "deployments", ""), ("create", "", "pods", "exec"),
     ("update", GROUP, "elasticjobs", ""), ("create", GROUP, "elasticjobs", ""),
     ("update", GROUP, "elasticjobs", "scale"), ("patch", GROUP, "elasticjobs", "scale"),

@@ -71,14 +71,31 @@ def test_an_exhausted_quota_is_shown_retried_with_backoff_and_cleared(api, names
              until=lambda s: condition(s, "ReplicaFailure").get("status") == "False")
 
 
-def test_each_job_gets_an_owned_network_policy_and_token_secret(api, namespace, operator, kube):
-    job = create(api, namespace, job_manifest("train"))
-    uid = job["metadata"]["uid"]
+def test_one_network_policy_per_namespace_and_no_token_secret(api, namespace, operator, kube):
+    """Jobs of a namespace share one NetworkPolicy around their stores, made by one create however many jobs
+    start at once; once the namespace's last job is gone the operator forgets it, so a policy deleted then is
+    made again for the next job. No job gets a Secret: its store pod holds the token's digest."""
     networking = client.NetworkingV1Api(kube)
-    policy = wait_for(lambda: networking.read_namespaced_network_policy("train-rdzv", namespace), 30,
-                      "the NetworkPolicy", ignore=(client.ApiException,))
-    assert policy.metadata.owner_references[0].uid == uid
-    assert policy.spec.pod_selector.match_labels == {"elasticjob.dev/job-name": "train",
-                                                     "elasticjob.dev/role": "rendezvous"}
-    secret = api[1].read_namespaced_secret("train-rdzv", namespace)
-    assert secret.metadata.owner_references[0].uid == uid and secret.data["token"]
+
+    def policies():
+        return networking.list_namespaced_network_policy(namespace).items
+
+    for name in ("train", "other"):
+        create(api, namespace, job_manifest(name, replicas=1))
+    wait_for(lambda: len(pods(api, namespace, "rendezvous")) == 2, 60, "both stores")
+    (policy,) = wait_for(policies, 30, "the namespace's NetworkPolicy")
+    assert policy.metadata.name == "elasticjob-rendezvous" and not policy.metadata.owner_references
+    assert policy.spec.pod_selector.match_labels == {"elasticjob.dev/role": "rendezvous"}
+    assert api[1].list_namespaced_secret(namespace).items == []
+    store = pods(api, namespace, "rendezvous")[0]
+    env = {e.name: e.value for e in store.spec.containers[0].env}
+    assert len(env["ELASTICJOB_RDZV_TOKEN_SHA256"]) == 64 and not store.spec.volumes
+
+    for name in ("train", "other"):
+        api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    wait_for(lambda: not api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], 60,
+             "both jobs gone")
+    networking.delete_namespaced_network_policy("elasticjob-rendezvous", namespace)
+    wait_for(lambda: not policies(), 30, "the policy deleted")
+    create(api, namespace, job_manifest("third", replicas=1))
+    wait_for(policies, 30, "the policy made again for the namespace's next job")

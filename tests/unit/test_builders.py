@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from factory import UID, spec, template
 
 from elasticjob import builders
@@ -56,7 +59,8 @@ def test_lost_node_tolerations_are_short_unless_the_user_set_them():
 
 
 def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():
-    pod = builders.rendezvous_pod(ref(rendezvous={"port": 29500}, minReplicas=2, maxReplicas=4, replicas=3))
+    pod = builders.rendezvous_pod(ref(rendezvous={"port": 29500}, minReplicas=2, maxReplicas=4, replicas=3),
+                                  token="t0ken")
     container = pod["spec"]["containers"][0]
     assert container["image"] == "trainer:1"
     assert container["command"] == ["python", "-m", "elasticjob_store"]
@@ -65,8 +69,9 @@ def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["ELASTICJOB_RDZV_RUN_ID"] == UID
     assert (env["ELASTICJOB_RDZV_MIN_NODES"], env["ELASTICJOB_RDZV_MAX_NODES"]) == ("2", "4")
-    assert env["ELASTICJOB_RDZV_TOKEN_FILE"] == "/etc/elasticjob/token"
-    assert pod["spec"]["volumes"] == [{"name": "token", "secret": {"secretName": "train-rdzv", "defaultMode": 0o440}}]
+    # The token's digest, never the token: reading the pod does not reveal it. No Secret, no volume.
+    assert env["ELASTICJOB_RDZV_TOKEN_SHA256"] == hashlib.sha256(b"t0ken").hexdigest()
+    assert "t0ken" not in json.dumps(pod) and "volumes" not in pod["spec"]
     assert pod["metadata"]["labels"]["elasticjob.dev/role"] == "rendezvous"
 
 
@@ -93,15 +98,18 @@ def test_rendezvous_pod_lands_where_the_workers_can_reach_it():
     assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
 
 
-def test_the_token_secret_and_the_network_policy_belong_to_the_job():
-    secret = builders.rendezvous_secret(ref(), "t0ken")
-    assert secret["stringData"] == {"token": "t0ken"} and secret["metadata"]["ownerReferences"][0]["uid"] == UID
-    policy = builders.network_policy(ref(), builders.Settings(operator_namespace="elasticjob-system"))
+def test_one_network_policy_fences_every_store_of_a_namespace():
+    policy = builders.network_policy("ml", builders.Settings(operator_namespace="elasticjob-system"))
+    assert policy["metadata"] == {"name": "elasticjob-rendezvous", "namespace": "ml",
+                                  "labels": {"app.kubernetes.io/managed-by": "elasticjob-operator"}}
     store_port, control = policy["spec"]["ingress"]
-    assert policy["spec"]["podSelector"]["matchLabels"]["elasticjob.dev/role"] == "rendezvous"
-    assert store_port["from"] == [{"podSelector": {"matchLabels": {"elasticjob.dev/job-name": "train"}}}]
-    assert store_port["ports"] == [{"protocol": "TCP", "port": 29400}]
-    assert control["ports"] == [{"protocol": "TCP", "port": 29401}]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"elasticjob.dev/role": "rendezvous"}}
+    assert store_port["from"] == [{"podSelector": {"matchExpressions": [
+        {"key": "elasticjob.dev/job-name", "operator": "Exists"}]}}]
+    # By the store container's port names: jobs of one namespace may use different port numbers.
+    names = [p["name"] for p in builders.rendezvous_pod(ref(rendezvous={"port": 29500}))["spec"]["containers"][0]["ports"]]
+    assert store_port["ports"] == [{"protocol": "TCP", "port": names[0]}]
+    assert control["ports"] == [{"protocol": "TCP", "port": names[1]}]
     assert control["from"][0]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "elasticjob-system"}}
 

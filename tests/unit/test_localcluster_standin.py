@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob import builders
 from elasticjob.rendezvous_client import StoreClient, parse_state
+from elasticjob_store.auth import Credential
 from localcluster import containers, images, storestandin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +26,8 @@ UID = "6f1c2b8e-0000-4000-8000-000000000001"
 
 @pytest.fixture
 def standin(tmp_path):
-    token = tmp_path / "token"
-    token.write_text(StoreClient(KEY).token(UID))
-    server = storestandin.make_server("127.0.0.1", 0, str(token), UID, 1, 4)
+    digest = builders.token_digest(StoreClient(KEY).token(UID))
+    server = storestandin.make_server("127.0.0.1", 0, Credential(digest=digest), UID, 1, 4)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server
     server.shutdown()
@@ -84,11 +85,9 @@ def test_its_image_runs_the_stand_in_whatever_the_container_names():
 
 def test_the_program_starts_light_and_serves(tmp_path):
     """Without torch: it serves within a second (the real store takes about 2 s to import torch)."""
-    token = tmp_path / "token"
-    token.write_text("t")
     port = _free_port()
     env = {"PATH": str(Path(sys.executable).parent), "ELASTICJOB_RDZV_PORT": str(port),
-           "ELASTICJOB_RDZV_TOKEN_FILE": str(token)}
+           "ELASTICJOB_RDZV_TOKEN_SHA256": builders.token_digest("t")}
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "localcluster.storestandin"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

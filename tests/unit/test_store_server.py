@@ -4,6 +4,7 @@ stored state exactly as the pure functions say. Also `python -m elasticjob_store
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from elasticjob_store import actions
 from elasticjob_store.control import Control
+from elasticjob_store.auth import Credential
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
 from helpers import wait_for
@@ -28,6 +30,7 @@ from store_states import A, A2, B, C, fields, make_state
 
 RUN_ID = "run-1"
 TOKEN = "s3cret-token"
+DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 T0 = 1_900_000_000.0  # the store's clock in these tests
 
 
@@ -40,14 +43,14 @@ class Clock:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, token_file: str | None) -> None:
+    def __init__(self, tmp_path: Path, credential: Credential) -> None:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
                                    timeout=timedelta(seconds=10))
         self.key = state_key(RUN_ID)
         self.clock = Clock()
         self.lines: list[str] = []
         self.control = Control(self.store, RUN_ID, 2, 3, clock=self.clock, log=self.lines.append)
-        self.server = make_server(self.control, "127.0.0.1", 0, token_file)
+        self.server = make_server(self.control, "127.0.0.1", 0, credential)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -85,15 +88,16 @@ def token_file(tmp_path):
 
 
 @pytest.fixture
-def harness(tmp_path, token_file):
-    h = Harness(tmp_path, str(token_file))
+def harness(tmp_path):
+    """A store as the operator makes it: the pod holds the token's digest."""
+    h = Harness(tmp_path, Credential(digest=DIGEST))
     yield h
     h.server.shutdown()
     h.server.server_close()
 
 
 def test_healthz_needs_no_token(tmp_path):
-    h = Harness(tmp_path, None)
+    h = Harness(tmp_path, Credential())
     try:
         assert h.call("GET", "/healthz", token=None) == (200, "ok")
     finally:
@@ -120,11 +124,13 @@ def test_basic_auth_is_not_a_bearer_token(harness):
     assert conn.getresponse().status == 401
 
 
-@pytest.mark.parametrize("setup", ["unset", "missing file", "empty file"])
+@pytest.mark.parametrize("setup", ["unset", "missing file", "empty file", "not a digest", "the token as digest"])
 def test_no_token_configured_refuses_everything_but_healthz(tmp_path, setup):
-    path = {"unset": None, "missing file": str(tmp_path / "absent"), "empty file": str(tmp_path / "empty")}[setup]
     (tmp_path / "empty").write_text("\n")
-    h = Harness(tmp_path, path)
+    credential = {"unset": Credential(), "missing file": Credential(token_file=str(tmp_path / "absent")),
+                  "empty file": Credential(token_file=str(tmp_path / "empty")),
+                  "not a digest": Credential(digest="abc"), "the token as digest": Credential(digest=TOKEN)}[setup]
+    h = Harness(tmp_path, credential)
     try:
         for token in (TOKEN, "", None):
             assert h.call("GET", "/v1/state", token=token)[0] == 401
@@ -133,10 +139,23 @@ def test_no_token_configured_refuses_everything_but_healthz(tmp_path, setup):
         h.server.shutdown()
 
 
-def test_a_rotated_token_takes_effect_at_once(harness, token_file):
-    token_file.write_text("new-token")
-    assert harness.call("GET", "/v1/state")[0] == 401
-    assert harness.call("GET", "/v1/state", token="new-token")[0] == 200
+def test_the_digest_is_not_a_token(harness):
+    """Whoever reads the pod spec has the digest: offering it gets nothing."""
+    assert harness.call("GET", "/v1/state", token=DIGEST)[0] == 401
+    assert harness.call("GET", "/v1/state", token=TOKEN.upper())[0] == 401
+    assert harness.call("GET", "/v1/state", token=f" {TOKEN} ")[0] == 200
+
+
+def test_a_store_pod_from_an_earlier_operator_reads_its_token_file(tmp_path, token_file):
+    h = Harness(tmp_path, Credential(token_file=str(token_file)))
+    try:
+        assert h.call("GET", "/v1/state")[0] == 200
+        assert h.call("GET", "/v1/state", token="wrong")[0] == 401
+        token_file.write_text("new-token")  # a rotated Secret takes effect at once
+        assert h.call("GET", "/v1/state")[0] == 401
+        assert h.call("GET", "/v1/state", token="new-token")[0] == 200
+    finally:
+        h.server.shutdown()
 
 
 @pytest.mark.parametrize("path, body, message", [
@@ -349,11 +368,11 @@ def _free_port() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
-def test_python_m_elasticjob_store_as_the_pod_runs_it(token_file):
+def test_python_m_elasticjob_store_as_the_pod_runs_it():
     port = _free_port()
     env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": RUN_ID,
            "ELASTICJOB_RDZV_MIN_NODES": "1", "ELASTICJOB_RDZV_MAX_NODES": "3",
-           "ELASTICJOB_RDZV_TOKEN_FILE": str(token_file)}
+           "ELASTICJOB_RDZV_TOKEN_SHA256": DIGEST}
     proc = subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -438,8 +457,8 @@ def test_a_long_poll_without_a_change_waits_and_a_new_epoch_answers_at_once(harn
     assert time.monotonic() - started < 2, "a restarted store (another epoch) answers at once"
 
 
-def test_a_heartbeat_turning_stale_is_a_change(tmp_path, token_file):
-    h = Harness(tmp_path, str(token_file))
+def test_a_heartbeat_turning_stale_is_a_change(tmp_path):
+    h = Harness(tmp_path, Credential(digest=DIGEST))
     h.control.stale_after = 3.0
     try:
         state = make_state(round=1, complete=True, participants=[A, B])

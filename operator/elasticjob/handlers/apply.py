@@ -20,7 +20,7 @@ MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are rea
 
 
 def waves(actions: list[planner.Action]) -> tuple[list[planner.Action], list[planner.Action]]:
-    """Service, Secret and NetworkPolicy first: the store pod mounts the Secret, workers need the ClusterIP."""
+    """Service and NetworkPolicy first: workers need the ClusterIP, the store its fence."""
     def early(action: planner.Action) -> bool:
         return isinstance(action, planner.CreateObject) and action.manifest["kind"] != "Pod"
     return [a for a in actions if early(a)], [a for a in actions if not early(a)]
@@ -73,6 +73,8 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
     kube = ctx.kube
     if isinstance(action, planner.CreateObject):
         try:
+            if action.manifest["kind"] == "NetworkPolicy":  # the namespace's, shared by its jobs
+                return await ctx.namespace_objects.create(action.manifest, kube.create)
             return await kube.create(action.manifest)
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)
             if action.manifest["kind"] in k8s.CUSTOM_PLURALS:  # a PodGroup or Workload: the job waits for it

@@ -48,6 +48,31 @@ class JobMemory:
     priority: tuple[tuple, Priority | None] | None = None
 
 
+class NamespaceObjects:
+    """Objects a namespace's jobs share (the NetworkPolicy around its stores): created once per namespace, by
+    one request however many reconciles ask at once. Forgotten when the namespace's last job leaves the mirror
+    (the job watch delivers a namespace's deletions before a recreated namespace's new jobs), so a namespace
+    deleted and made again gets its objects again."""
+
+    def __init__(self) -> None:
+        self._creates: dict[tuple[str, str], asyncio.Task] = {}
+
+    async def create(self, manifest: dict[str, Any], create: Any) -> dict[str, Any] | None:
+        """The object if this call created it, else None (made by an earlier call, or already there)."""
+        meta = manifest["metadata"]
+        key = (meta["namespace"], meta["name"])
+        task = self._creates.get(key)
+        if task is not None and not (task.done() and (task.cancelled() or task.exception())):
+            await asyncio.shield(task)
+            return None
+        task = self._creates[key] = asyncio.ensure_future(create(manifest))
+        return await asyncio.shield(task)  # a failure leaves a done task with its error: the next call retries
+
+    def forget(self, namespace: str) -> None:
+        for key in [k for k in self._creates if k[0] == namespace]:
+            del self._creates[key]
+
+
 class Gate:
     """Whether this replica may act (kopf peering); always open for a standalone operator."""
 
@@ -63,6 +88,7 @@ class Context:
     logger: logging.Logger
     instance: str
     gate: Gate = field(default_factory=Gate)
+    namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
     loops: JobLoops | None = None
     watches: "StoreWatches | None" = None
     synced: bool = False

@@ -76,3 +76,5 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             ctx.watches.stop(key)
             metrics.forget_job(*key)
             telemetry.forget(key)
+            if not ctx.mirror.has_jobs_in(key[0]):
+                ctx.namespace_objects.forget(key[0])

@@ -1,4 +1,5 @@
-"""The job's rendezvous: its Service, the store pod with its token and NetworkPolicy, and whether it serves. Pure."""
+"""The job's rendezvous: its Service, the store pod (its token's digest in its spec), the namespace's NetworkPolicy
+around the stores, and whether the store serves. Pure."""
 
 from __future__ import annotations
 
@@ -19,14 +20,12 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
         plan.act(CreateObject(builders.rendezvous_service(job.ref), Event(
             "Normal", "RendezvousCreated", f"created Service {status.pod} for the c10d rendezvous store")))
         if settings.network_policy:
-            plan.act(CreateObject(builders.network_policy(job.ref, settings)))
+            # Shared by the namespace's jobs: the handlers create it once per namespace (a 409 is done).
+            plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings)))
     elif service.cluster_ip:
         status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
     if store is None:
-        # The Secret goes with every store pod: the operator never reads Secrets, so it cannot tell whether
-        # one survived; creating it again is a 409 at worst.
-        plan.act(CreateObject(builders.rendezvous_secret(job.ref, token)))
-        plan.act(CreateObject(builders.rendezvous_pod(job.ref, placement)))
+        plan.act(CreateObject(builders.rendezvous_pod(job.ref, placement, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
         plan.act(DeletePod(store.name, store.uid, grace_seconds=0))
     serving = store is not None and store.serving

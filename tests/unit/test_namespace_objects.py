@@ -1,0 +1,66 @@
+"""Objects a namespace's jobs share (handlers.context.NamespaceObjects): one create however many ask at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from elasticjob import k8s
+from elasticjob.handlers.context import NamespaceObjects
+
+POLICY = {"kind": "NetworkPolicy", "metadata": {"name": "elasticjob-rendezvous", "namespace": "ml"}}
+
+
+class Server:
+    """Counts creates; answers each after the test lets it go, as an API server would (201, then 409)."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.calls = 0
+        self.refuse = refuse
+        self.release = asyncio.Event()
+
+    async def create(self, manifest: dict) -> dict | None:
+        self.calls += 1
+        await self.release.wait()
+        if self.calls <= self.refuse:
+            raise k8s.Forbidden(403, "Forbidden", "exceeded quota")
+        return manifest if self.calls == self.refuse + 1 else None
+
+
+def test_reconciles_asking_at_once_share_one_create():
+    async def scenario():
+        objects, server = NamespaceObjects(), Server()
+        asking = [asyncio.create_task(objects.create(POLICY, server.create)) for _ in range(10)]
+        await asyncio.sleep(0)
+        server.release.set()
+        results = await asyncio.gather(*asking)
+        assert server.calls == 1 and results.count(POLICY) == 1 and results.count(None) == 9
+        assert await objects.create(POLICY, server.create) is None and server.calls == 1
+        objects.forget("ml")  # the namespace's last job left: the next job creates it again (409 if still there)
+        await objects.create(POLICY, server.create)
+        assert server.calls == 2
+    asyncio.run(scenario())
+
+
+def test_a_refused_create_is_tried_again_by_the_next_job():
+    async def scenario():
+        objects, server = NamespaceObjects(), Server(refuse=1)
+        server.release.set()
+        with pytest.raises(k8s.Forbidden):
+            await objects.create(POLICY, server.create)
+        assert await objects.create(POLICY, server.create) == POLICY and server.calls == 2
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_reconcile_does_not_cancel_the_shared_create():
+    async def scenario():
+        objects, server = NamespaceObjects(), Server()
+        first = asyncio.create_task(objects.create(POLICY, server.create))
+        await asyncio.sleep(0)
+        first.cancel()  # its job was deleted meanwhile
+        second = asyncio.create_task(objects.create(POLICY, server.create))
+        await asyncio.sleep(0)
+        server.release.set()
+        assert await second is None and server.calls == 1
+    asyncio.run(scenario())
