@@ -187,7 +187,8 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
                       {"name": "control", "containerPort": rdzv.port + 1, "protocol": "TCP"}],
-            "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 2},
+            # Every second: the job is Running, and recovers from a lost store, once this passes.
+            "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 1},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "securityContext": copy.deepcopy(STORE_CONTAINER_SECURITY),
         }],

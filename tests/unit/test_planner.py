@@ -48,6 +48,23 @@ def test_a_new_jobs_first_pending_posts_no_event_a_job_falling_back_to_pending_d
     assert "Waiting" in [e.reason for e in fallen.events]
 
 
+def test_a_new_jobs_first_running_posts_no_event_running_again_after_an_incident_does():
+    pending = {"phase": "Pending", "reason": "Waiting", "startTime": "2026-01-01T11:00:00Z"}
+    first = plan(job(pending), [rdzv(), worker(0), worker(1)])
+    assert first.status.phase == "Running" and first.events == []  # the Running condition and phase say it
+    lost_store = {**pending, "rendezvous": {"restarts": 1, "endpoint": "10.96.0.42:29400"}}
+    again = plan(job(lost_store), [rdzv(), worker(0), worker(1)])
+    assert again.status.phase == "Running" and [e.reason for e in again.events] == ["Running"]
+
+
+def test_the_services_event_says_only_that_it_was_made_again():
+    (first,) = [a for a in plan(job(), [], service=None).actions if a.manifest["kind"] == "Service"]
+    assert first.event is None  # every job gets one at its start
+    (again,) = [a for a in plan(job(running_status()), [rdzv(), worker(0), worker(1)], service=None).actions
+                if getattr(a, "manifest", {}).get("kind") == "Service"]
+    assert again.event.reason == "RendezvousCreated" and "10.96.0.42:29400" in again.event.message
+
+
 def test_workers_are_created_once_the_service_has_a_cluster_ip():
     result = plan(job(), [rdzv(ready=False)])
     assert creates(result) == ["train-worker-0", "train-worker-1"]

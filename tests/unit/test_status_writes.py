@@ -12,7 +12,16 @@ from elasticjob.models import Condition, ElasticJobStatus, FailureRecord, Phase
 
 
 def status(**fields) -> ElasticJobStatus:
-    return ElasticJobStatus(**{"phase": Phase.RUNNING, "replicas": 2, "ready_replicas": 2, **fields})
+    """A status the operator has written before (a reason, a start time)."""
+    return ElasticJobStatus(**{"phase": Phase.RUNNING, "reason": "Running", "start_time": "2026-01-01T00:00:00Z",
+                               "replicas": 2, "ready_replicas": 2, **fields})
+
+
+def first(**fields) -> ElasticJobStatus:
+    """What a new job's first reconcile plans."""
+    new = status(**{"phase": Phase.PENDING, "reason": "Waiting", **fields})
+    new.rendezvous.endpoint = "10.96.0.1:29400"
+    return new
 
 
 def written(ago: float, held: float | None = None) -> JobMemory:
@@ -61,9 +70,32 @@ def test_the_phase_and_everything_counted_or_remembered_go_out_at_once():
     assert status_deferral(written(0.1), old, counted) is None
 
 
+def test_a_new_jobs_first_status_waits_for_the_batch_while_it_counts_nothing():
+    never = ElasticJobStatus()
+    for new in (first(), first(phase=Phase.RUNNING, reason="Running")):
+        wait = status_deferral(JobMemory(), never, new)
+        assert wait is not None and 0 < wait <= STATUS_BATCH
+    failure = FailureRecord(pod="p", uid="u", reason="Error", charged=True, time="2026-01-01T00:00:00Z")
+    for new in (first(restarts=1), first(counted_failures=["u"]), first(last_failures=[failure]),
+                first(phase=Phase.FAILED, reason="InvalidSpec"), first(phase=Phase.SUSPENDED, reason="Suspended")):
+        assert status_deferral(JobMemory(), never, new) is None, new
+    lost = first()
+    lost.rendezvous.restarts = 1
+    assert status_deferral(JobMemory(), never, lost) is None
+
+
+def test_the_stores_identity_alone_never_makes_a_write():
+    new = status()
+    new.rendezvous.epoch = "e2"
+    memory = written(STATUS_INTERVAL + 5)
+    assert status_deferral(memory, status(), new) == float("inf") and memory.status_held_since is None
+    new.ready_replicas = 1  # with something else, it goes out with the batch
+    assert status_deferral(memory, status(), new) <= STATUS_BATCH
+
+
 def test_the_stores_round_address_and_identity_wait():
     new = status()
-    new.rendezvous.round, new.rendezvous.nodes = 3, ["a", "b"]
+    new.rendezvous.round, new.rendezvous.nodes = 3, 2
     new.rendezvous.endpoint, new.rendezvous.epoch = "10.96.0.1:29400", "e2"
     assert status_deferral(written(0.1), status(), new) is not None
 

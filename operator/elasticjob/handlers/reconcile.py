@@ -22,7 +22,7 @@ from elasticjob.handlers.apply import apply
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
 from elasticjob.mirror import without_managed_fields
-from elasticjob.models import ElasticJobSpec, ElasticJobStatus
+from elasticjob.models import ElasticJobSpec, ElasticJobStatus, Phase
 from elasticjob.observe import parse_time
 
 CONFLICT_RETRIES = 3
@@ -36,6 +36,15 @@ STATUS_INTERVAL = 2.0
 # against the readiness last written.
 OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
                                    "rendezvous": {"round", "nodes", "endpoint", "epoch"}}
+# Never a reason to write on its own, only carried by the next write: the store's identity matters only with
+# what is counted against it, and that goes out at once, with it.
+CARRIED_FIELDS: dict[str, Any] = {"rendezvous": {"epoch"}}
+# What a job has counted or must remember: a new job's first status may wait only while all of it is unset.
+COUNTED_FIELDS: dict[str, Any] = {
+    "restarts": True, "infrastructure_failures": True, "last_failures": True, "counted_failures": True,
+    "last_restart_time": True, "admission": True, "completion_time": True,
+    "rendezvous": {"restarts", "last_lost_time", "failure_rounds"}}
+NEVER = float("inf")
 
 
 async def reconcile(ctx: Context, loop: JobLoop) -> float:
@@ -148,8 +157,10 @@ def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobSta
     changes of a job starting or changing fast go out together, as the Job controller batches pod updates. The
     phase and whatever is counted or remembered (restarts, failures, admission, times) go out before any
     action, as always, and take whatever was held with them."""
-    if old == new or _durable(old) != _durable(new):
+    if old == new or (_durable(old) != _durable(new) and not _first_status(old, new)):
         return None
+    if _dump(old, exclude=CARRIED_FIELDS) == _dump(new, exclude=CARRIED_FIELDS):
+        return NEVER
     now = time.monotonic()
     if memory.status_held_since is None:
         memory.status_held_since = now
@@ -159,8 +170,20 @@ def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobSta
     return due - now if due > now else None
 
 
+def _first_status(old: ElasticJobStatus, new: ElasticJobStatus) -> bool:
+    """A new job's first status that counts nothing yet (Pending or Running): it waits for the batch like a
+    count. An operator that dies before writing it loses nothing: the next one derives it again from the pods
+    it finds. Phases that act on the job (Suspended, Failed, ...) go out at once."""
+    return (old.reason is None and old.start_time is None and new.phase in (Phase.PENDING, Phase.RUNNING)
+            and _dump(new, include=COUNTED_FIELDS) == _dump(ElasticJobStatus(), include=COUNTED_FIELDS))
+
+
+def _dump(status: ElasticJobStatus, **fields: Any) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, mode="json", **fields)
+
+
 def _durable(status: ElasticJobStatus) -> dict[str, Any]:
-    durable = status.model_dump(by_alias=True, mode="json", exclude=OBSERVED_FIELDS)
+    durable = _dump(status, exclude=OBSERVED_FIELDS)
     for condition in durable.get("conditions") or ():
         condition.pop("message", None)  # "3/4 workers ready": a count; its type, status and reason are not
     return durable

@@ -243,9 +243,13 @@ def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str,
 
 def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, now: datetime) -> None:
     status = plan.status
-    # A new job's first Pending says nothing its conditions and the creation Events do not.
+    # A new job's first Pending and first Running say nothing its conditions, its phase and the creation
+    # Events do not (Events say what the operator did; Running again after a restart or a lost store keeps its
+    # Event: it ends an incident).
     first_pending = status.reason is None and phase == Phase.PENDING
-    if (status.phase != phase or status.reason != reason) and not first_pending:
+    first_running = (phase == Phase.RUNNING and status.reason in (None, "Waiting") and status.restarts == 0
+                     and status.rendezvous.restarts == 0)
+    if (status.phase != phase or status.reason != reason) and not (first_pending or first_running):
         event = plan.warn if phase in (Phase.FAILED, Phase.RESTARTING) else plan.normal
         event(reason, message)
     status.phase, status.reason, status.message = phase, reason, message

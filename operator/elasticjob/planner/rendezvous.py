@@ -17,8 +17,10 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     store = next((p for p in observed.pods if p.role == naming.ROLE_RENDEZVOUS), None)
     service = observed.service
     if service is None:
-        plan.act(CreateObject(builders.rendezvous_service(job.ref), Event(
-            "Normal", "RendezvousCreated", f"created Service {status.pod} for the c10d rendezvous store")))
+        # Every job gets one at its start; an Event says so only when it was lost and is made again.
+        again = Event("Normal", "RendezvousCreated", f"created Service {status.pod} again for the c10d "
+                                                     f"rendezvous store (was {status.endpoint})")
+        plan.act(CreateObject(builders.rendezvous_service(job.ref), again if status.endpoint else None))
         if settings.network_policy:
             # Shared by the namespace's jobs: the handlers create it once per namespace (a 409 is done).
             plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings)))
