@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="never remove dead agents, end the last call or restart survivors: recovery at torch's "
                      "own pace (for comparisons)")
     run.add_argument("--no-network-policy", action="store_true",
-                     help="do not create a NetworkPolicy per job around its rendezvous store")
+                     help="do not create the NetworkPolicy around each namespace's rendezvous stores")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
                      help="namespace of the operator's pods, which the NetworkPolicies admit to the control port")
     run.add_argument("--kueue", action="store_true",

@@ -17,13 +17,6 @@ def status(**fields) -> ElasticJobStatus:
                                "replicas": 2, "ready_replicas": 2, **fields})
 
 
-def first(**fields) -> ElasticJobStatus:
-    """What a new job's first reconcile plans."""
-    new = status(**{"phase": Phase.PENDING, "reason": "Waiting", **fields})
-    new.rendezvous.endpoint = "10.96.0.1:29400"
-    return new
-
-
 def written(ago: float, held: float | None = None) -> JobMemory:
     now = time.monotonic()
     return JobMemory(status_written_at=now - ago, status_held_since=None if held is None else now - held)
@@ -70,18 +63,11 @@ def test_the_phase_and_everything_counted_or_remembered_go_out_at_once():
     assert status_deferral(written(0.1), old, counted) is None
 
 
-def test_a_new_jobs_first_status_waits_for_the_batch_while_it_counts_nothing():
-    never = ElasticJobStatus()
-    for new in (first(), first(phase=Phase.RUNNING, reason="Running")):
-        wait = status_deferral(JobMemory(), never, new)
-        assert wait is not None and 0 < wait <= STATUS_BATCH
-    failure = FailureRecord(pod="p", uid="u", reason="Error", charged=True, time="2026-01-01T00:00:00Z")
-    for new in (first(restarts=1), first(counted_failures=["u"]), first(last_failures=[failure]),
-                first(phase=Phase.FAILED, reason="InvalidSpec"), first(phase=Phase.SUSPENDED, reason="Suspended")):
-        assert status_deferral(JobMemory(), never, new) is None, new
-    lost = first()
-    lost.rendezvous.restarts = 1
-    assert status_deferral(JobMemory(), never, lost) is None
+def test_a_new_jobs_first_status_goes_out_before_it_acts():
+    """The first write is the reconcile's fence: a 409 tells it the body it planned from is stale (another
+    replica, or a status patched meanwhile) before it creates anything."""
+    new = status(phase=Phase.PENDING, reason="Waiting")
+    assert status_deferral(JobMemory(), ElasticJobStatus(), new) is None
 
 
 def test_the_stores_identity_alone_never_makes_a_write():

@@ -22,7 +22,7 @@ from elasticjob.handlers.apply import apply
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
 from elasticjob.mirror import without_managed_fields
-from elasticjob.models import ElasticJobSpec, ElasticJobStatus, Phase
+from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
 
 CONFLICT_RETRIES = 3
@@ -39,11 +39,6 @@ OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "me
 # Never a reason to write on its own, only carried by the next write: the store's identity matters only with
 # what is counted against it, and that goes out at once, with it.
 CARRIED_FIELDS: dict[str, Any] = {"rendezvous": {"epoch"}}
-# What a job has counted or must remember: a new job's first status may wait only while all of it is unset.
-COUNTED_FIELDS: dict[str, Any] = {
-    "restarts": True, "infrastructure_failures": True, "last_failures": True, "counted_failures": True,
-    "last_restart_time": True, "admission": True, "completion_time": True,
-    "rendezvous": {"restarts", "last_lost_time", "failure_rounds"}}
 NEVER = float("inf")
 
 
@@ -157,7 +152,7 @@ def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobSta
     changes of a job starting or changing fast go out together, as the Job controller batches pod updates. The
     phase and whatever is counted or remembered (restarts, failures, admission, times) go out before any
     action, as always, and take whatever was held with them."""
-    if old == new or (_durable(old) != _durable(new) and not _first_status(old, new)):
+    if old == new or _durable(old) != _durable(new):
         return None
     if _dump(old, exclude=CARRIED_FIELDS) == _dump(new, exclude=CARRIED_FIELDS):
         return NEVER
@@ -168,14 +163,6 @@ def status_deferral(memory: JobMemory, old: ElasticJobStatus, new: ElasticJobSta
     if memory.status_written_at is not None:
         due = max(due, memory.status_written_at + STATUS_INTERVAL)
     return due - now if due > now else None
-
-
-def _first_status(old: ElasticJobStatus, new: ElasticJobStatus) -> bool:
-    """A new job's first status that counts nothing yet (Pending or Running): it waits for the batch like a
-    count. An operator that dies before writing it loses nothing: the next one derives it again from the pods
-    it finds. Phases that act on the job (Suspended, Failed, ...) go out at once."""
-    return (old.reason is None and old.start_time is None and new.phase in (Phase.PENDING, Phase.RUNNING)
-            and _dump(new, include=COUNTED_FIELDS) == _dump(ElasticJobStatus(), include=COUNTED_FIELDS))
 
 
 def _dump(status: ElasticJobStatus, **fields: Any) -> dict[str, Any]:
