@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,8 @@ class NamespaceObjects:
     def __init__(self) -> None:
         self._creates: dict[tuple[str, str], asyncio.Task] = {}
 
-    async def create(self, manifest: dict[str, Any], create: Any) -> dict[str, Any] | None:
+    async def create(self, manifest: dict[str, Any],
+                     create: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
         """The object if this call created it, else None (made by an earlier call, or already there)."""
         meta = manifest["metadata"]
         key = (meta["namespace"], meta["name"])
