@@ -182,7 +182,8 @@ class BareClient:
         service = json.loads(core.create_namespaced_service(ns, builders.rendezvous_service(ref),
                                                             _preload_content=False).data)
         endpoint = f"{service['spec']['clusterIP']}:{ref.spec.rendezvous.port}"
-        pods = [builders.rendezvous_pod(ref, token="token")] + [builders.worker_pod(ref, i, endpoint) for i in range(WORKERS)]
+        workers = [builders.worker_pod(ref, i, endpoint) for i in range(WORKERS)]
+        pods = [builders.rendezvous_pod(ref, token="token"), *workers]
         for pod in pods:
             core.create_namespaced_pod(ns, pod, _preload_content=False)
         self.api.custom.patch_namespaced_custom_object_status(

@@ -6,10 +6,11 @@ The real store (`python -m elasticjob_store`) imports torch: about 2 s and 300 M
 size is most of this 2-core machine. This program has the same outside: it listens on ELASTICJOB_RDZV_PORT (so
 the pod's tcpSocket readiness probe passes) and serves the control endpoint on port + 1 exactly as
 operator/elasticjob_store/server.py does for a store no agent has written to yet: GET /healthz without a token;
-GET /v1/state with the bearer token (elasticjob_store.auth: its digest in ELASTICJOB_RDZV_TOKEN_SHA256), a long-poll with ?after=&epoch=&wait=
-(answered at once when the epoch is not this process's or the version passed `after`, else after `wait`
-seconds, at most 60); POST /v1/remove|complete|restart answer "nothing changed". The epoch is random per process
-start and the version stays 0: nothing ever changes here. Standard library only (about 0.1 s to start, 15 MB).
+GET /v1/state with the bearer token (checked by elasticjob_store.auth against ELASTICJOB_RDZV_TOKEN_SHA256), a
+long-poll with ?after=&epoch=&wait= (answered at once when the epoch is not this process's or the version
+passed `after`, else after `wait` seconds, at most 60); POST /v1/remove|complete|restart answer "nothing
+changed". The epoch is random per process start and the version stays 0: nothing ever changes here.
+Standard library only (about 0.1 s to start, 15 MB).
 
 Jobs opt in with `spec.rendezvous.image: elasticjob-store-standin`; the node agent maps that image to this
 program (images.py). Not for jobs whose workers run torchrun: the c10d port accepts and closes connections.

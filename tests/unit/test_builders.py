@@ -107,7 +107,8 @@ def test_one_network_policy_fences_every_store_of_a_namespace():
     assert store_port["from"] == [{"podSelector": {"matchExpressions": [
         {"key": "elasticjob.dev/job-name", "operator": "Exists"}]}}]
     # By the store container's port names: jobs of one namespace may use different port numbers.
-    names = [p["name"] for p in builders.rendezvous_pod(ref(rendezvous={"port": 29500}))["spec"]["containers"][0]["ports"]]
+    store = builders.rendezvous_pod(ref(rendezvous={"port": 29500}))["spec"]["containers"][0]
+    names = [p["name"] for p in store["ports"]]
     assert store_port["ports"] == [{"protocol": "TCP", "port": names[0]}]
     assert control["ports"] == [{"protocol": "TCP", "port": names[1]}]
     assert control["from"][0]["namespaceSelector"] == {

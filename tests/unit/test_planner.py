@@ -58,8 +58,11 @@ def test_a_new_jobs_first_running_posts_no_event_running_again_after_an_incident
 
 
 def test_the_services_event_says_only_that_it_was_made_again():
-    (first,) = [a for a in plan(job(), [], service=None).actions if a.manifest["kind"] == "Service"]
+    start = plan(job(), [], service=None).actions
+    (first,) = [a for a in start if a.manifest["kind"] == "Service"]
     assert first.event is None  # every job gets one at its start
+    (policy,) = [a for a in start if a.manifest["kind"] == "NetworkPolicy"]
+    assert policy.per_namespace and not first.per_namespace  # the namespace's, made once for all its jobs
     (again,) = [a for a in plan(job(running_status()), [rdzv(), worker(0), worker(1)], service=None).actions
                 if getattr(a, "manifest", {}).get("kind") == "Service"]
     assert again.event.reason == "RendezvousCreated" and "10.96.0.42:29400" in again.event.message

@@ -73,7 +73,7 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
     kube = ctx.kube
     if isinstance(action, planner.CreateObject):
         try:
-            if action.manifest["kind"] == "NetworkPolicy":  # the namespace's, shared by its jobs
+            if action.per_namespace:
                 return await ctx.namespace_objects.create(action.manifest, kube.create)
             return await kube.create(action.manifest)
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)

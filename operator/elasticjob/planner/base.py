@@ -27,6 +27,8 @@ class Event:
 class CreateObject:
     manifest: dict
     event: Event | None = None  # posted only when the object was really created
+    # One per namespace, shared by its jobs (the NetworkPolicy around its stores): created once, not per job.
+    per_namespace: bool = False
 
 
 @dataclass(frozen=True)

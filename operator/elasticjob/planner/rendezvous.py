@@ -22,8 +22,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
                                                      f"rendezvous store (was {status.endpoint})")
         plan.act(CreateObject(builders.rendezvous_service(job.ref), again if status.endpoint else None))
         if settings.network_policy:
-            # Shared by the namespace's jobs: the handlers create it once per namespace (a 409 is done).
-            plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings)))
+            plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings), per_namespace=True))
     elif service.cluster_ip:
         status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
     if store is None:
