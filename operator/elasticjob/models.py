@@ -192,6 +192,17 @@ class RendezvousStatus(Model):
                                 "counted, for this epoch.")
 
 
+class OwnedPod(Model):
+    """A pod name this job's operator made, and which of its makings is the one that counts."""
+
+    name: str
+    serial: int = Field(description="Which making of this name is current: each pod the operator makes under "
+                        "the name gets the next number, signed with it (see planner/ownership.py).")
+    uid: str = Field("", description="The uid of that making once seen; empty until then.")
+    key: str = Field("", description="Which operator key signed it (a fingerprint): after the key changed, the "
+                     "record alone vouches for the pod.")
+
+
 class AdmissionStatus(Model):
     """Admission by Kueue, for a job labelled kueue.x-k8s.io/queue-name."""
 
@@ -222,6 +233,9 @@ class ElasticJobStatus(Model):
                                         "counted, kept while the pod exists: no failure is counted twice, "
                                         "however long its pod takes to go.")
     last_restart_time: str | None = None
+    owned_pods: list[OwnedPod] | None = Field(None, description="The pods the operator made for this job, per "
+                                             "name: only those count. Absent for a job started before pods "
+                                             "were signed.")
     rendezvous: RendezvousStatus = Field(default_factory=RendezvousStatus)
     admission: AdmissionStatus | None = None
     start_time: str | None = None

@@ -11,6 +11,9 @@ ROLE_LABEL = f"{GROUP}/role"
 INDEX_LABEL = f"{GROUP}/replica-index"
 # status.restarts when the pod was created: tells a failure of the last incident from a new one.
 RESTART_GENERATION_ANNOTATION = f"{GROUP}/restart-generation"
+# Which making of a pod's name it is, and the operator's HMAC over job, name and that number (planner/ownership.py).
+SERIAL_ANNOTATION = f"{GROUP}/serial"
+MARK_ANNOTATION = f"{GROUP}/mark"
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
 WORKER_CONTAINER = "worker"

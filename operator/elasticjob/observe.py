@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from elasticjob import naming
+from elasticjob.models import API_VERSION, KIND
 
 # Pod-level reasons that mean "not the job's fault".
 DISRUPTION_REASONS = {
@@ -54,6 +55,8 @@ class PodView:
     owner_uid: str | None = None
     ip: str | None = None
     started: bool = False
+    serial: int | None = None  # which making of its name, and the operator's signature of it
+    mark: str = ""
 
     @property
     def serving(self) -> bool:
@@ -116,6 +119,7 @@ class ServiceView:
     cluster_ip: str | None
     uid: str = ""
     owner_uid: str | None = None
+    mark: str = ""
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -206,14 +210,17 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         owner_uid=controller_uid(meta),
         ip=status.get("podIP"),
         started=_ever_started(status),
+        serial=_int((meta.get("annotations") or {}).get(naming.SERIAL_ANNOTATION)),
+        mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "",
     )
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:
-    """The uid of the object's controlling owner: which job, of all that ever had this name, made it."""
+    """The uid of the ElasticJob controlling the object: which job, of all that ever had this name, made it.
+    Anyone who may create pods can write such a reference; see planner/ownership.py for what else counts."""
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref.get("uid")
+            return ref.get("uid") if (ref.get("apiVersion"), ref.get("kind")) == (API_VERSION, KIND) else None
     return None
 
 
@@ -235,4 +242,5 @@ def observe_service(body: Mapping[str, Any]) -> ServiceView:
     meta = body.get("metadata") or {}
     ip = (body.get("spec") or {}).get("clusterIP")
     return ServiceView(name=meta.get("name", ""), cluster_ip=ip if ip not in ("", "None") else None,
-                       uid=meta.get("uid", ""), owner_uid=controller_uid(meta))
+                       uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
+                       mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "")

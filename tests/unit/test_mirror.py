@@ -10,7 +10,8 @@ def pod(name: str, job: str = "train", ns: str = "ml", uid: str | None = None, o
     return {"metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}", "resourceVersion": rv,
                          "labels": {"elasticjob.dev/job-name": job, "elasticjob.dev/role": "worker",
                                     "elasticjob.dev/replica-index": name[-1]},
-                         "ownerReferences": [{"kind": "ElasticJob", "name": job, "uid": owner, "controller": True}]},
+                         "ownerReferences": [{"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "name": job,
+                                              "uid": owner, "controller": True}]},
             "status": {"phase": phase}}
 
 

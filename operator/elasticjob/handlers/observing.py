@@ -1,4 +1,4 @@
-"""What a reconcile looks at besides the job: its own pods and Service (from the mirror, by owner uid), the
+"""What a reconcile looks at besides the job: its own pods and Service (from the mirror: those the operator made), the
 store's state, the readiness of nodes that hold stuck pods, and the agents' account of in-place failures."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ LOG_LINES = 60
 async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: datetime) -> planner.Observed:
     ref = job.ref
     key = naming.job_key(ref.namespace, ref.name)
-    pods = ctx.mirror.owned_pods(key, ref.uid)
-    service = ctx.mirror.owned_service(key, ref.uid)
+    token = ctx.stores.token(ref.uid)
+    pods = planner.admit(ctx.mirror.owned_pods(key, ref.uid), job.status, token)
+    service = planner.service_admitted(ctx.mirror.owned_service(key, ref.uid), job.status, token)
     store = read_store(ctx, job, pods, service)
     nodes = await node_readiness(ctx, planner.stuck_nodes(pods, now) | planner.suspect_nodes(job, pods, store, now))
     failures = await read_round_failures(ctx, memory, job, pods, store)

@@ -2,8 +2,8 @@
 
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
 failures (what each failure costs), leftovers (what an earlier job of the name left), rendezvous (the store and
-its Service), recovery (nudging the store on evidence), scaling (which pods), gang (the workers' PodGroup),
-queueing (admission by Kueue).
+its Service), ownership (which pods the operator made), recovery (nudging the store on evidence), scaling (which
+pods), gang (the workers' PodGroup), queueing (admission by Kueue).
 """
 
 from elasticjob.planner.base import (
@@ -30,12 +30,13 @@ from elasticjob.planner.base import (
     spec_changes,
 )
 from elasticjob.planner.lifecycle import plan, reject, validate
+from elasticjob.planner.ownership import admit, service_admitted
 from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
     "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject", "DefaultReplicas",
     "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover", "Observed", "PatchObject",
-    "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "plan", "reject", "spec_changes",
-    "stuck_nodes", "suspect_nodes", "validate",
+    "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "admit", "plan", "reject",
+    "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

@@ -28,7 +28,7 @@ from elasticjob.planner.base import (
     since,
     stamp,
 )
-from elasticjob.planner import queueing
+from elasticjob.planner import ownership, queueing
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.gang import ensure_gang
 from elasticjob.planner.leftovers import collect_leftovers
@@ -46,6 +46,8 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     status.selector = naming.worker_selector(job.ref.name)
     status.desired_replicas = job.ref.spec.desired_replicas
     status.rendezvous.run_id = job.ref.uid
+    ownership.begin(status)
+    ownership.record_seen(status, observed.pods)
     result = Plan(status=status)
     count_workers(result, observed.workers)
     report_round(result, observed)
@@ -94,7 +96,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
     plan.status.desired_replicas = desired
     placement = gang.worker_placement(job.ref).merge(admitted.worker)
-    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed))
+    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token)
     derive_running_phase(plan, job, observed.workers, now)
     show_refusal(plan, job, observed, now)
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from elasticjob import builders, naming
 from elasticjob.builders import NO_PLACEMENT, Placement, Settings
+from elasticjob.planner import ownership
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition, stamp
 
 
@@ -20,13 +21,15 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
         # Every job gets one at its start; an Event says so only when it was lost and is made again.
         again = Event("Normal", "RendezvousCreated", f"created Service {status.pod} again for the c10d "
                                                      f"rendezvous store (was {status.endpoint})")
-        plan.act(CreateObject(builders.rendezvous_service(job.ref), again if status.endpoint else None))
+        service_manifest = ownership.sign(builders.rendezvous_service(job.ref), plan.status, token)
+        plan.act(CreateObject(service_manifest, again if status.endpoint else None))
         if settings.network_policy:
             plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings), per_namespace=True))
     elif service.cluster_ip:
         status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
     if store is None:
-        plan.act(CreateObject(builders.rendezvous_pod(job.ref, placement, token)))
+        store_manifest = builders.rendezvous_pod(job.ref, placement, token)
+        plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
         plan.act(DeletePod(store.name, store.uid, grace_seconds=0))
     serving = store is not None and store.serving

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from elasticjob import builders, naming
 from elasticjob.builders import NO_PLACEMENT, Placement
 from elasticjob.observe import PodView
+from elasticjob.planner import ownership
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan
 
 # A pod still present this long after its deletion deadline, on a node that is gone or not Ready, has no
@@ -15,11 +16,14 @@ FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 
 def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Placement = NO_PLACEMENT,
-          create: bool = True) -> None:
+          create: bool = True, token: str = "") -> None:
     """Exactly `desired` workers: the highest indexes go first, gaps are filled (unless `create` is False:
     their gang is not ready yet)."""
     workers = observed.workers
     existing = {p.index for p in workers}
+    for index in (i for i in range(desired) if i not in existing):
+        # Recorded now, with the status written before the pods exist (a new job's first write).
+        ownership.allocate(plan.status, naming.worker_pod_name(job.ref.name, index), token)
     for pod in workers:
         if pod.active and pod.index is not None and pod.index >= desired:
             plan.act(DeletePod(pod.name, pod.uid, event=Event(
@@ -30,7 +34,8 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
         return
     endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
     for index in (i for i in range(desired) if i not in existing):
-        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement)
+        pod = ownership.sign(builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement),
+                             plan.status, token)
         plan.act(CreateObject(pod, Event(
             "Normal", "CreatedWorker", f"created worker pod {naming.worker_pod_name(job.ref.name, index)}")))
 

@@ -1,0 +1,114 @@
+"""Which pods are the job's own: only those the operator made. Pure.
+
+A controller ownerReference proves nothing: anyone who may create pods and read the job's uid can write one,
+with the job's labels. So each pod the operator makes carries a serial (which making of its name it is) and a
+mark, HMAC(the job's token, kind/name/serial); the token is HMAC(operator key, job uid), which no one else can
+compute. The job's status records, per name, the current serial (written before the pod is created) and, once
+seen, that pod's uid:
+- a pod whose uid is recorded is the operator's, whatever key it was signed with (an operator started without
+  a key file gets a new random key at every start);
+- otherwise its mark must verify, for the recorded serial or a newer one: a copy of a real pod's annotations
+  made after that pod was gone carries the recorded serial but another uid, or an older serial, and is refused;
+- a pod of the recorded serial, not yet seen, signed under a key the operator no longer has, is taken on the
+  record's word (only after a key change).
+The records are in the job's status, so a restarted operator knows as much as the one before it. A uid rides
+along with the next status write (the new pod's count brings one within seconds): no request of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any
+
+from elasticjob import naming
+from elasticjob.models import ElasticJobStatus, OwnedPod
+from elasticjob.observe import PodView, ServiceView
+
+
+def mark(token: str, kind: str, name: str, serial: int) -> str:
+    return hmac.new(token.encode(), f"{kind}/{name}/{serial}".encode(), hashlib.sha256).hexdigest()
+
+
+def key_id(token: str) -> str:
+    """A fingerprint of the key behind the token, safe to show."""
+    return mark(token, "Key", "", 0)[:16]
+
+
+def begin(status: ElasticJobStatus) -> None:
+    """A job that has not started signs its pods from the start; a job started by an operator that did not sign
+    (no records) keeps being trusted by its ownerReference until it ends or is suspended."""
+    if status.owned_pods is None and status.start_time is None:
+        status.owned_pods = []
+
+
+def admit(pods: list[PodView], status: ElasticJobStatus, token: str) -> list[PodView]:
+    """The pods, of those that name the job as their controller, that the operator made."""
+    if status.owned_pods is None:
+        return pods if status.start_time is not None else []
+    records = {r.name: r for r in status.owned_pods}
+    current = key_id(token)
+    return [p for p in pods if _genuine(p, records.get(p.name), token, current)]
+
+
+def _genuine(pod: PodView, record: OwnedPod | None, token: str, current_key: str) -> bool:
+    if pod.serial is None:
+        return False
+    recorded, uid = (record.serial, record.uid) if record else (0, "")
+    if uid and (pod.serial, pod.uid) == (recorded, uid):
+        return True
+    if hmac.compare_digest(pod.mark, mark(token, "Pod", pod.name, pod.serial)):
+        return pod.serial > recorded or (pod.serial == recorded and not uid)
+    return record is not None and record.key != current_key and pod.serial == recorded and not uid
+
+
+def service_admitted(service: ServiceView | None, status: ElasticJobStatus, token: str) -> ServiceView | None:
+    """The job's Service if the operator made it (a stranger's could route the agents, and the token, anywhere).
+    Its mark has no serial: a copy made after the Service was deleted would pass, but deleting it takes more
+    than the right to create pods. After a key change the job's records vouch for it."""
+    if service is None or status.owned_pods is None:
+        return service
+    if hmac.compare_digest(service.mark, mark(token, "Service", service.name, 0)):
+        return service
+    current = key_id(token)
+    return service if any(r.key != current for r in status.owned_pods) else None
+
+
+def record_seen(status: ElasticJobStatus, pods: list[PodView]) -> None:
+    """Remember the uid of each admitted pod that is its name's newest making."""
+    if status.owned_pods is None:
+        return
+    records = {r.name: r for r in status.owned_pods}
+    for pod in pods:
+        record = records.get(pod.name)
+        if pod.serial is None or record is None:
+            continue  # the record of a making is written before it is made
+        if pod.serial > record.serial or (pod.serial == record.serial and not record.uid):
+            record.serial, record.uid = pod.serial, pod.uid
+
+
+def allocate(status: ElasticJobStatus, name: str, token: str) -> int | None:
+    """The serial of the next making of `name`, recorded. A making not yet seen keeps its number, so a create
+    that is repeated asks for the same pod (409: done). None for a job whose pods are not signed."""
+    if status.owned_pods is None:
+        return None
+    record = next((r for r in status.owned_pods if r.name == name), None)
+    if record is None:
+        record = OwnedPod(name=name, serial=0)
+        status.owned_pods.append(record)
+    if record.uid or not record.serial:
+        record.serial, record.uid = record.serial + 1, ""
+    record.key = key_id(token)
+    return record.serial
+
+
+def sign(manifest: dict[str, Any], status: ElasticJobStatus, token: str) -> dict[str, Any]:
+    """Number and mark a Pod or Service about to be created (in place)."""
+    meta = manifest["metadata"]
+    kind, name = manifest["kind"], meta["name"]
+    serial = allocate(status, name, token) if kind == "Pod" else 0
+    if serial is None or status.owned_pods is None:
+        return manifest
+    meta["annotations"] = {**(meta.get("annotations") or {}), naming.SERIAL_ANNOTATION: str(serial),
+                           naming.MARK_ANNOTATION: mark(token, kind, name, serial)}
+    return manifest
