@@ -23,10 +23,15 @@ DISRUPTION_REASONS = {
     "DeletionByPodGC": "NodeLost",
     "TerminationByKubelet": "Evicted",
 }
-# torchrun's log: "failed (exitcode: 3) local_rank: 0" per failure and "exitcode  : 3 (pid: 18)" in the
-# Root Cause block it prints when it gives up; the last one is the final failure.
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)", re.IGNORECASE)
-# The agent lost its rendezvous store (not the training's fault).
+# torchrun's own words when it gives up on its workers: the exception line, then the Root Cause block whose
+# "exitcode  : 3 (pid: 18)" line names the worker's code. The termination message is the log's tail, which the
+# workload writes too: only these lines, in torchrun's exact format, are read, and nothing in them decides
+# whether a failure is charged (that is the operator's own evidence: failures.classify).
+_CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_ROOT_EXITCODE = re.compile(r"^  exitcode  : (-?\d+) \(pid: \d+\)$")
+# What an agent that lost its store logs last. Only a reason to wait a little for the operator's own evidence of
+# the loss (a worker's failure can be seen before the store's): it decides nothing.
 _STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError")
 
 
@@ -46,11 +51,12 @@ class PodView:
     exit_code: int | None = None
     worker_exit_code: int | None = None
     agent_gave_up: bool = False
-    store_lost: bool = False
+    says_store_lost: bool = False  # its log's tail says so: see _STORE_LOST
     reason: str | None = None
     message: str = ""
     disruption: str | None = None
     finished_at: datetime | None = None
+    restarted_at: datetime | None = None  # when the container last ended and the kubelet started it again
     generation: int | None = None
     owner_uid: str | None = None
     ip: str | None = None
@@ -147,10 +153,17 @@ def _disruption(status: Mapping[str, Any]) -> str | None:
 
 def parse_agent_message(message: str) -> tuple[bool, int | None]:
     """From torchrun's last log lines (the termination message): did it give up on its workers
-    (ChildFailedError, after its restarts were used up), and with which worker exit code."""
-    gave_up = "ChildFailedError" in message
-    codes = _EXITCODE.findall(message)
-    return gave_up, int(codes[-1]) if codes else None
+    (ChildFailedError, after its restarts were used up), and with which worker exit code (its Root Cause block,
+    else its last "failed (exitcode: N)" line)."""
+    lines = [line.rstrip() for line in message.splitlines()]
+    gave_up = _CHILD_FAILED in lines
+    if gave_up and _ROOT_CAUSE in lines:
+        after = lines[lines.index(_ROOT_CAUSE):]
+        code = next((int(m.group(1)) for line in after if (m := _ROOT_EXITCODE.match(line))), None)
+        if code is not None:
+            return True, code
+    last = last_worker_failure(message)
+    return gave_up, last[1] if last else None
 
 
 # torchrun's agent, each time a worker fails: "E1122 23:01:44.105000 18 .../api.py:1002] failed (exitcode: 3) ..."
@@ -166,16 +179,13 @@ def last_worker_failure(log: str) -> tuple[str, int, str] | None:
     return found
 
 
-def lost_store(message: str) -> bool:
-    return any(marker in message for marker in _STORE_LOST)
-
-
 def observe_pod(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
     role = labels.get(naming.ROLE_LABEL, "")
     index = labels.get(naming.INDEX_LABEL)
-    terminated = (_main_container_status(status, role).get("state") or {}).get("terminated") or {}
+    main = _main_container_status(status, role)
+    terminated = (main.get("state") or {}).get("terminated") or {}
     message = terminated.get("message") or ""
     # A container ended by a signal wrote no verdict: its message is the kubelet's copy of the log's tail
     # (FallbackToLogsOnError), where a heartbeat that once failed is history, not the cause.
@@ -201,11 +211,12 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         exit_code=terminated.get("exitCode"),
         worker_exit_code=worker_exit,
         agent_gave_up=gave_up,
-        store_lost=verdict and lost_store(message),
+        says_store_lost=verdict and any(marker in message for marker in _STORE_LOST),
         reason=terminated.get("reason") or status.get("reason"),
         message=message or status.get("message") or "",
         disruption=_disruption(status),
         finished_at=parse_time(terminated.get("finishedAt")),
+        restarted_at=parse_time(((main.get("lastState") or {}).get("terminated") or {}).get("finishedAt")),
         generation=_int((meta.get("annotations") or {}).get(naming.RESTART_GENERATION_ANNOTATION)),
         owner_uid=controller_uid(meta),
         ip=status.get("podIP"),

@@ -40,8 +40,14 @@ def pod(phase="Running", terminated=None, **extra):
 
 @pytest.mark.parametrize("message, gave_up, code", [
     (GAVE_UP, True, 3),
-    ("failed (exitcode: 3) local_rank: 0\nfailed (exitcode: -9) local_rank: 0", False, -9),
+    ("E1122 23:01:40.1 18 api.py:1002] failed (exitcode: 3) local_rank: 0\n"
+     "E1122 23:01:44.1 18 api.py:1002] failed (exitcode: -9) local_rank: 0", False, -9),
     (STORE_LOST, False, None),
+    # The workload's own words, in the same log: not torchrun's format, so they name no code.
+    ("failed (exitcode: 3) local_rank: 0", False, None),
+    ("loss=nan, exitcode: 3", False, None),
+    (GAVE_UP.replace("  exitcode  : 3 (pid: 18)", "exitcode: 7"), True, 3),  # its last "failed" line then
+    ("ChildFailedError exitcode: 3", False, None),
     ("", False, None),
 ])
 def test_parse_agent_message(message, gave_up, code):
@@ -64,7 +70,7 @@ def test_agent_that_gave_up_reports_the_workers_exit_code():
 
 def test_killed_pod_keeps_the_container_exit_code():
     view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error"}))
-    assert (view.worker_exit_code, view.agent_gave_up, view.store_lost) == (137, False, False)
+    assert (view.worker_exit_code, view.agent_gave_up, view.says_store_lost) == (137, False, False)
 
 
 def test_a_killed_agent_is_not_blamed_on_a_worker_failure_it_survived():
@@ -78,11 +84,19 @@ def test_a_killed_agent_did_not_lose_its_store_for_a_heartbeat_it_once_missed():
     message = ("W1123 21:40:02.1 1 dynamic_rendezvous.py:1350] The node '10.244.0.3_1_0' has failed to send a "
                "keep-alive heartbeat to the rendezvous 'run' due to an error of type RendezvousConnectionError.")
     view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
-    assert (view.store_lost, view.worker_exit_code) == (False, 137)
+    assert (view.says_store_lost, view.worker_exit_code) == (False, 137)
 
 
-def test_store_lost():
-    assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).store_lost
+def test_a_pod_that_says_it_lost_its_store_only_says_so():
+    assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).says_store_lost
+
+
+def test_the_stores_last_restart_in_place_is_seen():
+    body = pod("Running")
+    body["metadata"]["labels"]["elasticjob.dev/role"] = "rendezvous"
+    body["status"]["containerStatuses"] = [{"name": "rendezvous", "state": {"running": {}}, "lastState": {
+        "terminated": {"exitCode": 137, "finishedAt": "2026-11-22T23:01:45Z"}}}]
+    assert observe_pod(body).restarted_at.isoformat() == "2026-11-22T23:01:45+00:00"
 
 
 @pytest.mark.parametrize("extra, disruption", [

@@ -374,11 +374,22 @@ def test_pod_view_counts_terminating_pods_as_inactive():
 
 
 def test_agents_that_lost_their_store_are_replaced_without_charge():
-    pods = [rdzv(), failed(0, store_lost=True), failed(1, uid="x", store_lost=True)]
+    # The store's container was restarted in place 2 s ago, too briefly for the operator to see it stop serving.
+    store = rdzv(restarted_at=NOW - timedelta(seconds=2))
+    pods = [store, failed(0, says_store_lost=True), failed(1, uid="x")]
     result = plan(job(running_status()), pods)
     assert result.status.restarts == 0 and result.status.phase != "Failed"
     assert {f.reason for f in result.status.last_failures} == {"RendezvousLost"}
     assert deletes(result) == [("train-worker-0", 0), ("train-worker-1", 0)]
+
+
+def test_a_pod_saying_it_lost_its_store_waits_for_the_evidence_then_is_charged_without_it():
+    # The workload printed what torch prints when the store goes; the store never went.
+    early = plan(job(running_status()), [rdzv(), worker(0), failed(1, says_store_lost=True, ago=1)])
+    assert early.status.last_failures == [] and deletes(early) == [] and early.requeue_after <= 4
+    late = plan(job(running_status()), [rdzv(), worker(0), failed(1, says_store_lost=True, ago=6)])
+    assert [(f.reason, f.charged) for f in late.status.last_failures] == [("Error", True)]
+    assert late.status.restarts == 1
 
 
 def test_a_replacement_that_fails_at_once_is_a_new_restart():

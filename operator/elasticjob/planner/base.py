@@ -199,6 +199,10 @@ class Observed:
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == "worker"]
 
+    @property
+    def store_pod(self) -> PodView | None:
+        return next((p for p in self.pods if p.role == "rendezvous"), None)
+
 
 @dataclass
 class Plan:

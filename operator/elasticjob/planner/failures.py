@@ -22,14 +22,18 @@ INCIDENT_WINDOW = timedelta(seconds=15)
 INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost")
 # A group re-forms this long at most after a pod of it ended: its replacement is scheduled, imports torch, joins.
 REFORM_WINDOW = timedelta(seconds=60)
+# How long a failure that claims a lost store waits for the operator's own evidence of it.
+STORE_EVIDENCE_WAIT = timedelta(seconds=5)
 
 
-def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime) -> tuple[str, bool]:
-    """(reason, charged to the restart budget) of a worker pod that ended badly."""
+def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime,
+             store: PodView | None = None) -> tuple[str, bool]:
+    """(reason, charged to the restart budget) of a worker pod that ended badly. Whether its store was lost is
+    decided on the operator's own evidence, never on what the pod's log says (the workload writes it too)."""
     policy = job.ref.spec.failure_policy
     if pod.disruption:
         return pod.disruption, policy.count_infrastructure_failures
-    if pod.store_lost or rendezvous_just_lost(pod, status, now):
+    if rendezvous_just_lost(pod, status, now) or store_restarted_near(pod, store, now):
         return "RendezvousLost", False
     if pod.worker_exit_code in policy.fatal_exit_codes:
         return "FatalExitCode", True
@@ -44,6 +48,29 @@ def rendezvous_just_lost(pod: PodView, status: ElasticJobStatus, now: datetime) 
     """Agents exit about a second after their store goes away; failures that close to it are its doing."""
     lost = since(status.rendezvous.last_lost_time, pod.finished_at or now)
     return lost is not None and -INCIDENT_WINDOW <= lost <= INCIDENT_WINDOW
+
+
+def awaiting_store_evidence(plan: Plan, pod: PodView, observed: Observed, now: datetime) -> bool:
+    """A pod that says it lost its store, while the operator has seen no loss yet: its failure can be seen before
+    the store's, so it is counted a little later, on whatever the operator has seen by then."""
+    if not pod.says_store_lost or rendezvous_just_lost(pod, plan.status, now):
+        return False
+    if store_restarted_near(pod, observed.store_pod, now):
+        return False
+    waited = now - (pod.finished_at or now)
+    if waited >= STORE_EVIDENCE_WAIT:
+        return False
+    plan.soon((STORE_EVIDENCE_WAIT - waited).total_seconds())
+    return True
+
+
+def store_restarted_near(pod: PodView, store: PodView | None, now: datetime) -> bool:
+    """The kubelet restarted the store's container around the pod's end: a blip too short for the operator to
+    have seen it stop serving, which its agents still lost their store to."""
+    if store is None or store.restarted_at is None:
+        return False
+    gap = (pod.finished_at or now) - store.restarted_at
+    return -INCIDENT_WINDOW <= gap <= INCIDENT_WINDOW
 
 
 def same_incident(generation: int | None, status: ElasticJobStatus, when: datetime) -> bool:
@@ -78,13 +105,15 @@ def account_failures(plan: Plan, job: Job, observed: Observed, training_done: bo
     counted = set(status.counted_failures)
     known = counted | {f.uid for f in status.last_failures}
     for pod in sorted((p for p in observed.workers if is_failed(p)), key=lambda p: p.name):
+        if pod.uid not in known and awaiting_store_evidence(plan, pod, observed, now):
+            continue
         if pod.uid not in known and not status.phase.finished:
             counted.add(pod.uid)
             if training_done:
                 # An agent exits 0 only when its workers succeeded: training is done, a straggler's exit is not.
                 record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
             else:
-                reason, charged = classify(pod, job, status, now)
+                reason, charged = classify(pod, job, status, now, observed.store_pod)
                 record_failure(plan, job, pod, reason, charged, now)
         if pod.phase == "Failed" and not pod.deleting:
             plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
