@@ -104,6 +104,7 @@ class StoreView:
     last_failure_round_at: datetime | None = None
     version: int = 0
     waiter_active: bool = False
+    nudges_off: str | None = None  # why the store turned its nudges off on its torch (compat.py); None: on
     received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
 
     @property

@@ -48,6 +48,12 @@ class _Node(_Strict):
         return value
 
 
+class _Torch(_Strict):
+    version: str = Field("", max_length=64)
+    nudges: bool = True
+    why: str = Field("", max_length=1000)
+
+
 class _State(_Strict):
     epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     round: int | None = Field(None, ge=0, le=1 << 40)
@@ -59,6 +65,7 @@ class _State(_Strict):
     last_failure_round_at: float | None = Field(None, alias="lastFailureRoundAt", ge=0, le=1e11)
     version: int = Field(0, ge=0, le=1 << 62)
     waiter_active: bool = Field(False, alias="waiterActive")
+    torch: _Torch | None = None  # absent from stores older than the check: they nudge as before
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | None:
@@ -76,8 +83,14 @@ def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | 
         waiting=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.waiting),
         failure_rounds=state.failure_rounds,
         last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None,
-        version=state.version, waiter_active=state.waiter_active,
+        version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
         received_at=received_at or datetime.now(timezone.utc))
+
+
+def _nudges_off(torch: _Torch | None) -> str | None:
+    if torch is None or torch.nudges:
+        return None
+    return torch.why or f"the store turned its nudges off on torch {torch.version or '(unknown)'}"
 
 
 def derive_token(key: bytes, job_uid: str) -> str:

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from elasticjob_store import actions
 from elasticjob_store.actions import Outcome
+from elasticjob_store.compat import Verdict
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import RendezvousState, decode, encode, state_key
@@ -43,8 +44,10 @@ class ConflictError(RuntimeError):
 class Control:
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
-                 stale_after: float = 1e9) -> None:
+                 stale_after: float = 1e9, verdict: Verdict | None = None) -> None:
         self.run_id = run_id
+        # Off on a torch the nudges were not proven on (compat.py): every nudge is then refused unread.
+        self.verdict = verdict or Verdict("", True, "not checked")
         self.stale_after = stale_after
         # Bumped whenever the summary the operator decides on changes; long-polls wait on `changed`.
         self.version = 0
@@ -82,6 +85,8 @@ class Control:
     def _decode(self, raw: bytes) -> RendezvousState | None:
         # The poller reads four times a second and the state rarely changes: decode each value once.
         # Actions copy before they change anything, so sharing the decoded object is safe.
+        if not self.verdict.nudges:
+            return None  # torch's private state is read only where its shape was proven (compat.py)
         cached_raw, cached_state = self._decoded
         if raw == cached_raw:
             return cached_state
@@ -111,7 +116,18 @@ class Control:
     def _utc(self, unix: float) -> datetime:
         return datetime.fromtimestamp(unix, timezone.utc)
 
+    def torch_report(self) -> dict:
+        return self.verdict.report()
+
+    def _refused(self, what: str) -> Outcome | None:
+        if self.verdict.nudges:
+            return None
+        self.log(f"{what}: refused, nudges are off ({self.verdict.why})")
+        return Outcome(None, False, f"nudges are off: {self.verdict.why}", refused=True)
+
     def remove(self, addr: str, heartbeat_before: float) -> Outcome:
+        if refused := self._refused(f"remove addr={addr}"):
+            return refused
         before = self._utc(heartbeat_before)
         outcome = self.apply(lambda state: actions.remove_node(state, addr, before, self.min_nodes,
                                                                self._members(state)))
@@ -126,6 +142,8 @@ class Control:
             return self.tracker.members(state.round)
 
     def complete(self, live_nodes: int) -> Outcome:
+        if refused := self._refused(f"complete liveNodes={live_nodes}"):
+            return refused
         now = self._utc(self.now())
         outcome = self.apply(lambda state: actions.complete_round(state, live_nodes, self.min_nodes,
                                                                   self.max_nodes, now))
@@ -133,6 +151,8 @@ class Control:
         return outcome
 
     def restart(self, round_seen: int) -> Outcome:
+        if refused := self._refused(f"restart round={round_seen}"):
+            return refused
         now = self.now()
         # Recorded before the write: the poller must not take out a waiter it has not been told about.
         with self.lock:

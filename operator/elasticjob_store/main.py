@@ -62,20 +62,32 @@ def main() -> None:
 
     import torch.distributed as dist
 
-    from elasticjob_store.control import Control, start_poller
+    from elasticjob_store import compat
     from elasticjob_store.auth import Credential
-    from elasticjob_store.server import make_server
+
+    verdict = compat.probe()
+    print(f"elasticjob rendezvous store: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
+    try:
+        from elasticjob_store.control import Control, start_poller
+        from elasticjob_store.server import make_server
+    except ImportError as err:  # this torch lacks a name the state decoder imports: plain c10d only
+        verdict = compat.Verdict(verdict.torch, False, f"{verdict.why}; {err}")
+        Control = start_poller = make_server = None
 
     # Listens on every address whatever the host; the host is where the store's own client connects.
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                           timeout=timedelta(seconds=read_timeout))
-    control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
-                      stale_after=stale_ms / 1000)
     credential = Credential.from_env()
-    server = make_server(control, "", port + 1, credential)
+    if Control is None:
+        from elasticjob_store.plain import make_plain_server
+        server = make_plain_server(verdict, "", port + 1, credential)
+    else:
+        control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
+                          stale_after=stale_ms / 1000, verdict=verdict)
+        server = make_server(control, "", port + 1, credential)
+        start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
-    start_poller(control, threading.Event())
     auth = "token required" if credential.configured() else "no token configured: control requests refused"
     print(f"elasticjob rendezvous store listening on port {port}, control on {port + 1} ({auth}); "
           f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)

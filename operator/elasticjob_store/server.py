@@ -107,7 +107,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         with control.lock:
             return describe(state, control.tracker, now=control.now(), epoch=epoch, run_id=control.run_id,
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
-                            stale_after=control.stale_after)
+                            stale_after=control.stale_after, torch=control.torch_report())
 
     def remove(body: Any, _query: Any) -> dict[str, Any]:
         args = _fields(body, {"addr": _ip, "heartbeatBefore": _unix_time})

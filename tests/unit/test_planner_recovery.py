@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from factory import NOW, job, observed, rdzv, running_status, worker
@@ -137,3 +138,23 @@ def test_the_last_agent_of_a_round_is_never_cut_off_for_its_silence():
 def test_agents_all_silent_together_are_the_stores_problem_not_a_partition():
     result = plan([worker(0), worker(1)], view(node(0, age=7.0), node(1, age=7.0)))
     assert "restart" not in [k for k, _ in nudges(result)]
+
+
+def test_a_store_with_its_nudges_off_gets_none_and_the_job_says_why_once():
+    why = "torch 2.5.1+cu124's rendezvous keeps naive (timezone-less) times, which the store does not rewrite"
+    store = dataclasses.replace(view(node(0), node(1), node(2)), nudges_off=why)
+    result = plan([worker(0), killed(1), worker(2)], store, replicas=3)
+    assert nudges(result) == []
+    cond = next(c for c in result.status.conditions if c.type == "RendezvousNudges")
+    assert (cond.status, cond.reason) == ("False", "TorchUnsupported") and "2.5.1+cu124" in cond.message
+    (event,) = [e for e in result.events if e.reason == "RendezvousNudgesOff"]
+    assert event.type == "Warning" and "2.5.1+cu124" in event.message
+    status = result.status.model_dump(by_alias=True, exclude_none=True)
+    again = planner.plan(job(status, replicas=3), observed([rdzv(), worker(0), killed(1), worker(2)],
+                                                           store=store), NOW)
+    assert [e for e in again.events if e.reason == "RendezvousNudgesOff"] == []
+
+
+def test_a_store_with_its_nudges_on_adds_no_condition():
+    result = plan([worker(0), killed(1), worker(2)], view(node(0), node(1), node(2)), replicas=3)
+    assert nudges(result) and not any(c.type == "RendezvousNudges" for c in result.status.conditions)

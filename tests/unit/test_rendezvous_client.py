@@ -118,3 +118,11 @@ def test_nothing_listening_is_unknown():
 
     state, reply = asyncio.run(talk())
     assert state is None and "error" in reply
+
+
+def test_a_store_that_turned_its_nudges_off_says_why():
+    off = {**GOOD, "torch": {"version": "2.5.1+cu124", "nudges": False, "why": "torch 2.5.1+cu124 is old"}}
+    assert rendezvous_client.parse_state(json.dumps(off).encode()).nudges_off == "torch 2.5.1+cu124 is old"
+    on = {**GOOD, "torch": {"version": "2.13.0", "nudges": True, "why": "checked"}}
+    assert rendezvous_client.parse_state(json.dumps(on).encode()).nudges_off is None
+    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).nudges_off is None  # an older store

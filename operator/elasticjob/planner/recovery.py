@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from elasticjob import torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
-from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, stamp
+from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, set_condition, stamp
 from elasticjob.planner.failures import charge, remember
 
 def stale_after(job: Job) -> float:
@@ -35,14 +35,35 @@ def dead_after(job: Job) -> float:
     return float(rdzv.keep_alive_interval_seconds * rdzv.keep_alive_max_attempts)
 
 
+NUDGES = "RendezvousNudges"
+
+
 def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     store = observed.store
     endpoint = control_endpoint(plan, job)
-    if store is None or store.round is None or store.closed or endpoint is None:
+    if store is not None:
+        show_nudges(plan, job, store, now)
+    if store is None or store.nudges_off or store.round is None or store.closed or endpoint is None:
         return
     removed = remove_dead(plan, job, observed, store, endpoint, now)
     removed |= restart_after_cut_off(plan, job, observed, store, endpoint, now)
     complete_early(plan, job, observed, store, endpoint, removed)
+
+
+def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
+    """A store that turned its nudges off (its torch is not one they were proven on) gets none, and the job
+    says so once: torch's own timing alone then decides how fast it recovers."""
+    was = next((c for c in plan.status.conditions if c.type == NUDGES), None)
+    if store.nudges_off is None:
+        if was is not None and was.status != "True":  # a new store, on a torch they work on
+            set_condition(plan.status, NUDGES, True, "Enabled", "the store accepts the operator's nudges", now,
+                          job.generation)
+        return
+    message = f"{store.nudges_off}; recovery waits on torch's own timeouts (no removals, early round ends or " \
+              f"restarts by the operator)"
+    if was is None or was.status != "False" or was.message != message:
+        plan.warn("RendezvousNudgesOff", message)
+    set_condition(plan.status, NUDGES, False, "TorchUnsupported", message, now, job.generation)
 
 
 def control_endpoint(plan: Plan, job: Job) -> str | None:

@@ -1,0 +1,134 @@
+"""Whether this torch is one the store may nudge: checked once at start, before any nudge is accepted.
+
+The nudges (remove, complete, restart) rewrite torch's private, pickled `_RendezvousState` in place. They are
+only as safe as the match between what state.py and actions.py assume and what this torch's agents do, so
+the store turns them off unless (1) torch's version is in the range `make compat` has run against, and (2)
+torch's own rendezvous backend and handler, driven in memory here, agree with our decoder, encoder and
+waiter. Off, the store still serves plain c10d (the agents need nothing else) and says why in GET /v1/state.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+# The torch minors the nudges were run against (`make compat`; README "Torch versions"). Inclusive.
+SUPPORTED = ((2, 6), (2, 13))
+RANGE_TEXT = f"{SUPPORTED[0][0]}.{SUPPORTED[0][1]} to {SUPPORTED[1][0]}.{SUPPORTED[1][1]}"
+_PROBE_RUN = "elasticjob-compat-probe"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    torch: str  # torch.__version__, or "" when torch could not be imported
+    nudges: bool
+    why: str  # on: what was checked; off: what failed
+
+    def report(self) -> dict:
+        """The `torch` object of GET /v1/state."""
+        return {"version": self.torch, "nudges": self.nudges, "why": self.why}
+
+
+def minor(version: str) -> tuple[int, int] | None:
+    """(2, 5) for "2.5.1+cu124"; None for what is not a torch release number."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def in_range(version: str) -> bool:
+    found = minor(version)
+    return found is not None and SUPPORTED[0] <= found <= SUPPORTED[1]
+
+
+def probe() -> Verdict:
+    """The verdict for the torch this process imports. Never raises: any surprise turns the nudges off."""
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001 - the store cannot even serve c10d; main reports it
+        return Verdict("", False, f"torch does not import: {type(err).__name__}: {err}")
+    version = str(getattr(torch, "__version__", ""))
+    if not in_range(version):
+        return Verdict(version, False, f"torch {version} is outside the range the nudges were tested on "
+                                       f"({RANGE_TEXT})")
+    try:
+        _round_trip()
+        _waiter_is_seen()
+    except TypeError as err:
+        if "offset-naive and offset-aware" not in str(err):
+            return Verdict(version, False, f"torch {version}'s rendezvous is not the one known: TypeError: {err}")
+        # torch before 2.6 stamps heartbeats and deadlines with naive datetime.utcnow(); the decoder reads the
+        # timezone-aware times torch writes since, and mixing the two would break the agents' comparisons.
+        return Verdict(version, False, f"torch {version}'s rendezvous keeps naive (timezone-less) times, which "
+                                       f"the store does not rewrite")
+    except Exception as err:  # noqa: BLE001 - any mismatch with torch's internals
+        return Verdict(version, False, f"torch {version}'s rendezvous is not the one known: "
+                                       f"{type(err).__name__}: {err}")
+    return Verdict(version, True, f"torch {version}: the rendezvous state round-trips and the restart waiter "
+                                  f"is seen")
+
+
+def _sample_state():
+    from elasticjob_store.state import NodeDesc, RendezvousState
+
+    now = datetime.now(timezone.utc)
+    alive, waiting = NodeDesc("10.0.0.1", 7, 0), NodeDesc("10.0.0.2", 8, 0)
+    state = RendezvousState()
+    state.round, state.complete, state.deadline = 3, True, now - timedelta(seconds=1)
+    state.participants = {alive: 0}
+    state.wait_list = {waiting}
+    state.last_heartbeats = {alive: now, waiting: now}
+    return state
+
+
+def _backend():
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    store = dist.HashStore()
+    return store, C10dRendezvousBackend(store, _PROBE_RUN)
+
+
+def _round_trip() -> None:
+    """torch's backend writes a state as its agents do; we decode it, encode it back with compare-and-set,
+    and torch's backend reads our write as the same state."""
+    from elasticjob_store.state import NO_STATE, decode, encode, state_key
+
+    store, backend = _backend()
+    key = state_key(_PROBE_RUN)
+    empty = store.get(key)
+    if empty != NO_STATE:
+        raise AssertionError(f"the backend's empty state is {empty!r}, not {NO_STATE!r}")
+    sent = _sample_state()
+    backend.set_state(pickle.dumps(sent))
+    raw = store.get(key)
+    ours = encode(decode(raw))
+    if store.compare_set(key, raw, ours) != ours:
+        raise AssertionError("compare_set did not take our write")
+    got, _token = backend.get_state()
+    back = pickle.loads(got)
+    if vars(back) != vars(sent):
+        raise AssertionError("torch's backend read our write as a different state")
+    if base64.b64decode(ours) != pickle.dumps(sent):
+        raise AssertionError("our encoding differs from the agents'")
+
+
+def _waiter_is_seen() -> None:
+    """The restart nudge works only if torch's handler counts our waiter as a node waiting to join."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from elasticjob_store import actions
+    from elasticjob_store.state import encode, state_key
+
+    store, backend = _backend()
+    now = datetime.now(timezone.utc)
+    state = actions.add_waiter(_sample_state(), 3, now).state
+    state.wait_list.clear()
+    state.wait_list.add(actions.WAITER)
+    store.set(state_key(_PROBE_RUN), encode(state))
+    handler = DynamicRendezvousHandler.from_backend(_PROBE_RUN, store, backend, 1, 3)
+    waiting = handler.num_nodes_waiting()
+    if waiting != 1:
+        raise AssertionError(f"torch's handler sees {waiting} node(s) waiting with our waiter, not 1")

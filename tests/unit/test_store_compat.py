@@ -1,0 +1,116 @@
+"""The store on a torch its nudges were not proven on: `python -m elasticjob_store` with torch altered at start
+(a sitecustomize), then asked as the operator asks. It must serve c10d, say why, and refuse every nudge."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from elasticjob_store import compat
+from helpers import wait_for
+
+TOKEN = "compat-token"
+# Run in the store process before its main: each makes this torch look like another one.
+ALTERATIONS = {
+    "a version outside the range": "import torch; torch.__version__ = '2.99.0'",
+    "a missing private name": ("from torch.distributed.elastic.rendezvous import dynamic_rendezvous as d; "
+                               "del d._RendezvousState"),
+    "another state shape": ("from torch.distributed.elastic.rendezvous import dynamic_rendezvous as d; "
+                            "init = d._RendezvousState.__init__\n"
+                            "def more(self):\n    init(self); self.generation = 0\n"
+                            "d._RendezvousState.__init__ = more"),
+}
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=10)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def store(tmp_path):
+    started = []
+
+    def start(alteration: str | None) -> int:
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        if alteration:
+            (site / "sitecustomize.py").write_text(alteration + "\n")
+        port = free_port_pair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+               "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": "compat",
+               "ELASTICJOB_RDZV_TOKEN_SHA256": hashlib.sha256(TOKEN.encode()).hexdigest()}
+        log = open(tmp_path / "store.log", "wb")
+        started.append(subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=log,
+                                        stderr=subprocess.STDOUT))
+        wait_for(lambda: request(port, "GET", "/v1/state"), 60, "the store's control endpoint",
+                 ignore=(OSError,))
+        return port
+
+    yield start
+    for proc in started:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("name", list(ALTERATIONS))
+def test_an_unproven_torch_gets_plain_c10d_and_no_nudges(store, tmp_path, name):
+    port = store(ALTERATIONS[name])
+    # The agents' side still works: a client can use the store.
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("agent-key", b"v")
+    assert client.get("agent-key") == b"v"
+    status, state = request(port, "GET", "/v1/state")
+    assert status == 200 and state["torch"]["nudges"] is False, state
+    assert state["round"] is None
+    for action, body in [("remove", {"addr": "10.0.0.1", "heartbeatBefore": 1.0}),
+                         ("complete", {"liveNodes": 1}), ("restart", {"round": 0})]:
+        status, answer = request(port, "POST", f"/v1/{action}", body)
+        assert (status == 409 and "nudges are off" in answer["error"]) or (
+            status == 200 and answer.get("changed") is False and "nudges are off" in json.dumps(answer)), answer
+    assert "nudges OFF" in (tmp_path / "store.log").read_text()
+
+
+def test_the_version_is_named_in_the_report(store):
+    status, state = request(store(ALTERATIONS["a version outside the range"]), "GET", "/v1/state")
+    assert state["torch"]["version"] == "2.99.0" and "2.99.0 is outside" in state["torch"]["why"]
+
+
+def test_this_torch_is_proven():
+    verdict = compat.probe()
+    assert verdict.nudges, verdict.why
+
+
+@pytest.mark.parametrize("version, inside", [("2.5.1+cu124", False), ("2.6.0", True), ("2.13.0+cpu", True),
+                                             ("2.14.0", False), ("3.0.0", False), ("garbage", False)])
+def test_the_range_is_by_minor(version, inside):
+    assert compat.in_range(version) is inside
