@@ -14,10 +14,11 @@ so the interval grows with the job: POLL_FLOOR for small jobs, torch's 1 s from 
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from collections.abc import Callable
+
+from elasticjob_warm import compat
 
 POLL_ENV = "ELASTICJOB_RDZV_POLL_SECONDS"
 TORCH_POLL = 1.0
@@ -44,10 +45,10 @@ def quicken(poll: float) -> Callable[[], None] | None:
     rendezvous is not the one this was written against (it is then left as it is)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 
-    holder = rdzv._BackendRendezvousStateHolder
-    torch_delay, torch_init = getattr(rdzv, "_delay", None), holder.__init__
-    if torch_delay is None or "cache_duration" not in inspect.signature(torch_init).parameters:
+    if compat.polling_problem(rdzv) is not None:
         return None
+    holder = rdzv._BackendRendezvousStateHolder
+    torch_delay, torch_init = rdzv._delay, holder.__init__
 
     def delay(seconds: float | tuple[float, float]) -> None:  # torch passes it by name
         # The op executor's poll is the only caller that asks for exactly TORCH_POLL.

@@ -12,14 +12,19 @@ from __future__ import annotations
 import os
 import sys
 
-from elasticjob_warm import client, polling, protocol
+from elasticjob_warm import client, compat, polling, protocol
 
 
 def main(argv: list[str]) -> int:
+    if problem := compat.version_problem(compat.torch_version()):
+        return plain(argv, problem)
     start_server()
     from torch.distributed import run  # after the server has started importing torch beside us
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    if problem := compat.agent_problem(run):
+        # The server started above idles and leaves with this process: no worker asks it for anything.
+        return plain(argv, problem)
     args = run.parse_args(argv)
     if args.no_python:
         print("elasticjob_warm.torchrun: --no-python runs no Python worker to start warm; use torchrun itself",
@@ -35,6 +40,14 @@ def main(argv: list[str]) -> int:
     args.training_script, args.module = "elasticjob_warm", True
     record(run.run)(args)
     return 0
+
+
+def plain(argv: list[str], why: str) -> int:
+    """torchrun itself, in this process (same pid, same exit status), with nothing of ours patched in."""
+    print(f"elasticjob_warm.torchrun: running plain torchrun (no warm worker starts, no shorter rendezvous "
+          f"polls): {why}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
+    return 127  # not reached: execv replaces this process or raises
 
 
 def start_server() -> None:
