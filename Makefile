@@ -47,6 +47,11 @@ else
 	$(PY) -m pytest tests/e2e -p no:cacheprovider
 endif
 
+compat: ## Opt-in, not in `make test`: rendezvous scenarios vs each torch (VERSIONS=2.7.1,2.13.0), local processes; venvs cached in ~/.cache/elasticjob/compat (PyPI's CUDA builds: about 3 GB and 5-7 GB each)
+	python3 tests/compat/run.py --markdown $(if $(VERSIONS),--versions $(VERSIONS))
+
+.PHONY: compat
+
 run: $(VENV)/.installed ## Local cluster, the operator by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
 	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
 

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from elasticjob_store import compat
 from helpers import wait_for
 
+# Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
+in_range_only = pytest.mark.skipif(os.environ.get("COMPAT_EXPECT") == "off", reason="this torch is outside the range")
 TOKEN = "compat-token"
 # Run in the store process before its main: each makes this torch look like another one.
 ALTERATIONS = {
@@ -105,6 +107,7 @@ def test_the_version_is_named_in_the_report(store):
     assert state["torch"]["version"] == "2.99.0" and "2.99.0 is outside" in state["torch"]["why"]
 
 
+@in_range_only
 def test_this_torch_is_proven():
     verdict = compat.probe()
     assert verdict.nudges, verdict.why

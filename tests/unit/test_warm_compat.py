@@ -15,6 +15,8 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 from elasticjob_store import compat as store_compat
 from elasticjob_warm import compat
 
+# Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
+in_range_only = pytest.mark.skipif(os.environ.get("COMPAT_EXPECT") == "off", reason="this torch is outside the range")
 REPORT = textwrap.dedent("""
     import json, os, sys
     json.dump({"parent": os.getppid(), "preloaded": "decimal" in sys.modules}, open(sys.argv[1], "w"))
@@ -54,12 +56,14 @@ def test_an_unknown_torch_runs_plain_torchrun(tmp_path):
     assert "rendezvous polled every" not in log and not (tmp_path / "warm.sock").exists()
 
 
+@in_range_only
 def test_a_known_torch_runs_warm(tmp_path):
     proc, report, log = torchrun(tmp_path, None)
     assert report["preloaded"] and report["parent"] != proc.pid
     assert "running plain torchrun" not in log
 
 
+@in_range_only
 def test_this_torch_passes_every_check():
     assert compat.version_problem(compat.torch_version()) is None
     assert compat.agent_problem(run) is None and compat.polling_problem(rdzv) is None
