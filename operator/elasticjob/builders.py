@@ -20,6 +20,8 @@ AGENT_RESTART_BACKSTOP = 10000
 # The one NetworkPolicy per namespace that fences every store in it (see network_policy).
 NAMESPACE_POLICY = "elasticjob-rendezvous"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "elasticjob-operator"}
+# Who writes the rendezvous Service's EndpointSlice (Kubernetes' own controller leaves other managers' slices be).
+ENDPOINTS_MANAGER = "elasticjob-operator"
 # Pod Security "restricted" for the store pod, whatever the namespace enforces.
 STORE_USER = 65532
 STORE_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -231,6 +233,8 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
 
 
 def rendezvous_service(job: JobRef) -> dict[str, Any]:
+    """No selector: a selector routes to any ready pod with the store's labels, which anyone who may create pods
+    can set. The operator writes the one endpoint itself (rendezvous_endpoints), from the store pod it made."""
     port = job.spec.rendezvous.port
     return {
         "apiVersion": "v1",
@@ -239,10 +243,32 @@ def rendezvous_service(job: JobRef) -> dict[str, Any]:
                      "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
         "spec": {
             "type": "ClusterIP",
-            "selector": naming.rendezvous_labels(job.name),
             "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"},
                       {"name": "control", "port": port + 1, "targetPort": port + 1, "protocol": "TCP"}],
         },
+    }
+
+
+def rendezvous_endpoints(job: JobRef, store: tuple[str, str, str] | None) -> dict[str, Any]:
+    """The EndpointSlice behind the rendezvous Service: the (name, uid, ip) of the store pod the operator made,
+    or no endpoint while it has none."""
+    port, name = job.spec.rendezvous.port, naming.rendezvous_name(job.name)
+    endpoints = []
+    if store is not None:
+        pod, uid, ip = store
+        endpoints = [{"addresses": [ip], "conditions": {"ready": True},
+                      "targetRef": {"kind": "Pod", "name": pod, "namespace": job.namespace, "uid": uid}}]
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": job.namespace,
+                     "labels": {**naming.job_labels(job.name), "kubernetes.io/service-name": name,
+                                "endpointslice.kubernetes.io/managed-by": ENDPOINTS_MANAGER},
+                     "ownerReferences": [owner_reference(job)]},
+        "addressType": "IPv6" if store is not None and ":" in store[2] else "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "rendezvous", "port": port, "protocol": "TCP"},
+                  {"name": "control", "port": port + 1, "protocol": "TCP"}],
     }
 
 

@@ -24,7 +24,8 @@ CLIENT_CONNECTIONS = 32
 CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
 # Every kind of object the jobs own -> its plural (the path of its collection).
 PLURALS = {"Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
-           **CUSTOM_PLURALS}
+           "EndpointSlice": "endpointslices", **CUSTOM_PLURALS}
+FIELD_MANAGER = "elasticjob-operator"
 # How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
 QUOTA_MARKER = "exceeded quota"
 
@@ -128,6 +129,13 @@ class Kube:
             return _json(await self._send("POST", url_path, body=manifest))
         except Conflict:
             return None
+
+    async def apply(self, manifest: dict[str, Any]) -> None:
+        """Server-side apply of a whole object this operator keeps (created when missing), forced."""
+        meta = manifest["metadata"]
+        url_path = rest.resource(manifest["apiVersion"], meta["namespace"], PLURALS[manifest["kind"]], meta["name"])
+        await self._send("PATCH", url_path, body=manifest, content_type=rest.APPLY_PATCH,
+                         query={"fieldManager": FIELD_MANAGER, "force": True})
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None) -> bool:
         """Delete that very pod (by uid, so a replacement of the same name is never hit); gone is done."""

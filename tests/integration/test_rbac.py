@@ -32,6 +32,7 @@ OPERATOR_NEEDS = [
     ("delete", "", "pods", ""), ("get", "", "pods", "log"),
     ("get", "", "services", ""), ("list", "", "services", ""), ("watch", "", "services", ""),
     ("create", "", "services", ""), ("delete", "", "services", ""),
+    ("create", "discovery.k8s.io", "endpointslices", ""), ("patch", "discovery.k8s.io", "endpointslices", ""),
     ("create", "networking.k8s.io", "networkpolicies", ""),
     ("create", "", "events", ""),
 ]

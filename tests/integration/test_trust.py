@@ -8,6 +8,7 @@ own do.
 from __future__ import annotations
 
 from helpers import wait_for
+from kubernetes import client
 
 from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
@@ -73,3 +74,27 @@ def test_forged_pods_change_nothing(api, namespace, operator):
         "train-worker-0", "train-worker-1", "train-worker-2"]
     # The forged pods are left alone: not the operator's to count, and not its to delete either.
     assert "gone" not in phases(api, namespace, forged).values()
+
+
+def slice_addresses(kube, namespace: str, service: str) -> list[str]:
+    slices = client.DiscoveryV1Api(kube).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}").items
+    return sorted(a for s in slices for e in s.endpoints or [] for a in e.addresses)
+
+
+def test_a_pod_labelled_as_the_store_gets_no_traffic(api, namespace, operator, kube):
+    create(api, namespace, job_manifest("train"))
+    wait_phase(api, namespace, "train", "Running")
+    store = wait_for(lambda: pods(api, namespace, "rendezvous"), 30, "the store pod", until=lambda p: len(p) == 1)[0]
+    job = get_job(api, namespace, "train")
+    impostor = forged_pod(job, "train-fake-rdzv", ["python", "-c", "import time; time.sleep(3600)"],
+                          role="rendezvous")
+    del impostor["metadata"]["labels"]["elasticjob.dev/replica-index"]
+    api[1].create_namespaced_pod(namespace, impostor)
+    wait_for(lambda: api[1].read_namespaced_pod("train-fake-rdzv", namespace).status, 60, "the impostor ready",
+             until=lambda s: any(c.type == "Ready" and c.status == "True" for c in s.conditions or []))
+    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train", {"spec": {"replicas": 3}})
+    status = wait_for(lambda: status_of(api, namespace, "train"), 60, "3 workers ready",
+                      until=lambda s: s.get("readyReplicas") == 3 and s.get("observedGeneration") == 2)
+    assert slice_addresses(kube, namespace, "train-rdzv") == [store.status.pod_ip]
+    assert (status["phase"], status["restarts"], status["rendezvous"]["restarts"]) == ("Running", 0, 0)

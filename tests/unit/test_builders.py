@@ -120,7 +120,14 @@ def test_rendezvous_image_can_be_overridden():
     assert pod["spec"]["containers"][0]["image"] == "torch-store:2.13"
 
 
-def test_rendezvous_service_selects_only_the_store():
+def test_rendezvous_service_routes_only_where_the_operator_says():
     svc = builders.rendezvous_service(ref())
-    assert svc["spec"]["selector"] == {"elasticjob.dev/job-name": "train", "elasticjob.dev/role": "rendezvous"}
+    assert "selector" not in svc["spec"]  # labels route to anyone's pod
     assert [p["port"] for p in svc["spec"]["ports"]] == [29400, 29401]
+    endpoints = builders.rendezvous_endpoints(ref(), ("train-rdzv", "uid-r", "10.244.1.7"))
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert [e["addresses"] for e in endpoints["endpoints"]] == [["10.244.1.7"]]
+    assert endpoints["endpoints"][0]["targetRef"]["uid"] == "uid-r"
+    assert [(p["name"], p["port"]) for p in endpoints["ports"]] == [(p["name"], p["targetPort"])
+                                                                     for p in svc["spec"]["ports"]]
+    assert builders.rendezvous_endpoints(ref(), None)["endpoints"] == []

@@ -47,6 +47,7 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {"create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"create"},
     ("", "events"): {"create"},
 }

@@ -78,13 +78,25 @@ def test_a_new_store_counts_from_zero_and_its_past_is_not_charged_twice():
 
 @pytest.mark.parametrize("rounds, max_restarts, phase", [(2, 3, "Running"), (4, 3, "Failed")])
 def test_a_worker_failing_at_every_start_uses_up_the_budget(rounds, max_restarts, phase):
-    result = plan(job(running_status(), maxRestarts=max_restarts), [rdzv(), worker(0), worker(1)],
-                  store=store(failure_rounds=rounds))
+    result = plan(job(running_status(), maxRestarts=max_restarts), [rdzv(), worker(0), worker(1)])
+    for answer in range(1, rounds + 1):  # the store answers the operator's long-poll at each round
+        result = planner.plan(again(result), observed([rdzv(), worker(0), worker(1)],
+                                                      store=store(failure_rounds=answer)),
+                              NOW + timedelta(seconds=5 * answer))
     assert result.status.restarts == rounds and result.status.phase == phase
     if phase == "Failed":
         assert result.status.reason == "MaxRestartsExceeded"
         # The group is stopped: the operator alone enforces the budget, agents never give up by themselves.
         assert ("train-worker-0", None) in deletes(result) and ("train-rdzv", None) in deletes(result)
+
+
+def test_one_answer_is_charged_one_round_whatever_it_reports():
+    result = plan(job(running_status()), [rdzv(), worker(0), worker(1)], store=store(failure_rounds=1_000_000))
+    assert result.status.restarts == 1 and result.status.phase == "Running"
+    assert "reported 1000000 new rounds at once, 1 charged" in result.status.last_failures[-1].message
+    steady = planner.plan(again(result), observed([rdzv(), worker(0), worker(1)],
+                                                  store=store(failure_rounds=1_000_000)), NOW + timedelta(seconds=5))
+    assert steady.status.restarts == 1
 
 
 def test_quick_successive_in_place_restarts_are_each_charged():

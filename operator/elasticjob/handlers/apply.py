@@ -57,6 +57,24 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], body: 
     return applied
 
 
+def unapplied(applied: dict[tuple[str, str], dict[str, Any]], actions: list[planner.Action]) -> list[planner.Action]:
+    """The plan less the objects to apply that are as this operator last applied them; an empty EndpointSlice is
+    never the first thing written (nothing to take back: the Service has routed nowhere yet)."""
+    def needed(action: planner.Action) -> bool:
+        if not isinstance(action, planner.ApplyObject):
+            return True
+        manifest = action.manifest
+        last = applied.get((manifest["kind"], manifest["metadata"]["name"]))
+        return manifest != last and not (last is None and not manifest.get("endpoints", True))
+    return [a for a in actions if needed(a)]
+
+
+def remember_applied(applied: dict[tuple[str, str], dict[str, Any]], actions: list[planner.Action]) -> None:
+    for action in actions:
+        if isinstance(action, planner.ApplyObject):
+            applied[(action.manifest["kind"], action.manifest["metadata"]["name"])] = action.manifest
+
+
 def merged(events: list[planner.Event]) -> list[planner.Event]:
     """One Event per (type, reason), its messages joined, in the order first seen."""
     by_reason: dict[tuple[str, str], list[str]] = {}
@@ -82,6 +100,9 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
                                     f"{action.manifest['apiVersion']} {action.manifest['kind']}") from None
             log.warning(f"could not create {action.manifest['kind']}: {exc.message}")
             return None
+    if isinstance(action, planner.ApplyObject):
+        await kube.apply(action.manifest)
+        return True
     if isinstance(action, planner.DeletePod):
         return await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds) or None
     if isinstance(action, planner.CollectLeftover):

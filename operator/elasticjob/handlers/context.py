@@ -47,6 +47,8 @@ class JobMemory:
     pod_groups: dict[str, tuple[PodGroupView | None, float]] = field(default_factory=dict)
     # The priority for Kueue, per (WorkloadPriorityClass label, pod priorityClassName) it was read for.
     priority: tuple[tuple, Priority | None] | None = None
+    # What this operator last applied, per kind and name (the rendezvous EndpointSlice): sent again only changed.
+    applied: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
 
 class NamespaceObjects:

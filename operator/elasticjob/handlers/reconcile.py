@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from elasticjob import k8s, metrics, planner
 from elasticjob.builders import JobRef
 from elasticjob.handlers import observing, scheduling, telemetry
-from elasticjob.handlers.apply import apply
+from elasticjob.handlers.apply import apply, remember_applied, unapplied
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.loops import JobLoop
 from elasticjob.mirror import without_managed_fields
@@ -115,8 +115,11 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
     for event in plan.events:
         ctx.post(body, event, log)
     scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens
+    actions = unapplied(memory.applied, plan.actions)
     try:
-        applied = await apply(ctx, ref, plan.actions, body, log)
+        applied = await apply(ctx, ref, actions, body, log)
+        if applied.refusal is None:
+            remember_applied(memory.applied, actions)
     except k8s.Invalid as exc:
         rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
                                                     f"template: {exc.message}", now)

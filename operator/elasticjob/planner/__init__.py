@@ -9,6 +9,7 @@ pods), gang (the workers' PodGroup), queueing (admission by Kueue).
 from elasticjob.planner.base import (
     RESYNC_SECONDS,
     Action,
+    ApplyObject,
     ApplyWorkloadStatus,
     CollectLeftover,
     CreateObject,
@@ -35,8 +36,8 @@ from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
-    "RESYNC_SECONDS", "Action", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject", "DefaultReplicas",
-    "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover", "Observed", "PatchObject",
-    "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "admit", "plan", "reject",
-    "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
+    "RESYNC_SECONDS", "Action", "ApplyObject", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject",
+    "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover",
+    "Observed", "PatchObject", "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "admit", "plan",
+    "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

@@ -137,8 +137,16 @@ class DeleteJob:
     pass
 
 
+@dataclass(frozen=True)
+class ApplyObject:
+    """Server-side apply of an object the job owns and the operator keeps as planned (the rendezvous Service's
+    EndpointSlice); sent only when it differs from what this operator last applied."""
+
+    manifest: dict
+
+
 Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction, DeleteObject,
-               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus, CollectLeftover]
+               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus, CollectLeftover, ApplyObject]
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:

@@ -22,6 +22,8 @@ INCIDENT_WINDOW = timedelta(seconds=15)
 INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost")
 # A group re-forms this long at most after a pod of it ended: its replacement is scheduled, imports torch, joins.
 REFORM_WINDOW = timedelta(seconds=60)
+# In-place restarts charged for one answer of the store, whatever it reports (see account_round_failures).
+MAX_ROUNDS_PER_ANSWER = 1
 # How long a failure that claims a lost store waits for the operator's own evidence of it.
 STORE_EVIDENCE_WAIT = timedelta(seconds=5)
 
@@ -170,14 +172,19 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
         return
     if store.epoch != seen.epoch:
         seen.epoch, seen.failure_rounds = store.epoch, 0
-    new = store.failure_rounds - seen.failure_rounds
-    if new <= 0:
+    reported = store.failure_rounds - seen.failure_rounds
+    if reported <= 0:
         return
     seen.failure_rounds = store.failure_rounds
+    # The store answers a long-poll at each round: more than one new round in one answer is a reply to distrust
+    # (a store that is not the job's, or a broken one), not a reason to fail the job at once.
+    new = min(reported, MAX_ROUNDS_PER_ANSWER)
     when = store.last_failure_round_at or now
     cause = root_cause(observed.round_failures, job.ref.spec.failure_policy.fatal_exit_codes)
     lost = lost_pod_before(plan.status, when)
     text = round_text(cause, new)
+    if reported > new:
+        text = f"{text}; the store reported {reported} new rounds at once, {new} charged"
     if lost is not None:
         text = f"{text}; the first is the group re-forming after pod {lost.pod} ended, already counted"
     charged = new - (lost is not None)

@@ -1,5 +1,5 @@
-"""The job's rendezvous: its Service, the store pod (its token's digest in its spec), the namespace's NetworkPolicy
-around the stores, and whether the store serves. Pure."""
+"""The job's rendezvous: its Service and the one endpoint behind it, the store pod (its token's digest in its
+spec), the namespace's NetworkPolicy around the stores, and whether the store serves. Pure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from datetime import datetime
 
 from elasticjob import builders, naming
 from elasticjob.builders import NO_PLACEMENT, Placement, Settings
+from elasticjob.observe import PodView, ServiceView
 from elasticjob.planner import ownership
-from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition, stamp
+from elasticjob.planner.base import (ApplyObject, CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition,
+                                     stamp)
 
 
 def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
@@ -27,6 +29,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
             plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings), per_namespace=True))
     elif service.cluster_ip:
         status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
+    route(plan, job, store, service)
     if store is None:
         store_manifest = builders.rendezvous_pod(job.ref, placement, token)
         plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
@@ -42,6 +45,17 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     set_condition(plan.status, "RendezvousReady", serving, "StoreReady" if serving else "StoreNotReady",
                   f"c10d store at {status.endpoint}" if serving else "waiting for the rendezvous pod",
                   now, job.generation)
+
+
+def route(plan: Plan, job: Job, store: PodView | None, service: ServiceView | None) -> None:
+    """The Service routes to the store pod the operator made, and to nothing else (a job started before the
+    operator signed its pods keeps its Service's selector)."""
+    if plan.status.owned_pods is None or service is None:
+        return
+    target = None
+    if store is not None and store.ip and store.phase == "Running" and not store.deleting:
+        target = (store.name, store.uid, store.ip)
+    plan.act(ApplyObject(builders.rendezvous_endpoints(job.ref, target)))
 
 
 def report_round(plan: Plan, observed: Observed) -> None:
