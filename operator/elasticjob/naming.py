@@ -34,6 +34,12 @@ def rendezvous_name(job: str) -> str:
     return f"{job}-rdzv"
 
 
+def alternate_name(name: str, uid: str) -> str:
+    """A pod's name while an earlier job of the same name still holds the usual one (its pods terminating after
+    `kubectl delete -f job.yaml && kubectl apply -f job.yaml`): the usual name and 5 characters of the uid."""
+    return f"{name}-{uid[:5]}"
+
+
 def job_labels(job: str) -> dict[str, str]:
     return {JOB_LABEL: job}
 

@@ -100,17 +100,19 @@ def test_a_job_recreated_under_the_same_name_does_not_inherit_the_old_ones_pods(
         wait_for(lambda: [j for j in api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]],
                  30, "the old job gone", until=lambda items: not items)
         new = create(api, namespace, job_manifest("train"))
-        # It gets a store of its own and keeps waiting for workers of its own: it has trained nothing.
-        status = wait_for(lambda: status_of(api, namespace, "train"), 60, "the new job's own store ready",
-                          until=lambda s: (s.get("rendezvous") or {}).get("ready"))
-        assert status["phase"] == "Pending" and not status.get("completionTime"), status
+        uid = new["metadata"]["uid"]
+        # It runs a store and workers of its own at once, under other names while the old ones hold theirs; the
+        # old job's completed workers do not make it Succeeded.
+        status = wait_for(lambda: status_of(api, namespace, "train"), 60, "the new job running on its own pods",
+                          until=lambda s: s.get("phase") == "Running" and s.get("readyReplicas") == 2)
+        assert not status.get("completionTime") and status["restarts"] == 0, status
         assert not events(api, namespace, "Succeeded") or all(
-            e.involved_object.uid != new["metadata"]["uid"] for e in events(api, namespace, "Succeeded"))
+            e.involved_object.uid != uid for e in events(api, namespace, "Succeeded"))
+        own = [p for p in pods(api, namespace) if p.metadata.owner_references[0].uid == uid]
+        assert sorted(p.metadata.name for p in own) == [f"train-worker-0-{uid[:5]}", f"train-worker-1-{uid[:5]}"]
     finally:
         hold(api, namespace, [n for n in leftovers if n in {p.metadata.name for p in
                                                              api[1].list_namespaced_pod(namespace).items}], [])
-    running = wait_pods(api, namespace, 2, timeout=90)
-    assert {p.metadata.owner_references[0].uid for p in running} == {new["metadata"]["uid"]}
     wait_phase(api, namespace, "train", "Running")
 
 

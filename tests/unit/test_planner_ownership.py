@@ -103,3 +103,18 @@ def test_an_owner_reference_of_another_api_names_no_job():
 def test_failed_forgeries_never_reach_the_count():
     forged = [failed(0, uid="evil"), worker(1, phase="Succeeded", uid="evil-2")]
     assert ownership.admit(forged, status([]), TOKEN) == []
+
+
+def test_names_an_earlier_job_still_holds_are_made_under_their_alternates():
+    taken = frozenset({"train-worker-0", "train-rdzv"})
+    first = planner.plan(job({"phase": "Pending"}), observed([], taken=taken), NOW, token=TOKEN)
+    suffix = UID[:5]
+    made = [f"train-rdzv-{suffix}", f"train-worker-0-{suffix}", "train-worker-1"]
+    assert creates(first) == made and first.status.rendezvous.pod == f"train-rdzv-{suffix}"
+    # The earlier job's pods are gone before the creates were seen: the same names are asked for again (409),
+    # never a second pod.
+    again = planner.plan(job(first.status.model_dump(by_alias=True, mode="json")), observed([]), NOW, token=TOKEN)
+    assert creates(again) == made
+    # Nothing taken: the usual names.
+    fresh = planner.plan(job({"phase": "Pending"}), observed([]), NOW, token=TOKEN)
+    assert creates(fresh) == ["train-rdzv", "train-worker-0", "train-worker-1"]

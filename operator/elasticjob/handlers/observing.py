@@ -21,13 +21,14 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     key = naming.job_key(ref.namespace, ref.name)
     token = ctx.stores.token(ref.uid)
     pods = planner.admit(ctx.mirror.owned_pods(key, ref.uid), job.status, token)
+    taken = frozenset(p.name for p in ctx.mirror.pods.of(key)) - {p.name for p in pods}
     service = planner.service_admitted(ctx.mirror.owned_service(key, ref.uid), job.status, token)
     store = read_store(ctx, job, pods, service)
     nodes = await node_readiness(ctx, planner.stuck_nodes(pods, now) | planner.suspect_nodes(job, pods, store, now))
     failures = await read_round_failures(ctx, memory, job, pods, store)
     refusal = memory.refusal
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
-                            leftovers=ctx.mirror.leftovers(key, ref.uid),
+                            leftovers=ctx.mirror.leftovers(key, ref.uid), taken=taken,
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
                             **await scheduling.observe(ctx, memory, job))

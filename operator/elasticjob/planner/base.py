@@ -202,6 +202,8 @@ class Observed:
     priority: Priority | None = None
     # Pods and Services under this job's name that an earlier job of that name left behind.
     leftovers: list[Leftover] = field(default_factory=list)
+    # Names of pods under this job's name that are not its own (an earlier job's, still terminating).
+    taken: frozenset[str] = frozenset()
 
     @property
     def workers(self) -> list[PodView]:

@@ -102,6 +102,17 @@ def allocate(status: ElasticJobStatus, name: str, token: str) -> int | None:
     return record.serial
 
 
+def pod_name(usual: str, uid: str, taken: frozenset[str], status: ElasticJobStatus) -> str:
+    """The name to make a pod under: the usual one, unless a pod that is not the job's holds it (an earlier
+    job's, still terminating), then its alternate; a making recorded but not yet seen keeps the name it was
+    asked under, so a create that is repeated never makes a second pod."""
+    alternate = naming.alternate_name(usual, uid)
+    pending = {r.name for r in status.owned_pods or [] if not r.uid}
+    if usual in pending or alternate in pending:
+        return usual if usual in pending and usual not in taken else alternate
+    return alternate if usual in taken else usual
+
+
 def sign(manifest: dict[str, Any], status: ElasticJobStatus, token: str) -> dict[str, Any]:
     """Number and mark a Pod or Service about to be created (in place)."""
     meta = manifest["metadata"]

@@ -16,12 +16,13 @@ from elasticjob.planner.base import (ApplyObject, CreateObject, DeletePod, Event
 def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
                       now: datetime, placement: Placement = NO_PLACEMENT) -> None:
     status = plan.status.rendezvous
-    status.pod = naming.rendezvous_name(job.ref.name)
     store = next((p for p in observed.pods if p.role == naming.ROLE_RENDEZVOUS), None)
+    usual = naming.rendezvous_name(job.ref.name)
+    status.pod = store.name if store else ownership.pod_name(usual, job.ref.uid, observed.taken, plan.status)
     service = observed.service
     if service is None:
         # Every job gets one at its start; an Event says so only when it was lost and is made again.
-        again = Event("Normal", "RendezvousCreated", f"created Service {status.pod} again for the c10d "
+        again = Event("Normal", "RendezvousCreated", f"created Service {usual} again for the c10d "
                                                      f"rendezvous store (was {status.endpoint})")
         service_manifest = ownership.sign(builders.rendezvous_service(job.ref), plan.status, token)
         plan.act(CreateObject(service_manifest, again if status.endpoint else None))
@@ -32,6 +33,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     route(plan, job, store, service)
     if store is None:
         store_manifest = builders.rendezvous_pod(job.ref, placement, token)
+        store_manifest["metadata"]["name"] = status.pod
         plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
         plan.act(DeletePod(store.name, store.uid, grace_seconds=0))

@@ -21,9 +21,11 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
     their gang is not ready yet)."""
     workers = observed.workers
     existing = {p.index for p in workers}
-    for index in (i for i in range(desired) if i not in existing):
+    names = {i: ownership.pod_name(naming.worker_pod_name(job.ref.name, i), job.ref.uid, observed.taken, plan.status)
+             for i in range(desired) if i not in existing}
+    for name in names.values():
         # Recorded now, with the status written before the pods exist (a new job's first write).
-        ownership.allocate(plan.status, naming.worker_pod_name(job.ref.name, index), token)
+        ownership.allocate(plan.status, name, token)
     for pod in workers:
         if pod.active and pod.index is not None and pod.index >= desired:
             plan.act(DeletePod(pod.name, pod.uid, event=Event(
@@ -33,11 +35,11 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
         plan.soon(1)
         return
     endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
-    for index in (i for i in range(desired) if i not in existing):
-        pod = ownership.sign(builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement),
-                             plan.status, token)
-        plan.act(CreateObject(pod, Event(
-            "Normal", "CreatedWorker", f"created worker pod {naming.worker_pod_name(job.ref.name, index)}")))
+    for index, name in names.items():
+        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement)
+        pod["metadata"]["name"] = name
+        plan.act(CreateObject(ownership.sign(pod, plan.status, token),
+                              Event("Normal", "CreatedWorker", f"created worker pod {name}")))
 
 
 def stop_all(plan: Plan, observed: Observed) -> None:
