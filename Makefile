@@ -91,10 +91,16 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 
 .PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
 
-images: ## Build the operator and worker images (needs Docker)
-	docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .
-	docker build -f images/worker-cpu.Dockerfile -t elasticjob-worker:cpu $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) .
-	docker build -f images/worker.Dockerfile -t elasticjob-worker:cuda .
+images: ## Build the images: with Docker when its daemon answers, else as tarballs (buildah; root)
+	@if docker info >/dev/null 2>&1; then \
+	  set -ex; \
+	  docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .; \
+	  docker build -f images/worker-cpu.Dockerfile -t elasticjob-worker:cpu $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) .; \
+	  docker build -f images/worker.Dockerfile -t elasticjob-worker:cuda .; \
+	else \
+	  echo "no Docker daemon: building docker-archive tarballs with buildah (python -m localcluster.imagebuild)" >&2; \
+	  $(PY) -m localcluster.imagebuild --torch-wheels $(WHEELS); \
+	fi
 
 chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check schemas, RBAC, docs table, hadolint
 	$(PY) charts/values_table.py

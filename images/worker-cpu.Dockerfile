@@ -24,4 +24,7 @@ COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
 # torch once (restarts without `import torch`).
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
 ENV PYTHONPATH=/opt/elasticjob
+# The rendezvous pod runs this image as the operator's store user (65532, runAsNonRoot); workers do too unless
+# their template says otherwise. train_ddp.py writes its checkpoints under /tmp by default.
+USER 65532:65532
 CMD ["torchrun", "/workspace/train_ddp.py"]
