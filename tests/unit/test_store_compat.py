@@ -7,11 +7,13 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -117,3 +119,11 @@ def test_this_torch_is_proven():
                                              ("2.14.0", False), ("3.0.0", False), ("garbage", False)])
 def test_the_range_is_by_minor(version, inside):
     assert compat.in_range(version) is inside
+
+
+def test_the_worker_images_default_torch_is_one_make_compat_runs_inside_the_range():
+    root = Path(__file__).resolve().parents[2]
+    base = re.search(r"^ARG BASE=pytorch/pytorch:(\S+?)-", (root / "images" / "worker.Dockerfile").read_text(),
+                     re.MULTILINE)[1]
+    assert compat.in_range(base)
+    assert f'"{base}"' in (root / "tests" / "compat" / "run.py").read_text()
