@@ -105,6 +105,7 @@ class StoreView:
     version: int = 0
     waiter_active: bool = False
     nudges_off: str | None = None  # why the store turned its nudges off on its torch (compat.py); None: on
+    plain_torchrun: str | None = None  # agents whose warm wrapper ran plain torchrun, and why; None: none did
     received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
 
     @property

@@ -48,10 +48,16 @@ class _Node(_Strict):
         return value
 
 
+class _Plain(_Strict):
+    agents: int = Field(0, ge=0, le=1 << 40)
+    why: str = Field("", max_length=1000)
+
+
 class _Torch(_Strict):
     version: str = Field("", max_length=64)
     nudges: bool = True
     why: str = Field("", max_length=1000)
+    plain_torchrun: _Plain | None = Field(None, alias="plainTorchrun")
 
 
 class _State(_Strict):
@@ -84,6 +90,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | 
         failure_rounds=state.failure_rounds,
         last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
+        plain_torchrun=_plain_torchrun(state.torch),
         received_at=received_at or datetime.now(timezone.utc))
 
 
@@ -91,6 +98,13 @@ def _nudges_off(torch: _Torch | None) -> str | None:
     if torch is None or torch.nudges:
         return None
     return torch.why or f"the store turned its nudges off on torch {torch.version or '(unknown)'}"
+
+
+def _plain_torchrun(torch: _Torch | None) -> str | None:
+    plain = torch.plain_torchrun if torch is not None else None
+    if plain is None or plain.agents == 0:
+        return None
+    return f"{plain.agents} agent start(s) ran plain torchrun instead of elasticjob_warm's: {plain.why}"
 
 
 def derive_token(key: bytes, job_uid: str) -> str:

@@ -19,6 +19,11 @@ from datetime import datetime, timedelta, timezone
 SUPPORTED = ((2, 6), (2, 13))
 RANGE_TEXT = f"{SUPPORTED[0][0]}.{SUPPORTED[0][1]} to {SUPPORTED[1][0]}.{SUPPORTED[1][1]}"
 _PROBE_RUN = "elasticjob-compat-probe"
+# What an agent whose warm wrapper fell back to plain torchrun leaves in this store (elasticjob_warm.notice;
+# a unit test keeps the two equal): a count of such agent starts and the last reason.
+PLAIN_KEY = "elasticjob.warm.plain"
+PLAIN_WHY_KEY = "elasticjob.warm.plain.why"
+MAX_WHY = 500
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Protocol
 
-from elasticjob_store import actions
+from elasticjob_store import actions, compat
 from elasticjob_store.actions import Outcome
-from elasticjob_store.compat import Verdict
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import RendezvousState, decode, encode, state_key
@@ -44,10 +43,10 @@ class ConflictError(RuntimeError):
 class Control:
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
-                 stale_after: float = 1e9, verdict: Verdict | None = None) -> None:
+                 stale_after: float = 1e9, verdict: compat.Verdict | None = None) -> None:
         self.run_id = run_id
         # Off on a torch the nudges were not proven on (compat.py): every nudge is then refused unread.
-        self.verdict = verdict or Verdict("", True, "not checked")
+        self.verdict = verdict or compat.Verdict("", True, "not checked")
         self.stale_after = stale_after
         # Bumped whenever the summary the operator decides on changes; long-polls wait on `changed`.
         self.version = 0
@@ -117,7 +116,17 @@ class Control:
         return datetime.fromtimestamp(unix, timezone.utc)
 
     def torch_report(self) -> dict:
-        return self.verdict.report()
+        return {**self.verdict.report(), "plainTorchrun": self._plain_torchrun()}
+
+    def _plain_torchrun(self) -> dict | None:
+        """Whether an agent's warm wrapper ran plain torchrun instead (it says so in this store)."""
+        with self._store_lock:
+            if not self._store.check([compat.PLAIN_KEY, compat.PLAIN_WHY_KEY]):  # get() would wait for both
+                return None
+            agents, why = self._store.get(compat.PLAIN_KEY), self._store.get(compat.PLAIN_WHY_KEY)
+        # Anyone who reaches the store's port can write these: they are shown, capped, and never acted on.
+        count = int(agents) if agents.isdigit() and len(agents) < 12 else 0
+        return {"agents": count, "why": why[:compat.MAX_WHY].decode(errors="replace")}
 
     def _refused(self, what: str) -> Outcome | None:
         if self.verdict.nudges:

@@ -10,9 +10,10 @@ there while the agent imports its own and waits for its round, and then runs tor
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
-from elasticjob_warm import client, compat, polling, protocol
+from elasticjob_warm import client, compat, notice, polling, protocol
 
 
 def main(argv: list[str]) -> int:
@@ -46,6 +47,10 @@ def plain(argv: list[str], why: str) -> int:
     """torchrun itself, in this process (same pid, same exit status), with nothing of ours patched in."""
     print(f"elasticjob_warm.torchrun: running plain torchrun (no warm worker starts, no shorter rendezvous "
           f"polls): {why}", file=sys.stderr, flush=True)
+    address = notice.endpoint(argv, dict(os.environ))
+    if address:  # the operator learns it through the job's store; torchrun must not wait for that
+        subprocess.Popen([sys.executable, "-m", "elasticjob_warm.notice", address, why], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
     return 127  # not reached: execv replaces this process or raises
 

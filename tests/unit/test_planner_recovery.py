@@ -158,3 +158,15 @@ def test_a_store_with_its_nudges_off_gets_none_and_the_job_says_why_once():
 def test_a_store_with_its_nudges_on_adds_no_condition():
     result = plan([worker(0), killed(1), worker(2)], view(node(0), node(1), node(2)), replicas=3)
     assert nudges(result) and not any(c.type == "RendezvousNudges" for c in result.status.conditions)
+
+
+def test_agents_that_ran_plain_torchrun_show_on_the_job_with_one_event():
+    why = "2 agent start(s) ran plain torchrun instead of elasticjob_warm's: torch 2.99.0 is outside the range"
+    store = dataclasses.replace(view(node(0), node(1)), plain_torchrun=why)
+    result = plan([worker(0), worker(1)], store)
+    cond = next(c for c in result.status.conditions if c.type == "WarmStarts")
+    assert (cond.status, cond.reason, cond.message) == ("False", "PlainTorchrun", why)
+    assert [e.message for e in result.events if e.reason == "WarmStartsOff"] == [why]
+    status = result.status.model_dump(by_alias=True, exclude_none=True)
+    again = planner.plan(job(status), observed([rdzv(), worker(0), worker(1)], store=store), NOW)
+    assert [e for e in again.events if e.reason == "WarmStartsOff"] == []

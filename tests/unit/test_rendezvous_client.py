@@ -126,3 +126,11 @@ def test_a_store_that_turned_its_nudges_off_says_why():
     on = {**GOOD, "torch": {"version": "2.13.0", "nudges": True, "why": "checked"}}
     assert rendezvous_client.parse_state(json.dumps(on).encode()).nudges_off is None
     assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).nudges_off is None  # an older store
+
+
+def test_agents_that_ran_plain_torchrun_are_counted_with_the_reason():
+    plain = {**GOOD, "torch": {"version": "2.7.1", "nudges": True, "why": "ok",
+                               "plainTorchrun": {"agents": 2, "why": "torch 2.99.0 is outside the range"}}}
+    view = rendezvous_client.parse_state(json.dumps(plain).encode())
+    assert "2 agent start(s) ran plain torchrun" in view.plain_torchrun and "2.99.0" in view.plain_torchrun
+    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).plain_torchrun is None

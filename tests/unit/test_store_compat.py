@@ -19,6 +19,8 @@ import pytest
 import torch.distributed as dist
 
 from elasticjob_store import compat
+from elasticjob_store.control import Control
+from elasticjob_warm import notice
 from helpers import wait_for
 
 # Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
@@ -127,3 +129,15 @@ def test_the_worker_images_default_torch_is_one_make_compat_runs_inside_the_rang
                      re.MULTILINE)[1]
     assert compat.in_range(base)
     assert f'"{base}"' in (root / "tests" / "compat" / "run.py").read_text()
+
+
+def test_an_agent_that_ran_plain_torchrun_is_reported_by_the_store():
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                           timeout=timedelta(seconds=10))
+    control = Control(master, "run", 1, 3, verdict=compat.probe())
+    assert control.torch_report()["plainTorchrun"] is None
+    for _ in range(2):  # what elasticjob_warm.torchrun leaves, twice: two agent starts
+        assert notice.main([f"127.0.0.1:{master.port}", "torch 2.99.0 is outside the range"]) == 0
+    assert control.torch_report()["plainTorchrun"] == {"agents": 2, "why": "torch 2.99.0 is outside the range"}
+    assert (compat.PLAIN_KEY, compat.PLAIN_WHY_KEY, compat.MAX_WHY) == (notice.PLAIN_KEY, notice.WHY_KEY,
+                                                                        notice.MAX_WHY)

@@ -7,13 +7,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 from torch.distributed import run
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 
 from elasticjob_store import compat as store_compat
-from elasticjob_warm import compat
+from elasticjob_warm import compat, notice
 
 # Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
 in_range_only = pytest.mark.skipif(os.environ.get("COMPAT_EXPECT") == "off", reason="this torch is outside the range")
@@ -95,3 +97,29 @@ def test_the_version_alone_decides_first(version, problem):
 
 def test_the_store_and_the_wrapper_support_one_range():
     assert compat.SUPPORTED == store_compat.SUPPORTED
+
+
+def test_a_plain_agent_tells_its_rendezvous_store(tmp_path):
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                           timeout=timedelta(seconds=60))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(OTHER_VERSION)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+               PET_RDZV_ENDPOINT=f"127.0.0.1:{master.port}")
+    # torchrun itself is asked only for its version: the notice goes out before it starts.
+    proc = subprocess.run([sys.executable, "-m", "elasticjob_warm.torchrun", "--version"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "running plain torchrun" in proc.stderr
+    master.wait([notice.PLAIN_KEY], timedelta(seconds=60))
+    assert master.get(notice.WHY_KEY).decode().startswith("torch 2.99.0 is outside")
+
+
+@pytest.mark.parametrize("argv, environ, found", [
+    (["--rdzv-endpoint=10.0.0.1:29400", "t.py"], {}, "10.0.0.1:29400"),
+    (["--rdzv_endpoint", "10.0.0.2:1", "t.py"], {"PET_RDZV_ENDPOINT": "x:1"}, "10.0.0.2:1"),
+    (["t.py"], {"PET_RDZV_ENDPOINT": "10.0.0.3:29400"}, "10.0.0.3:29400"),
+    (["--standalone", "t.py"], {"PET_RDZV_ENDPOINT": "10.0.0.3:29400"}, None),
+])
+def test_the_notice_goes_to_the_agents_endpoint(argv, environ, found):
+    assert notice.endpoint(argv, environ) == found

@@ -36,6 +36,7 @@ def dead_after(job: Job) -> float:
 
 
 NUDGES = "RendezvousNudges"
+WARM = "WarmStarts"
 
 
 def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
@@ -43,6 +44,7 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
     endpoint = control_endpoint(plan, job)
     if store is not None:
         show_nudges(plan, job, store, now)
+        show_plain_torchrun(plan, job, store, now)
     if store is None or store.nudges_off or store.round is None or store.closed or endpoint is None:
         return
     removed = remove_dead(plan, job, observed, store, endpoint, now)
@@ -64,6 +66,17 @@ def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
     if was is None or was.status != "False" or was.message != message:
         plan.warn("RendezvousNudgesOff", message)
     set_condition(plan.status, NUDGES, False, "TorchUnsupported", message, now, job.generation)
+
+
+def show_plain_torchrun(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
+    """Agents whose elasticjob_warm.torchrun found a torch it was not tested on ran plain torchrun, and told the
+    store: no warm worker starts, no shorter polls. Shown on the job; an Event when it first happens."""
+    if store.plain_torchrun is None:
+        return
+    was = next((c for c in plan.status.conditions if c.type == WARM), None)
+    if was is None or was.status != "False":
+        plan.warn("WarmStartsOff", store.plain_torchrun)
+    set_condition(plan.status, WARM, False, "PlainTorchrun", store.plain_torchrun, now, job.generation)
 
 
 def control_endpoint(plan: Plan, job: Job) -> str | None:
