@@ -67,20 +67,18 @@ def main() -> None:
 
     verdict = compat.probe()
     print(f"elasticjob rendezvous store: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
-    try:
-        from elasticjob_store.control import Control, start_poller
-        from elasticjob_store.server import make_server
-    except ImportError as err:  # this torch lacks a name the state decoder imports: plain c10d only
-        verdict = compat.Verdict(verdict.torch, False, f"{verdict.why}; {err}")
-        Control = start_poller = make_server = None
-
     # Listens on every address whatever the host; the host is where the store's own client connects.
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
                           timeout=timedelta(seconds=read_timeout))
     credential = Credential.from_env()
-    if Control is None:
+    try:
+        from elasticjob_store.control import Control, start_poller
+        from elasticjob_store.server import make_server
+    except ImportError as err:  # this torch lacks a name the state decoder imports: plain c10d only
         from elasticjob_store.plain import make_plain_server
+        if verdict.nudges:
+            verdict = compat.Verdict(verdict.torch, False, str(err))
         server = make_plain_server(verdict, "", port + 1, credential)
     else:
         control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
