@@ -74,10 +74,13 @@ def ensure_base(inputs: Inputs) -> tuple[str, Path]:
 def ensure_wheelhouse(inputs: Inputs) -> Path:
     """Every wheel the Dockerfiles' pip needs except torch, downloaded once per requirement list by this
     interpreter's pip (the same CPython minor version as the base's)."""
-    with zipfile.ZipFile(inputs.torch_wheel) as wheel:
-        metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
-        requirements = [*plan.project_requirements((inputs.root / "pyproject.toml").read_text()),
-                        *plan.requires_dist(wheel.read(metadata).decode())]
+    try:
+        with zipfile.ZipFile(inputs.torch_wheel) as wheel:
+            metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+            torch_requires = plan.requires_dist(wheel.read(metadata).decode())
+    except (zipfile.BadZipFile, StopIteration) as error:
+        raise BuildError(f"{inputs.torch_wheel} is not a wheel ({error or 'no METADATA'})") from error
+    requirements = [*plan.project_requirements((inputs.root / "pyproject.toml").read_text()), *torch_requires]
     key = plan.cache_key([("requirement", r.encode()) for r in requirements])
     wheelhouse = inputs.cache / f"wheelhouse-{key[:16]}"
     if not wheelhouse.exists():
