@@ -49,11 +49,15 @@ ALLOWED_GLOBALS = {
 
 # Opcodes by their effect on the unpickler's stack, for the structural walk below. Together they are what
 # protocols 4 and 5 produce for a real state, plus the wider forms of the same ints, strings and bytes.
-_LEAVES = {"NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "SHORT_BINUNICODE",
-           "BINUNICODE", "SHORT_BINBYTES", "BINBYTES", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"}
-_BUILDERS = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "REDUCE": 2, "NEWOBJ": 2}  # pop n, push a new object
-_FILLERS = {"SETITEM": 2, "BUILD": 1}  # pop n into the object now on top
-_MARK_FILLERS = {"SETITEMS", "ADDITEMS"}  # pop to the mark into the object below it
+# Each value is the kind of object the opcode pushes: the walk lets only dicts take items, only sets take
+# members, only instances take BUILD, and only classes be called. BUILD on a class would set attributes on
+# it (a crafted `_NodeDesc.__hash__ = None` breaks every later state until the process restarts).
+_LEAVES = {"NONE": "leaf", "NEWTRUE": "leaf", "NEWFALSE": "leaf", "BININT": "leaf", "BININT1": "leaf",
+           "BININT2": "leaf", "LONG1": "leaf", "SHORT_BINUNICODE": "leaf", "BINUNICODE": "leaf",
+           "SHORT_BINBYTES": "leaf", "BINBYTES": "leaf", "EMPTY_TUPLE": "tuple", "EMPTY_DICT": "dict",
+           "EMPTY_SET": "set"}
+_TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+_CALLS = {"REDUCE", "NEWOBJ"}  # pop a class and its argument tuple, push an instance
 _NO_STACK = {"PROTO", "FRAME", "STOP"}
 _MEMO_PUT = {"MEMOIZE", "BINPUT", "LONG_BINPUT"}
 _MEMO_GET = {"BINGET", "LONG_BINGET"}
@@ -70,50 +74,69 @@ def state_key(run_id: str) -> str:
 
 
 def _check_structure(data: bytes) -> None:
-    """Walks the pickle's opcodes (no code runs) tracking how deep each object nests.
+    """Walks the pickle's opcodes (no code runs) tracking what each object is and how deep it nests.
 
-    Each stack entry is a one-element list shared with the memo, so filling an object after it was memoised
-    (dicts are memoised empty, then filled) raises the depth seen through every reference to it.
+    Each stack entry is a [depth, kind] list shared with the memo, so filling an object after it was memoised
+    (dicts are memoised empty, then filled) raises the depth seen through every reference to it, and a class
+    fetched back from the memo is still a class.
     """
     stack: list = []
-    memo: dict[int, list[int]] = {}
+    memo: dict[int, list] = {}
     try:
         for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
-            name = op.name
             if count >= MAX_OPCODES:
                 raise StateError(f"more than {MAX_OPCODES} pickle opcodes")
-            if name in _NO_STACK:
-                continue
-            if name in _LEAVES:
-                stack.append([0])
-            elif name == "MARK":
-                stack.append(_MARK)
-            elif name == "STACK_GLOBAL":
-                _pop(stack, 2)
-                stack.append([0])
-            elif name in _BUILDERS:
-                stack.append([1 + _deepest(_pop(stack, _BUILDERS[name]))])
-            elif name == "TUPLE":
-                stack.append([1 + _deepest(_pop_to_mark(stack))])
-            elif name in _FILLERS:
-                _fill(_top(stack, _FILLERS[name]), _pop(stack, _FILLERS[name]))
-            elif name in _MARK_FILLERS:
-                items = _pop_to_mark(stack)
-                _fill(_top(stack, 0), items)
-            elif name in _MEMO_PUT:
-                memo[len(memo) if name == "MEMOIZE" else arg] = _top(stack, 0)
-            elif name in _MEMO_GET:
-                if arg not in memo:
-                    raise StateError(f"pickle refers to memo entry {arg} that was never stored")
-                stack.append(memo[arg])
-            else:
-                raise StateError(f"pickle opcode {name} never appears in a rendezvous state")
+            _step(op.name, arg, stack, memo)
             if stack and stack[-1] is not _MARK and stack[-1][0] > MAX_DEPTH:
                 raise StateError(f"pickle nests deeper than {MAX_DEPTH} levels")
     except StateError:
         raise
     except Exception as err:  # genops' own complaints about malformed input
         raise StateError(f"malformed pickle: {err}") from None
+
+
+def _step(name: str, arg, stack: list, memo: dict[int, list]) -> None:
+    if name in _NO_STACK:
+        return
+    if name in _LEAVES:
+        stack.append([0, _LEAVES[name]])
+    elif name == "MARK":
+        stack.append(_MARK)
+    elif name == "STACK_GLOBAL":
+        _pop(stack, 2)
+        stack.append([0, "class"])
+    elif name in _TUPLES:
+        stack.append([1 + _deepest(_pop(stack, _TUPLES[name])), "tuple"])
+    elif name == "TUPLE":
+        stack.append([1 + _deepest(_pop_to_mark(stack)), "tuple"])
+    elif name in _CALLS:
+        callee, args = _pop(stack, 2)
+        _expect(callee, "class", name)
+        _expect(args, "tuple", name)
+        stack.append([1 + args[0], "instance"])
+    elif name == "SETITEM":
+        items = _pop(stack, 2)
+        _fill(_expect(_top(stack, 0), "dict", name), items)
+    elif name == "BUILD":
+        items = _pop(stack, 1)
+        _fill(_expect(_top(stack, 0), "instance", name), items)
+    elif name in ("SETITEMS", "ADDITEMS"):
+        items = _pop_to_mark(stack)
+        _fill(_expect(_top(stack, 0), "dict" if name == "SETITEMS" else "set", name), items)
+    elif name in _MEMO_PUT:
+        memo[len(memo) if name == "MEMOIZE" else arg] = _top(stack, 0)
+    elif name in _MEMO_GET:
+        if arg not in memo:
+            raise StateError(f"pickle refers to memo entry {arg} that was never stored")
+        stack.append(memo[arg])
+    else:
+        raise StateError(f"pickle opcode {name} never appears in a rendezvous state")
+
+
+def _expect(entry: list, kind: str, op: str) -> list:
+    if entry[1] != kind:
+        raise StateError(f"pickle applies {op} to a {entry[1]}, which a rendezvous state never does")
+    return entry
 
 
 def _pop(stack: list, n: int) -> list:

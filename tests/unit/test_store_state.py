@@ -172,3 +172,47 @@ def test_encode_refuses_what_decode_would():
 def test_only_five_globals_are_allowed():
     assert sorted(name for _, name in store_state.ALLOWED_GLOBALS) == [
         "_NodeDesc", "_RendezvousState", "datetime", "timedelta", "timezone"]
+
+
+_RDZV = b"torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+def _unicode(text: bytes) -> bytes:
+    return b"\x8c" + bytes([len(text)]) + text  # SHORT_BINUNICODE
+
+
+# Pickles that act on the class _NodeDesc itself, not on an instance of it: setting a class attribute
+# outlives the request, so one such write would refuse every genuine state until the store restarts. The
+# C unpickler itself refuses the dict-state and item forms (a class's __dict__ is read-only); the walk
+# refuses all of them before any runs.
+_NODE_CLASS = _unicode(_RDZV) + _unicode(b"_NodeDesc") + b"\x93"  # STACK_GLOBAL
+_NO_HASH = b"}" + _unicode(b"__hash__") + b"Ns"  # {"__hash__": None}
+CLASS_MUTATIONS = {
+    # BUILD with (None, slotstate): the unpickler calls setattr(_NodeDesc, "__hash__", None).
+    "BUILD slot state on the class": b"\x80\x04" + _NODE_CLASS + b"N" + _NO_HASH + b"\x86b.",
+    "BUILD dict state on the class": b"\x80\x04" + _NODE_CLASS + _NO_HASH + b"b.",
+    "BUILD on the class fetched from the memo": (  # (class, class) with the second one built
+        b"\x80\x04(" + _NODE_CLASS + b"\x94h\x00N" + _NO_HASH + b"\x86bt."),
+    "SETITEM on the class": b"\x80\x04" + _NODE_CLASS + _unicode(b"__hash__") + b"Ns.",
+    "SETITEMS on the class": b"\x80\x04" + _NODE_CLASS + b"(" + _unicode(b"__hash__") + b"Nu.",
+}
+
+
+@pytest.mark.parametrize("payload", CLASS_MUTATIONS.values(), ids=list(CLASS_MUTATIONS))
+def test_a_pickle_cannot_change_the_classes_it_names(payload):
+    # In a subprocess: a regression poisons torch's class in that process, not in the test runner.
+    code = ("import base64, sys, elasticjob_store.state as s\n"
+            "from store_states import A, make_state\n"
+            "hash_before = s.NodeDesc.__hash__\n"
+            "try:\n    s.decode(base64.b64encode(sys.stdin.buffer.read()))\n"
+            "except s.StateError as e:\n    print('refused:', e)\n"
+            "assert s.NodeDesc.__hash__ is hash_before, 'the class was changed'\n"
+            "genuine = make_state(round=3, complete=True, participants=[A])\n"
+            "assert s.decode(s.encode(genuine)).participants == {A: 0}\n"
+            "print('genuine state decodes')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=120,
+                            env=env)
+    out = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, out
+    assert "refused:" in out and "genuine state decodes" in out, out
