@@ -45,10 +45,12 @@ class RoundTracker:
         self.restart_of = round_restarted
 
     def observe(self, state: RendezvousState | None, now: float) -> CompletedRound | None:
-        """Records the state's round if it is complete and new; returns it then, else None."""
+        """Records the state's round if it is complete and later than the last; returns it then, else None."""
         if state is None or not state.complete:
             return None
-        if self._last is not None and state.round == self._last.round:
+        # Torch only ever raises the round. A lower or equal one is a stale or crafted write (anyone who can
+        # reach the store can write the key); alternating two states must not charge a round per poll.
+        if self._last is not None and state.round <= self._last.round:
             return None
         nodes = tuple(sorted({node.addr for node in state.participants}))
         ours = self.restart_of is not None and state.round > self.restart_of

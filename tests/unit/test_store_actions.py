@@ -274,6 +274,17 @@ def test_round_tracker_does_not_charge_the_stores_own_restart():
     assert tracker.failure_rounds == 1
 
 
+def test_round_tracker_ignores_rounds_that_go_back():
+    # Two states written in turn (a stale agent, or anyone who can reach the store) must charge nothing.
+    tracker = RoundTracker()
+    tracker.observe(completed(5, A, B), 1.0)
+    for poll in range(6):
+        tracker.observe(completed(4, A, B) if poll % 2 else completed(5, A, B), 2.0 + poll)
+    assert tracker.failure_rounds == 0 and [r.round for r in tracker.rounds] == [5]
+    assert tracker.observe(completed(6, A, B), 9.0).failure  # a real next round still counts
+    assert tracker.failure_rounds == 1
+
+
 def test_round_tracker_keeps_the_last_ten():
     tracker = RoundTracker()
     for i in range(15):
