@@ -185,6 +185,8 @@ class RendezvousStatus(Model):
     nodes: int | None = Field(None, description="Nodes (agents) in the current round.")
     restarts: int = Field(0, description="Times the rendezvous pod was lost and recreated.")
     last_lost_time: str | None = None
+    service_uid: str | None = Field(None, description="The uid of the rendezvous Service the operator made, once "
+                                    "seen: it counts whatever key signed it.")
     epoch: str | None = Field(None, description="Identity of the store process whose counters failureRounds "
                               "refers to; a new store starts counting from zero.")
     failure_rounds: int = Field(0, description="Rounds the store saw re-formed by the same nodes (torchrun "

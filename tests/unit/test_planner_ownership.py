@@ -90,6 +90,15 @@ def test_the_service_counts_only_with_its_mark():
     assert ownership.service_admitted(marked, status([]), TOKEN) == marked
     assert ownership.service_admitted(SERVICE, status([]), TOKEN) is None
     assert ownership.service_admitted(SERVICE, status(None), TOKEN) == SERVICE
+    # Seen once, its uid is recorded: it counts whatever key signed it (a new random key at each start).
+    seen = planner.plan(job(status([]).model_dump(by_alias=True, mode="json")), observed([], service=marked), NOW,
+                        token=TOKEN)
+    assert seen.status.rendezvous.service_uid == SERVICE.uid
+    # Every record since made under the new key: the Service still counts by its uid, and only by it.
+    renewed = status([("train-rdzv", 2, "uid-r2", ownership.key_id("a-new-key"))])
+    assert ownership.service_admitted(marked, renewed, "a-new-key") is None
+    renewed.rendezvous.service_uid = seen.status.rendezvous.service_uid
+    assert ownership.service_admitted(marked, renewed, "a-new-key") == marked
 
 
 def test_an_owner_reference_of_another_api_names_no_job():

@@ -37,7 +37,7 @@ STATUS_INTERVAL = 2.0
 # against the readiness last written.
 OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
                                    "owned_pods": {"__all__": {"uid"}},
-                                   "rendezvous": {"round", "nodes", "endpoint", "epoch"}}
+                                   "rendezvous": {"round", "nodes", "endpoint", "epoch", "service_uid"}}
 # Never a reason to write on its own, only carried by the next write: the store's identity matters only with
 # what is counted against it, and that goes out at once, with it.
 CARRIED_FIELDS: dict[str, Any] = {"rendezvous": {"epoch"}}

@@ -65,8 +65,9 @@ def _genuine(pod: PodView, record: OwnedPod | None, token: str, current_key: str
 def service_admitted(service: ServiceView | None, status: ElasticJobStatus, token: str) -> ServiceView | None:
     """The job's Service if the operator made it (a stranger's could route the agents, and the token, anywhere).
     Its mark has no serial: a copy made after the Service was deleted would pass, but deleting it takes more
-    than the right to create pods. After a key change the job's records vouch for it."""
-    if service is None or status.owned_pods is None:
+    than the right to create pods. Once seen its uid is recorded; until then, after a key change, the job's
+    records vouch for it."""
+    if service is None or status.owned_pods is None or service.uid == status.rendezvous.service_uid:
         return service
     if hmac.compare_digest(service.mark, mark(token, "Service", service.name, 0)):
         return service

@@ -28,8 +28,10 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
         plan.act(CreateObject(service_manifest, again if status.endpoint else None))
         if settings.network_policy:
             plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings), per_namespace=True))
-    elif service.cluster_ip:
-        status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
+    else:
+        status.service_uid = service.uid if plan.status.owned_pods is not None else None
+        if service.cluster_ip:
+            status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
     route(plan, job, store, service)
     if store is None:
         store_manifest = builders.rendezvous_pod(job.ref, placement, token)
