@@ -20,6 +20,7 @@ from elasticjob_warm import protocol, runner
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 START_TIMEOUT = 10.0  # for the server to listen; it imports torch only after that
+LOCK_TIMEOUT = 10.0  # the longest another rank can hold the lock while it starts the server: START_TIMEOUT
 
 
 class Unavailable(Exception):
@@ -51,12 +52,26 @@ def request(argv: list[str]) -> protocol.Request:
 
 def connect_or_start(path: str, agent_pid: int) -> socket.socket:
     """A connection to the agent's server, started here if there is none."""
+    protocol.check_private_dir(path)
     sock = _connect(path)
     if sock is not None:
         return sock
     with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one server per agent, however many local ranks start at once
+        _lock(lock, path)  # one server per agent, however many local ranks start at once
         return _connect(path) or _start(path, agent_pid)
+
+
+def _lock(lock, path: str) -> None:
+    # Whoever holds the lock for ever (a wedged or hostile process) costs each worker a cold start, not a hang.
+    deadline = time.monotonic() + LOCK_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"{path}.lock was held for more than {LOCK_TIMEOUT:.0f} s") from None
+            time.sleep(0.02)
 
 
 def _start(path: str, agent_pid: int) -> socket.socket:
@@ -64,7 +79,7 @@ def _start(path: str, agent_pid: int) -> socket.socket:
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        sock = _connect(path)
+        sock = _connect(path, server.pid)
         if sock is not None:
             return sock
         if server.poll() is not None:
@@ -73,14 +88,36 @@ def _start(path: str, agent_pid: int) -> socket.socket:
     raise Unavailable(f"the warm server did not listen on {path} within {START_TIMEOUT:.0f} s")
 
 
-def _connect(path: str) -> socket.socket | None:
+def _connect(path: str, server_pid: int | None = None) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        _check_server(sock, path, server_pid)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
+    except BaseException:
+        sock.close()
+        raise
     return sock
+
+
+def _check_server(sock: socket.socket, path: str, expected_pid: int | None) -> None:
+    """The process listening must be our uid's warm server for this path, in our PID namespace: it will get
+    the worker's stdin, stdout, stderr and environment."""
+    pid, uid = protocol.peer(sock)
+    if uid != os.getuid() or pid == 0 or (expected_pid is not None and pid != expected_pid):
+        raise Unavailable(f"{path} is served by pid {pid} of uid {uid}, not by a warm server of ours")
+    if expected_pid is None and _command(pid)[-3:-1] != ["elasticjob_warm.server", path]:
+        raise Unavailable(f"{path} is served by pid {pid}, which is not an elasticjob_warm server")
+
+
+def _command(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return [arg.decode(errors="replace") for arg in cmdline.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
 
 
 def _first_answer(reply) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ SOCKET_ENV = "ELASTICJOB_WARM_SOCKET"
 PRELOAD_ENV = "ELASTICJOB_WARM_PRELOAD"
 MAX_REQUEST = 16 * 1024 * 1024  # an environment of a few hundred KB is already unusual
 _LENGTH = struct.Struct("!I")
+_PEERCRED = struct.Struct("3i")
 
 
 class ProtocolError(Exception):
@@ -34,8 +36,10 @@ class Request:
 
 
 def socket_path(agent_pid: int, environ: dict[str, str] | None = None) -> str:
-    """One server per torchrun agent: keyed by the agent's pid and the PID namespace it lives in (pods on one
-    node may share /tmp, and in a container every agent may have the same pid)."""
+    """One server per torchrun agent. elasticjob_warm.torchrun passes its workers a random path (SOCKET_ENV);
+    under plain torchrun the workers find it by the agent's pid and PID namespace (pods on one node may share
+    /tmp, and in a container every agent may have the same pid). Either way the socket sits in a directory
+    only its owner may enter (check_private_dir)."""
     environ = os.environ if environ is None else environ
     if environ.get(SOCKET_ENV):
         return environ[SOCKET_ENV]
@@ -43,7 +47,36 @@ def socket_path(agent_pid: int, environ: dict[str, str] | None = None) -> str:
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         namespace = 0
-    return os.path.join(tempfile.gettempdir(), f"elasticjob-warm-{namespace}-{agent_pid}.sock")
+    return os.path.join(tempfile.gettempdir(), f"elasticjob-warm-{namespace}-{agent_pid}", "server.sock")
+
+
+def new_socket_path() -> str:
+    """A path nobody can guess, in a fresh 0700 directory, for an agent to pass to its workers."""
+    return os.path.join(tempfile.mkdtemp(prefix="elasticjob-warm-"), "server.sock")
+
+
+def check_private_dir(path: str) -> None:
+    """Makes the socket's directory 0700, or checks that the one there is: ours, not a link, closed to others.
+
+    A directory another user made first could hold their socket; PermissionError then, and the worker runs
+    cold. (Abstract sockets would not do: every container of a pod shares their network namespace.)
+    """
+    directory = os.path.dirname(path) or "."
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise PermissionError(f"{directory} is not a directory private to uid {os.getuid()} "
+                              f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """The other end's pid and uid. The pid is 0 when that process is outside this PID namespace (a sidecar
+    that only shares a volume with us)."""
+    pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid
 
 
 def send_request(sock: socket.socket, request: Request, fds: list[int]) -> None:

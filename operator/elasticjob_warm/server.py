@@ -15,14 +15,12 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 
 from elasticjob_warm import child, protocol
 
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo")
 REQUEST_TIMEOUT = 5.0
-_PEERCRED = struct.Struct("3i")
 
 
 def log(message: str) -> None:
@@ -86,10 +84,13 @@ class Server:
     def stop(self) -> None:
         for pid in list(self.children):
             _kill_group(pid)
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        # The agent is gone, so no client will come: leave no socket, lock or private directory behind.
+        for remove, target in ((os.unlink, self.path), (os.unlink, self.path + ".lock"),
+                               (os.rmdir, os.path.dirname(self.path))):
+            try:
+                remove(target)
+            except OSError:
+                pass  # the directory is the user's own (ELASTICJOB_WARM_SOCKET), or not empty
 
     def _agent_alive(self) -> bool:
         try:
@@ -103,8 +104,8 @@ class Server:
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         conn.settimeout(REQUEST_TIMEOUT)
-        pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        if uid != os.getuid():
+        pid, uid = protocol.peer(conn)
+        if uid != os.getuid() or pid == 0:  # pid 0: a process outside our PID namespace, not a worker of ours
             log(f"refused a client of uid {uid} (pid {pid})")
             conn.close()
             return

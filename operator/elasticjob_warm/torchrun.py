@@ -56,7 +56,10 @@ def plain(argv: list[str], why: str) -> int:
 
 
 def start_server() -> None:
-    """Our workers' clients will look for the server of their parent, which is this process."""
+    """Our workers' clients will look for the server of their parent, which is this process, at a path
+    nobody else can guess: torchrun hands our environment to every worker."""
+    if not os.environ.get(protocol.SOCKET_ENV):
+        os.environ[protocol.SOCKET_ENV] = protocol.new_socket_path()
     try:
         client.connect_or_start(protocol.socket_path(os.getpid()), os.getpid()).close()
     except (client.Unavailable, OSError) as error:

@@ -6,6 +6,7 @@ already imported was forked from the server; the client itself never imports it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -91,10 +93,15 @@ def test_module_form(warm, tmp_path):
 
 
 def test_without_a_server_the_script_runs_cold_in_the_client(warm, tmp_path):
-    env = dict(warm, ELASTICJOB_WARM_SOCKET=str(tmp_path / "missing" / "warm.sock"), EXIT="5")
+    # A socket directory others may enter is refused: no server starts there, the script runs here.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    env = dict(warm, ELASTICJOB_WARM_SOCKET=str(shared / "warm.sock"), EXIT="5")
     code, out, err, report = run(env, script(tmp_path, REPORT))
     assert (code, out, report["preloaded"]) == (5, "to stdout\n", False)
-    assert "running" in err and "cold" in err
+    assert "not a directory private to uid" in err and "cold" in err
+    assert not (shared / "warm.sock").exists()
 
 
 def test_a_signal_sent_to_the_clients_group_reaches_the_worker(warm, tmp_path):
@@ -183,3 +190,45 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_a_socket_served_by_anyone_else_gets_nothing(warm, tmp_path):
+    # Whoever listens on the path first (here: not a warm server) must not get the worker's descriptors,
+    # argv or environment; the worker runs cold and says why.
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(warm["ELASTICJOB_WARM_SOCKET"])
+    impostor.listen(1)
+    heard: list[bytes] = []
+
+    def listen():
+        conn, _ = impostor.accept()
+        with conn:
+            conn.settimeout(5)
+            try:
+                heard.append(conn.recv(1 << 16))
+            except TimeoutError:
+                heard.append(b"(silence)")
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    code, _, err, report = run(dict(warm, EXIT="3"), script(tmp_path, REPORT))
+    listener.join(timeout=10)
+    impostor.close()
+    assert heard == [b""]
+    assert (code, report["preloaded"]) == (3, False)
+    assert "not an elasticjob_warm server" in err and "cold" in err
+
+
+def test_a_lock_held_for_ever_costs_a_cold_start_not_a_hang(warm, tmp_path):
+    sock_path = warm["ELASTICJOB_WARM_SOCKET"]
+    job = script(tmp_path, REPORT)
+    with open(sock_path + ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code = ("import sys; from elasticjob_warm import client\n"
+                "client.LOCK_TIMEOUT = 0.5\n"
+                f"sys.exit(client.main([{job!r}]))\n")
+        result = subprocess.run([sys.executable, "-c", code], env=dict(warm, EXIT="4"), capture_output=True,
+                                text=True, timeout=30)
+    assert result.returncode == 4, result.stderr
+    assert "lock was held for more than" in result.stderr and "cold" in result.stderr
+    assert not json.load(open(warm["REPORT"]))["preloaded"]

@@ -23,8 +23,10 @@ REPORT = textwrap.dedent("""
 
 
 def torchrun(tmp_path, *argv, **env_extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="decimal",
-               **env_extra)
+    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="decimal")
+    env.update(env_extra)
+    if not env["ELASTICJOB_WARM_SOCKET"]:
+        del env["ELASTICJOB_WARM_SOCKET"]
     with open(tmp_path / "log", "w") as log:  # the server keeps the agent's stderr: a pipe would not end
         proc = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.torchrun", "--standalone",
                                  "--max-restarts=0", *argv], env=env, stdout=log, stderr=log)
@@ -61,3 +63,21 @@ def test_no_python_is_refused(tmp_path):
 def test_a_bad_poll_is_refused_before_anything_runs(tmp_path):
     proc = torchrun(tmp_path, "true", ELASTICJOB_RDZV_POLL_SECONDS="soon")
     assert proc.returncode == 2 and "ELASTICJOB_RDZV_POLL_SECONDS='soon'" in (tmp_path / "log").read_text()
+
+
+def test_the_agent_gives_its_workers_a_socket_nobody_can_guess(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        path = os.environ["ELASTICJOB_WARM_SOCKET"]
+        info = os.stat(os.path.dirname(path))
+        server = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")
+        json.dump({"path": path, "mode": info.st_mode & 0o777, "uid": info.st_uid, "server": server,
+                   "preloaded": "decimal" in sys.modules}, open(sys.argv[1], "w"))
+    """))
+    proc = torchrun(tmp_path, "--nproc-per-node=1", str(script), str(tmp_path / "r"), ELASTICJOB_WARM_SOCKET="")
+    assert proc.returncode == 0, (tmp_path / "log").read_text()[-3000:]
+    report = json.load(open(tmp_path / "r"))
+    assert (report["mode"], report["uid"], report["preloaded"]) == (0o700, os.getuid(), True)
+    assert str(proc.pid) not in report["path"]  # not the agent's pid: a name made at random
+    assert report["path"] in report["server"]  # the server the worker was forked from listens there
