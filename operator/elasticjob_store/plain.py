@@ -8,10 +8,11 @@ import secrets
 import time
 from urllib.parse import parse_qs, urlsplit
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from elasticjob_store.auth import Credential
+from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.compat import Verdict
 
 
@@ -26,7 +27,7 @@ def _wait(query: dict[str, list[str]]) -> float:
     return min(max(seconds, 0.0), MAX_WAIT) if seconds == seconds else 0.0
 
 
-def make_plain_server(verdict: Verdict, host: str, port: int, credential: Credential) -> ThreadingHTTPServer:
+def make_plain_server(verdict: Verdict, host: str, port: int, credential: Credential) -> CappedHTTPServer:
     body = json.dumps({"epoch": secrets.token_hex(8), "version": 0, "round": None, "torch": verdict.report()})
 
     class Handler(BaseHTTPRequestHandler):
@@ -60,6 +61,4 @@ def make_plain_server(verdict: Verdict, host: str, port: int, credential: Creden
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return CappedHTTPServer((host, port), Handler)

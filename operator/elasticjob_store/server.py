@@ -14,10 +14,11 @@ import secrets
 from collections.abc import Callable
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from elasticjob_store.auth import Credential
+from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.control import ConflictError, Control, wait_for_change
 from elasticjob_store.report import describe, node_ref
 from elasticjob_store.state import StateError
@@ -93,7 +94,7 @@ def _query_float(query: dict[str, list[str]], name: str, default: float) -> floa
     return number
 
 
-def make_server(control: Control, host: str, port: int, credential: Credential) -> ThreadingHTTPServer:
+def make_server(control: Control, host: str, port: int, credential: Credential) -> CappedHTTPServer:
     epoch = secrets.token_hex(8)  # per process start: tells the operator that counts and history restarted
 
     def state_view(_body: Any, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -203,6 +204,4 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # probes every few seconds would drown the action lines; actions log themselves
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return CappedHTTPServer((host, port), Handler)

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from elasticjob_store import actions
 from elasticjob_store.control import Control
 from elasticjob_store.auth import Credential
+from elasticjob_store.capped import MAX_CONNECTIONS
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
 from helpers import wait_for
@@ -484,3 +486,22 @@ def test_a_heartbeat_turning_stale_is_a_change(tmp_path):
 @pytest.mark.parametrize("query", ["after=x", "wait=-1", "wait=600", "wait=nan", "after=-5"])
 def test_bad_long_poll_parameters_are_refused(harness, query):
     assert harness.call("GET", f"/v1/state?{query}")[0] == 400
+
+
+def test_connections_past_the_cap_are_closed_unanswered_and_the_slots_come_back(harness):
+    idle = [socket.create_connection(("127.0.0.1", harness.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        # Accepted in order after the idle ones, which hold every slot (each waits for a request line).
+        with socket.create_connection(("127.0.0.1", harness.port), timeout=10) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                answer = extra.recv(1024)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""
+    finally:
+        for sock in idle:
+            sock.close()
+    # Closed clients free their threads and slots: the store answers again.
+    wait_for(lambda: harness.call("GET", "/v1/state")[0], 10, "the store to answer once the slots are free",
+             until=lambda status: status == 200, ignore=(ConnectionError, http.client.HTTPException))
