@@ -31,6 +31,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    # buildah takes only absolute host paths for its bind mounts (make passes ../shared/wheels).
+    args.torch_wheels, args.cache_dir = args.torch_wheels.resolve(), args.cache_dir.resolve()
     worker = (ROOT / "images" / "worker-cpu.Dockerfile").read_text()
     version = plan.arg_default(worker, "TORCH_VERSION") or "?"
     wheels = sorted(args.torch_wheels.glob(plan.torch_wheel_pattern(version)))
