@@ -362,3 +362,15 @@ def test_values_schema_rejects_bad_gang_and_kueue_values(bad_values: dict[str, A
     with pytest.raises(helm.HelmValuesError) as raised:
         render(bad_values)
     assert "schema" in str(raised.value) and where in str(raised.value), str(raised.value)
+
+
+def test_an_existing_rendezvous_key_secret_replaces_the_charts_own() -> None:
+    # Under `helm template` lookup finds nothing, so the chart's own key is new on every render.
+    first, second = render(), render()
+    keys = [next(d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-rendezvous-key"))
+            ["data"]["key"] for docs in (first, second)]
+    assert keys[0] != keys[1]
+    docs = render({"rendezvousKey": {"existingSecret": "my-key"}})
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-rendezvous-key")]
+    volume = next(v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "rendezvous-key")
+    assert volume["secret"]["secretName"] == "my-key"
