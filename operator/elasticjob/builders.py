@@ -191,7 +191,11 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
                       {"name": "control", "containerPort": rdzv.port + 1, "protocol": "TCP"}],
             # Every second: the job is Running, and recovers from a lost store, once this passes.
             "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 1},
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            # Measured with `python -m elasticjob_store` and 4 real torchrun agents training, 24 control
+            # connections held open and 50 state reads: 221 MiB RSS, peak 222 MiB (torch 2.13 CPU; importing
+            # torch is nearly all of it). A CUDA build maps larger libraries: 1 GiB leaves room for that. Past
+            # it the store leaks, and the kubelet restarts it like any lost store.
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
             "securityContext": copy.deepcopy(STORE_CONTAINER_SECURITY),
         }],
     }

@@ -73,6 +73,8 @@ def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():
     assert env["ELASTICJOB_RDZV_TOKEN_SHA256"] == hashlib.sha256(b"t0ken").hexdigest()
     assert "t0ken" not in json.dumps(pod) and "volumes" not in pod["spec"]
     assert pod["metadata"]["labels"]["elasticjob.dev/role"] == "rendezvous"
+    # A memory limit: a store that leaks (or is flooded) is restarted alone, not the node's other pods evicted.
+    assert container["resources"]["limits"] == {"memory": "1Gi"}
 
 
 def test_rendezvous_pod_meets_pod_security_restricted():
