@@ -41,8 +41,10 @@ class Settings:
     # Who may reach the store's control port besides the job's pods: the operator's pods.
     operator_namespace: str | None = None
     operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
-    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (needs Kueue's CRDs: --kueue).
+    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission: Kueue's API is served (auto) or
+    # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
     kueue: bool = False
+    kueue_mode: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="do not create the NetworkPolicy around each namespace's rendezvous stores")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
                      help="namespace of the operator's pods, which the NetworkPolicies admit to the control port")
-    run.add_argument("--kueue", action="store_true",
-                     help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (watches Kueue's "
-                     "Workloads and ResourceFlavors: Kueue's CRDs must be installed)")
+    run.add_argument("--kueue", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                     help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (watching Kueue's "
+                     "Workloads and ResourceFlavors). auto (default): when Kueue's API is served, checked every "
+                     "minute; on (or bare --kueue): always, Kueue's CRDs must be installed; off: never. Without "
+                     "Kueue such jobs do not start and say why")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
     run.add_argument("--concurrent-reconciles", type=at_least_one, default=CONCURRENT_RECONCILES, metavar="N",
@@ -98,7 +100,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         peers = Peering(args.peering, identity, priority, None if clusterwide else args.namespace[0])
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
-                        operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue)
+                        operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
+                        kueue_mode=args.kueue)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, peers, args.concurrent_reconciles)
 

@@ -195,6 +195,14 @@ class Kube:
         except NotFound:
             return None
 
+    async def served(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves this resource now (discovery, readable by every authenticated user)."""
+        try:
+            found = await self._get(f"/apis/{api_version}")
+        except NotFound:
+            return False
+        return any(r.get("name") == plural for r in found.get("resources") or [])
+
     async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str) -> bool:
         body = {"preconditions": {"uid": uid}} if uid else None
         return await self._delete(rest.resource(api_version, namespace, plural, name), body)

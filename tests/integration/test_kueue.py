@@ -125,7 +125,7 @@ def test_preemption_stops_the_pods_releases_the_quota_and_charges_nothing(api, n
 def test_the_charts_policy_creates_queued_jobs_suspended(kube, api, namespace, crds_installed):
     import chart_rbac
 
-    policies = [d for d in chart_rbac.render({"kueue": {"enabled": True}}, f"p{namespace[-6:]}", namespace)
+    policies = [d for d in chart_rbac.render({"kueue": {"mode": "on"}}, f"p{namespace[-6:]}", namespace)
                 if d["kind"].startswith("MutatingAdmissionPolicy")]
     admissions = client.AdmissionregistrationV1Api(kube)
     policy, binding = policies
@@ -151,7 +151,7 @@ def test_the_operator_runs_a_queued_gang_job_as_its_service_account(api, kube, c
     from chart_rbac import allowed, service_account_kubeconfig
     from test_rbac import PERMISSION_ERRORS
 
-    user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [namespace]}, "kueue": {"enabled": True},
+    user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [namespace]}, "kueue": {"mode": "on"},
                          "gangScheduling": {"workloadAPI": True, "coscheduling": False}}, namespace)
     wait_for(lambda: allowed(kube, user, "create", "kueue.x-k8s.io", "workloads", "", namespace), 30, "the grants")
     kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), namespace, user.rsplit(":", 1)[1],
@@ -163,3 +163,23 @@ def test_the_operator_runs_a_queued_gang_job_as_its_service_account(api, kube, c
     admission(api, namespace, "gang", "Finished")
     denied = [line for line in operator.log_text().splitlines() if any(m in line for m in PERMISSION_ERRORS)]
     assert not denied, "\n".join(denied[:10])
+
+
+def test_with_its_defaults_the_operator_finds_kueue_and_a_labelled_job_waits_for_admission(
+        api, namespace, operator_factory, queues: Queues):
+    operator_factory()  # no --kueue: auto, and the local cluster serves Kueue's API
+    queues.make(cpu="1")
+    create(api, namespace, queued(small("found", SHORT)))
+    status = admission(api, namespace, "found", "Admitted")
+    assert queues.workload(status["admission"]["workload"])["spec"]["queueName"] == "lq"
+
+
+def test_with_kueue_off_a_labelled_job_does_not_start_and_says_why(api, namespace, operator_factory,
+                                                                    queues: Queues):
+    operator_factory(extra_args=["--kueue", "off"])
+    queues.make(cpu="1")
+    create(api, namespace, queued(small("held", SHORT)))
+    status = wait_phase(api, namespace, "held", "Queued", reason="KueueOff")
+    assert "Kueue" in status["message"] and "remove the label" in status["message"]
+    wait_for(lambda: events(api, namespace, "held"), 30, "the Warning Event", until=lambda rs: "KueueOff" in rs)
+    assert not [p for p in pods(api, namespace) if p.metadata.name.startswith("held")]

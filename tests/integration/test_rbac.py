@@ -52,7 +52,7 @@ NEVER_IN_NAMESPACE = [
     ("patch", "", "events", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
     ("create", "", "configmaps", ""),
 ]
-# Only with the chart's gangScheduling.* and kueue.enabled values.
+# Only with the chart's gangScheduling.* values; Kueue's unless kueue.mode is off.
 GANG_NEEDS = [
     ("get", "scheduling.k8s.io", "podgroups", ""), ("create", "scheduling.k8s.io", "podgroups", ""),
     ("delete", "scheduling.k8s.io", "podgroups", ""),
@@ -126,9 +126,9 @@ def test_cluster_wide_install_grants_the_operator_everywhere_but_no_more(kube, n
 
 def test_gang_and_kueue_grants_come_only_with_their_values(kube, namespace, crds_installed, install_rbac):
     scoped = {"watch": {"allNamespaces": False, "namespaces": [namespace]}}
-    plain = install_rbac(scoped, namespace)
+    plain = install_rbac({**scoped, "kueue": {"mode": "off"}}, namespace)
     full = install_rbac({**scoped, "gangScheduling": {"workloadAPI": True, "coscheduling": True},
-                         "kueue": {"enabled": True}}, namespace)
+                         "kueue": {"mode": "on"}}, namespace)
     for user in (plain, full):
         wait_for(lambda: allowed(kube, user, "list", GROUP, "elasticjobs", "", namespace), 30,
                  f"{user} to be allowed to list elasticjobs")

@@ -35,9 +35,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "debug-no-metrics": {"logLevel": "debug", "metrics": {"enabled": False}},
     "existing-account": {"serviceAccount": {"create": False, "name": "ops-bot"}},
     "gangs": {"gangScheduling": {"workloadAPI": True, "coscheduling": True}},
-    "kueue": {"kueue": {"enabled": True}},
-    "kueue-namespaced": {"kueue": {"enabled": True}, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
-    "kueue-no-policy": {"kueue": {"enabled": True, "suspendOnCreate": False}},
+    "kueue": {"kueue": {"mode": "on"}},
+    "kueue-off": {"kueue": {"mode": "off"}},
+    "kueue-namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
+    "kueue-no-policy": {"kueue": {"suspendOnCreate": False}},
 }
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
@@ -52,7 +53,7 @@ NAMESPACED_GRANTS = {
     ("", "events"): {"create"},
 }
 NODES_GRANT = {("", "nodes"): {"get"}}  # nothing for kopf: its scanning is off
-# Only with gangScheduling.workloadAPI / gangScheduling.coscheduling / kueue.enabled.
+# Only with gangScheduling.workloadAPI / gangScheduling.coscheduling; Kueue's unless kueue.mode is off.
 WORKLOAD_API_GRANTS = {("scheduling.k8s.io", "podgroups"): {"get", "create", "delete"}}
 COSCHEDULING_GRANTS = {("scheduling.x-k8s.io", "podgroups"): {"get", "create", "patch"}}
 KUEUE_GRANTS = {("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
@@ -208,7 +209,7 @@ def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
     ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
                            "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", "--operator-selector", SELECTOR]),
     ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "--operator-selector", SELECTOR]),
+               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "on", "--operator-selector", SELECTOR]),
     ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
 ])
@@ -272,7 +273,7 @@ def test_rbac_has_no_wildcards_and_reads_no_secrets(variant: str) -> None:
 def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
     docs = render()
     assert not by_kind(docs, "Role")
-    assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **NODES_GRANT}
+    assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
     assert named_grants(by_kind(docs, "ClusterRole")) == set()
     bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")
              if b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}]}
@@ -281,11 +282,11 @@ def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
 
 def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> None:
     docs = render(VARIANTS["namespaced"])
-    assert grants(by_kind(docs, "ClusterRole")) == {**NODES_GRANT}
+    assert grants(by_kind(docs, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
-        assert grants([role]) == NAMESPACED_GRANTS
+        assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
     bindings = {b["metadata"]["namespace"]: b["roleRef"] for b in by_kind(docs, "RoleBinding")}
     assert bindings == {ns: {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
                         for ns in roles}
@@ -294,14 +295,15 @@ def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> Non
 def test_rbac_peering_grants_list_watch_and_get_patch_of_its_own_object() -> None:
     cluster = render(VARIANTS["peering"])
     assert grants(by_kind(cluster, "ClusterRole")) == {
-        **NAMESPACED_GRANTS, **NODES_GRANT, ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
+        **NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS,
+        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
     assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "get"),
                                                              ("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
     assert [p["metadata"]["name"] for p in by_kind(cluster, "ClusterKopfPeering")] == [FULLNAME]
 
     namespaced = render(VARIANTS["peering-namespaced"])
     (role,) = by_kind(namespaced, "Role")
-    assert grants([role]) == {**NAMESPACED_GRANTS, ("kopf.dev", "kopfpeerings"): {"list", "watch"}}
+    assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, ("kopf.dev", "kopfpeerings"): {"list", "watch"}}
     assert named_grants([role]) == {("kopf.dev", "kopfpeerings", FULLNAME, "get"),
                                     ("kopf.dev", "kopfpeerings", FULLNAME, "patch")}
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(namespaced, "KopfPeering")] == [
@@ -321,11 +323,11 @@ def test_existing_service_account_is_bound_not_created() -> None:
 
 def test_rbac_gang_grants_each_api_only_when_enabled() -> None:
     both = grants(by_kind(render(VARIANTS["gangs"]), "ClusterRole"))
-    assert both == {**NAMESPACED_GRANTS, **NODES_GRANT, **WORKLOAD_API_GRANTS, **COSCHEDULING_GRANTS}
+    assert both == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS, **WORKLOAD_API_GRANTS, **COSCHEDULING_GRANTS}
     one = grants(by_kind(render({"gangScheduling": {"workloadAPI": True, "coscheduling": False}}), "ClusterRole"))
-    assert one == {**NAMESPACED_GRANTS, **NODES_GRANT, **WORKLOAD_API_GRANTS}
+    assert one == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS, **WORKLOAD_API_GRANTS}
     other = grants(by_kind(render({"gangScheduling": {"workloadAPI": False, "coscheduling": True}}), "ClusterRole"))
-    assert other == {**NAMESPACED_GRANTS, **NODES_GRANT, **COSCHEDULING_GRANTS}
+    assert other == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS, **COSCHEDULING_GRANTS}
 
 
 def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() -> None:
@@ -338,10 +340,14 @@ def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() ->
     assert grants(by_kind(namespaced, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
 
 
-def test_kueue_policy_creates_queued_jobs_suspended_only_when_enabled() -> None:
-    assert not [d for d in render() if d["kind"] in MAP_KINDS]
+def test_rbac_kueue_off_grants_nothing_of_kueue() -> None:
+    assert grants(by_kind(render(VARIANTS["kueue-off"]), "ClusterRole")) == {**NAMESPACED_GRANTS, **NODES_GRANT}
+
+
+def test_kueue_policy_creates_queued_jobs_suspended_unless_kueue_is_off() -> None:
+    assert not [d for d in render(VARIANTS["kueue-off"]) if d["kind"] in MAP_KINDS]
     assert not [d for d in render(VARIANTS["kueue-no-policy"]) if d["kind"] in MAP_KINDS]
-    policy, binding = (next(d for d in render(VARIANTS["kueue"]) if d["kind"] == kind)
+    policy, binding = (next(d for d in render() if d["kind"] == kind)
                        for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"))
     assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     spec = policy["spec"]
@@ -355,7 +361,7 @@ def test_kueue_policy_creates_queued_jobs_suspended_only_when_enabled() -> None:
 
 
 @pytest.mark.parametrize("bad_values, where", [
-    ({"kueue": {"enabled": "yes"}}, "/kueue/enabled"),
+    ({"kueue": {"mode": "yes"}}, "/kueue/mode"),
     ({"gangScheduling": {"coschedulng": True}}, "gangScheduling"),
 ], ids=lambda v: str(v))
 def test_values_schema_rejects_bad_gang_and_kueue_values(bad_values: dict[str, Any], where: str) -> None:

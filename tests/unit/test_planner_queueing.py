@@ -74,9 +74,9 @@ def created(result, kind):
 # --- not Kueue's -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("labels, settings", [({}, KUEUE), (QUEUED, Settings())])
-def test_jobs_kueue_does_not_manage_run_at_once(labels, settings):
-    result = plan(job(labels=labels), [rdzv()], settings=settings)
+@pytest.mark.parametrize("settings", [KUEUE, Settings(), Settings(kueue_mode="off")])
+def test_jobs_kueue_does_not_manage_run_at_once(settings):
+    result = plan(job(), [rdzv()], settings=settings)
     assert creates(result) == ["train-worker-0", "train-worker-1"]
     assert not actions(result, planner.SetSuspend) and result.status.admission is None
 

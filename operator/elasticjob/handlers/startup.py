@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from elasticjob import k8s, peering
-from elasticjob.handlers import watch
+from elasticjob.handlers import kueue, watch
 from elasticjob.handlers.context import Context
 from elasticjob.handlers.reconcile import reconcile
 from elasticjob.handlers.stores import StoreWatches
@@ -40,7 +40,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger, config.concurrent_reconciles)
     ctx.watches = StoreWatches(ctx.stores, ctx.loops.wake)
     memo.ctx = ctx
+    await kueue.resolve(ctx)
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
+    if ctx.settings.kueue_mode == "auto":
+        memo.tasks.append(asyncio.create_task(kueue.follow(ctx), name="kueue discovery"))
     if config.peering is not None:
         ctx.gate.active = False
         memo.tasks.append(asyncio.create_task(follow_peering(ctx, config.peering), name="peering"))

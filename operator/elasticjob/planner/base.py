@@ -257,7 +257,8 @@ def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str,
                                        last_transition_time=stamp(now), observed_generation=generation))
 
 
-def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, now: datetime) -> None:
+def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, now: datetime,
+                warn: bool = False) -> None:
     status = plan.status
     # A new job's first Pending and first Running say nothing its conditions, its phase and the creation
     # Events do not (Events say what the operator did; Running again after a restart or a lost store keeps its
@@ -266,7 +267,7 @@ def enter_phase(plan: Plan, job: Job, phase: Phase, reason: str, message: str, n
     first_running = (phase == Phase.RUNNING and status.reason in (None, "Waiting") and status.restarts == 0
                      and status.rendezvous.restarts == 0)
     if (status.phase != phase or status.reason != reason) and not (first_pending or first_running):
-        event = plan.warn if phase in (Phase.FAILED, Phase.RESTARTING) else plan.normal
+        event = plan.warn if warn or phase in (Phase.FAILED, Phase.RESTARTING) else plan.normal
         event(reason, message)
     status.phase, status.reason, status.message = phase, reason, message
     if phase.finished and not status.completion_time:

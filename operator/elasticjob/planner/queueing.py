@@ -61,6 +61,9 @@ def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
 def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Admitted | None:
     """None: the job must not run now (it is queued, or being suspended or resumed); else what it may run."""
     name = queue(job, settings)
+    label = job.ref.label(naming.QUEUE_LABEL)
+    if name is None and label is not None:
+        return without_kueue(plan, job, observed, label, settings, now)
     if name is None:
         plan.status.admission = None
         return NOT_QUEUED
@@ -94,6 +97,29 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     reserved = wl.condition("QuotaReserved") or {}
     queued(plan, job, "Queued", reserved.get("message") or f"waiting for Kueue to admit Workload {wl.name} "
            f"(LocalQueue {name})", now)
+    return None
+
+
+def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings: Settings,
+                  now: datetime) -> None:
+    """The label asks for a quota nobody enforces: the job holds (none of its pods runs) and says why, rather
+    than run outside the quota in silence."""
+    if settings.kueue_mode == "off":
+        reason, why = "KueueOff", "the operator runs with Kueue off (chart value kueue.mode: off, --kueue off)"
+        todo = "turn Kueue on (kueue.mode: auto)"
+    else:
+        reason, why = "KueueAbsent", "Kueue's API (kueue.x-k8s.io Workloads) is not served on this cluster"
+        todo = "install Kueue (the operator notices it within a minute)"
+    message = (f"labelled {naming.QUEUE_LABEL}={label} but {why}: not started; {todo}, or remove the label "
+               f"to run without a quota")
+    if job.ref.spec.run_policy.suspend:
+        message += " and set spec.runPolicy.suspend to false"
+    stop(plan, observed, now)
+    plan.status.admission = None
+    plan.status.start_time = None
+    set_condition(plan.status, "Admitted", False, reason, message, now, job.generation)
+    enter_phase(plan, job, Phase.QUEUED, reason, message, now, warn=True)
+    plan.soon(60)
     return None
 
 

@@ -1,0 +1,44 @@
+"""The queue label is never bypassed: where Kueue is off or absent a labelled job holds and says why."""
+
+from __future__ import annotations
+
+import pytest
+from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running_status, worker
+
+from elasticjob import naming, planner
+from elasticjob.builders import Settings
+from elasticjob.models import Phase
+
+QUEUED = {naming.QUEUE_LABEL: "lq"}
+ABSENT, OFF = Settings(kueue=False, kueue_mode="auto"), Settings(kueue=False, kueue_mode="off")
+
+
+
+
+@pytest.mark.parametrize("settings, reason, words", [
+    (ABSENT, "KueueAbsent", "install Kueue"),
+    (OFF, "KueueOff", "kueue.mode: auto"),
+])
+def test_a_labelled_job_without_kueue_does_not_start_and_says_why(settings, reason, words):
+    result = planner.plan(job(labels=QUEUED), observed([rdzv()], SERVICE), NOW, settings)
+    assert creates(result) == []
+    assert result.status.phase == Phase.QUEUED and result.status.reason == reason
+    admitted = next(c for c in result.status.conditions if c.type == "Admitted")
+    assert admitted.status == "False" and admitted.reason == reason
+    assert "Kueue" in admitted.message and words in admitted.message and "remove the label" in admitted.message
+    warnings = [e for e in result.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == [reason] and "Kueue" in warnings[0].message
+
+
+def test_a_running_labelled_job_stops_when_kueue_goes():
+    pods = [rdzv(), worker(0, phase="Running"), worker(1, phase="Running")]
+    result = planner.plan(job(running_status(), labels=QUEUED), observed(pods, SERVICE), NOW, ABSENT)
+    assert [name for name, _ in deletes(result)] == ["train-rdzv", "train-worker-0", "train-worker-1"]
+    assert result.status.reason == "KueueAbsent"
+
+
+def test_the_warning_is_posted_once():
+    first = planner.plan(job(labels=QUEUED), observed([rdzv()], SERVICE), NOW, ABSENT)
+    again = planner.plan(job(first.status.model_dump(by_alias=True, exclude_none=True), labels=QUEUED),
+                         observed([rdzv()], SERVICE), NOW, ABSENT)
+    assert not [e for e in again.events if e.type == "Warning"]
