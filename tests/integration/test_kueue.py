@@ -183,3 +183,39 @@ def test_with_kueue_off_a_labelled_job_does_not_start_and_says_why(api, namespac
     assert "Kueue" in status["message"] and "remove the label" in status["message"]
     wait_for(lambda: events(api, namespace, "held"), 30, "the Warning Event", until=lambda rs: "KueueOff" in rs)
     assert not [p for p in pods(api, namespace) if p.metadata.name.startswith("held")]
+
+
+def test_the_charts_policy_keeps_the_queue_label_of_a_running_job(kube, api, namespace, crds_installed):
+    import chart_rbac
+
+    values = {"watch": {"allNamespaces": False, "namespaces": [namespace]}}  # no other test's namespace
+    policy, binding = [d for d in chart_rbac.render(values, f"v{namespace[-6:]}", namespace)
+                       if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    admissions = client.AdmissionregistrationV1Api(kube)
+    admissions.create_validating_admission_policy(policy)
+    try:
+        admissions.create_validating_admission_policy_binding(binding)
+        try:
+            create(api, namespace, queued(small("running")))  # no operator here: it stays as created
+            create(api, namespace, queued(small("paused", runPolicy={"suspend": True})))
+
+            def relabel(name, value):
+                patch = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": value}}}
+                try:
+                    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+                    return None
+                except client.ApiException as exc:
+                    return exc
+
+            # Policies take effect once the API server has loaded them: retry a refused change until one is.
+            # (a new value each time: a change let through before that is the label now).
+            tries = iter(range(10_000))
+            refused = wait_for(lambda: relabel("running", f"other-{next(tries)}"), 30, "the label change refused",
+                               until=lambda exc: exc is not None)
+            assert refused.status == 403 and "suspend the job first" in refused.body
+            assert relabel("running", None).status == 403  # removed
+            assert relabel("paused", None) is None  # a suspended job may leave its queue
+        finally:
+            admissions.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+    finally:
+        admissions.delete_validating_admission_policy(policy["metadata"]["name"])

@@ -360,6 +360,19 @@ def test_kueue_policy_creates_queued_jobs_suspended_unless_kueue_is_off() -> Non
     assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
 
 
+VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def test_kueue_policy_keeps_the_queue_label_of_running_jobs_unless_kueue_is_off() -> None:
+    assert not [d for d in render(VARIANTS["kueue-off"]) if d["kind"] in VAP_KINDS]
+    policy, binding = (next(d for d in render() if d["kind"] == kind) for kind in sorted(VAP_KINDS))
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] and binding["spec"]["validationActions"] == [
+        "Deny"]
+    (scoped,) = [d for d in render(VARIANTS["kueue-namespaced"]) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
+
+
 @pytest.mark.parametrize("bad_values, where", [
     ({"kueue": {"mode": "yes"}}, "/kueue/mode"),
     ({"gangScheduling": {"coschedulng": True}}, "gangScheduling"),

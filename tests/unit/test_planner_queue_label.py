@@ -1,4 +1,5 @@
-"""The queue label is never bypassed: where Kueue is off or absent a labelled job holds and says why."""
+"""The queue label is never bypassed: where Kueue is off or absent a labelled job holds and says why; a job
+whose Workload exists keeps its gate when the label is removed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running
 from elasticjob import naming, planner
 from elasticjob.builders import Settings
 from elasticjob.models import Phase
+from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 QUEUED = {naming.QUEUE_LABEL: "lq"}
 ABSENT, OFF = Settings(kueue=False, kueue_mode="auto"), Settings(kueue=False, kueue_mode="off")
@@ -42,3 +44,21 @@ def test_the_warning_is_posted_once():
     again = planner.plan(job(first.status.model_dump(by_alias=True, exclude_none=True), labels=QUEUED),
                          observed([rdzv()], SERVICE), NOW, ABSENT)
     assert not [e for e in again.events if e.type == "Warning"]
+
+
+# --- the label removed from a job whose Workload exists ------------------------------------------------------
+
+
+def test_an_admitted_job_whose_label_is_removed_stays_at_its_admitted_count():
+    j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)  # no queue label any more
+    seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
+                    workload=workload(ADMITTED, admission(2), workers=(2, 1)))
+    result = planner.plan(j, seen, NOW, Settings(kueue=True))
+    assert creates(result) == []
+    assert result.status.admission.state == "Admitted" and result.status.desired_replicas == 2
+
+
+def test_a_pending_workload_keeps_an_unlabelled_job_queued():
+    j = job(running_status(), runPolicy={"suspend": True})
+    result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, Settings(kueue=True))
+    assert creates(result) == [] and result.status.phase == Phase.QUEUED

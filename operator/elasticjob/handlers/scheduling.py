@@ -25,12 +25,13 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job) -> dict[str
     """The Observed fields of gangs and queues."""
     ref = job.ref
     found: dict[str, Any] = {"pod_group": await pod_group(ctx, memory, ref)}
-    if not ctx.settings.kueue or ref.label(naming.QUEUE_LABEL) is None:
+    if not ctx.settings.kueue:
         return found
+    # Read without the label too: a job whose Workload exists keeps its gate (planner/queueing.py).
     key = naming.job_key(ref.namespace, ref.name)
     found["workload"] = workload = ctx.mirror.owned_workload(key, ref.uid)
     found["flavors"] = ctx.mirror.flavors.by_name
-    if workload is None:  # only a Workload about to be made needs it
+    if workload is None and ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made
         found["priority"] = await priority(ctx, memory, ref)
     return found
 

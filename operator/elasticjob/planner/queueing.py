@@ -8,6 +8,7 @@ As Kueue's own job integrations (jobframework) do it, with runPolicy.suspend as 
   resumes from its checkpoint. Pods stopped this way are no failures: none is counted or charged;
 - not admitted but running (someone unsuspended it): suspend again;
 - finished: mark the Workload Finished, so Kueue frees its quota.
+A job whose Workload exists keeps its gate when its label is removed (the Workload still holds the quota).
 A pending Workload follows the spec's counts; once it holds quota its pod sets are immutable, so replicas above
 the admitted count wait until the job is queued again.
 """
@@ -49,8 +50,16 @@ class Admitted:
 NOT_QUEUED = Admitted()  # not a Kueue job: run as usual
 
 
-def queue(job: Job, settings: Settings) -> str | None:
-    return job.ref.label(naming.QUEUE_LABEL) if settings.kueue else None
+def queue(job: Job, settings: Settings, observed: Observed) -> str | None:
+    if not settings.kueue:
+        return None
+    label = job.ref.label(naming.QUEUE_LABEL)
+    if label is not None:
+        return label
+    # The label was removed, but the job's Workload still holds (or asks for) quota: the gate stays, or the
+    # job would run past what Kueue admitted (the chart's policy refuses the removal while the job runs).
+    wl = own_workload(job, observed)
+    return wl.queue_name if wl is not None and not wl.finished and not wl.deleting else None
 
 
 def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
@@ -60,7 +69,7 @@ def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
 
 def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Admitted | None:
     """None: the job must not run now (it is queued, or being suspended or resumed); else what it may run."""
-    name = queue(job, settings)
+    name = queue(job, settings, observed)
     label = job.ref.label(naming.QUEUE_LABEL)
     if name is None and label is not None:
         return without_kueue(plan, job, observed, label, settings, now)
@@ -202,7 +211,7 @@ def queued(plan: Plan, job: Job, reason: str, message: str, now: datetime) -> No
 
 def finish(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> None:
     """The job ended: the Workload is Finished (jobframework step 3), so Kueue frees its quota."""
-    if queue(job, settings) is None:
+    if queue(job, settings, observed) is None:
         return
     wl = own_workload(job, observed)
     if wl is None or wl.deleting:
