@@ -24,7 +24,6 @@ COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
 # torch once (restarts without `import torch`).
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
 ENV PYTHONPATH=/opt/elasticjob
-# The rendezvous pod runs this image as the operator's store user (65532, runAsNonRoot); workers do too unless
-# their template says otherwise. train_ddp.py writes its checkpoints under /tmp by default.
-USER 65532:65532
+# Workers run as the base's user unless their template says otherwise (the example's checkpoints go to a hostPath
+# the kubelet creates root-owned); the rendezvous pod sets its own non-root user (65532, runAsNonRoot).
 CMD ["torchrun", "/workspace/train_ddp.py"]

@@ -39,6 +39,9 @@ class ImageSpec:
     dockerfile: str
     base_arg: str  # the Dockerfile's ARG naming its base image: the only thing that differs from a real build
     smoke: tuple[tuple[str, ...], ...]  # commands that must exit 0 inside the image, as its own user
+    # The worker image keeps its base's root user, as training images commonly do: the example's checkpoints go
+    # to a hostPath the kubelet creates root-owned. The store pod sets its own non-root user (builders.py).
+    non_root: bool = True
 
     @property
     def ref(self) -> str:
@@ -50,7 +53,7 @@ IMAGES = (
               smoke=(("elasticjob", "--help"),)),
     ImageSpec("elasticjob-worker", "cpu", "images/worker-cpu.Dockerfile", "PYTHON_IMAGE",
               smoke=(("python", "-c", "import torch, elasticjob_store, elasticjob_warm; print(torch.__version__)"),
-                     ("torchrun", "--help"))),
+                     ("torchrun", "--help")), non_root=False),
 )
 
 
