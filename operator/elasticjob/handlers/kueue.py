@@ -18,6 +18,9 @@ from elasticjob import k8s, kueue
 from elasticjob.handlers.context import Context
 
 RECHECK_SECONDS = 60.0
+# At start the operator waits for a definite answer: taking "no answer" for "no Kueue" would hold, and stop, every
+# running queue-labelled job until the next check.
+START_RETRY_SECONDS = 2.0
 
 
 async def served(ctx: Context) -> bool | None:
@@ -33,7 +36,10 @@ async def resolve(ctx: Context) -> None:
     """kueue auto: on exactly when Kueue's Workloads are served; on and off are taken as said."""
     mode = ctx.settings.kueue_mode
     if mode == "auto":
-        here = bool(await served(ctx))
+        here = await served(ctx)
+        while here is None:
+            await asyncio.sleep(START_RETRY_SECONDS)
+            here = await served(ctx)
         ctx.settings = dataclasses.replace(ctx.settings, kueue=here)
         said = "served: queue-labelled jobs wait for its admission" if here else \
             "not served: queue-labelled jobs hold until it is"
