@@ -150,6 +150,8 @@ def launch(pod: dict, spec: dict, sandbox: Sandbox, env: dict[str, str], volumes
         "env": env,
         "workdir": spec.get("workingDir") or str(repo_root),
         "mounts": containers.mounts(spec, volumes, term, hosts, workspace=repo_root),
+        # The repository and the agent's venv stand in for the image: a volume over their folder must not hide them.
+        "keep": sorted({str(repo_root), str(Path(sys.executable).parent.parent)}),
         "pid_file": str(pid_path),
         "exit_file": str(state.exit_file(path, name)),
     }

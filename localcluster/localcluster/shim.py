@@ -58,14 +58,36 @@ def bind(source: str, target: str, is_file: bool, read_only: bool) -> None:
         mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
+def bind_all(mounts: list, keep: list) -> None:
+    """Every source is opened before anything is bound: a volume mounted over an ancestor of the others (the
+    chart's emptyDir on /tmp, with the repository and the cluster's state under /tmp/...) would hide them. The
+    `keep` paths (the repository, which stands in for the image) are bound back where a volume covered them."""
+    opened = [(m, os.open(m["source"], os.O_PATH), m.get("file") or os.path.isfile(m["source"])) for m in mounts]
+    kept = [(path, os.open(path, os.O_PATH)) for path in keep]
+    for m, fd, is_file in opened:
+        bind(f"/proc/self/fd/{fd}", m["target"], is_file, m.get("readOnly", False))
+        os.close(fd)
+    for path, fd in kept:
+        if not _same(path, fd):
+            bind(f"/proc/self/fd/{fd}", path, False, False)
+        os.close(fd)
+
+
+def _same(path: str, fd: int) -> bool:
+    try:
+        here, there = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 def become_container(spec: dict) -> None:
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
     hostname = spec.get("hostname", "").encode()
     if hostname:
         check(libc.sethostname(hostname, len(hostname)), "sethostname")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for m in spec.get("mounts", []):
-        bind(m["source"], m["target"], m.get("file") or os.path.isfile(m["source"]), m.get("readOnly", False))
+    bind_all(spec.get("mounts", []), spec.get("keep", []))
     os.chdir(spec["workdir"])
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
