@@ -23,7 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from . import controlplane, liveview, operatorchart
+from . import controlplane, diagnose, liveview, operatorchart
 from .story import Story, StoryError, summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +105,16 @@ def story(api: client.ApiClient, kubeconfig: Path, job: dict, console: Console) 
     return phase
 
 
+def explain(api: client.ApiClient, console: Console) -> None:
+    """What was seen wrong, so that a run that stopped short names the pod behind it."""
+    try:
+        lines = diagnose.report(api)
+    except ApiException as err:
+        lines = [f"could not list the cluster's pods to say why: {err.status} {err.reason}"]
+    console.print("\n" + ("\n".join(lines) if lines else "no pod is crash-looping or unschedulable"),
+                  highlight=False, markup=False)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m localcluster.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=["story", "basic"], default="story")
@@ -119,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     cluster = controlplane.ensure_up(ROOT, 3)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    install_operator(console, cluster.kubeconfig, api)
     job = yaml.safe_load(EXAMPLE.read_text())
-    clear_previous(client.CustomObjectsApi(api), job, console)
     started = time.monotonic()
-    phase = basic(api, job, console) if args.scenario == "basic" else story(api, cluster.kubeconfig, job, console)
+    try:
+        install_operator(console, cluster.kubeconfig, api)
+        clear_previous(client.CustomObjectsApi(api), job, console)
+        started = time.monotonic()
+        phase = basic(api, job, console) if args.scenario == "basic" else story(api, cluster.kubeconfig, job, console)
+    except SystemExit as stop:
+        console.print(str(stop), highlight=False, markup=False)
+        phase = "stopped short"
+    if phase != "Succeeded":
+        explain(api, console)
     console.print(f"\n{job['metadata']['name']} {phase}: the job took {time.monotonic() - started:.0f}s, "
                   f"`make run` {time.monotonic() - began:.0f}s. The cluster and the operator keep running: "
                   f"`export KUBECONFIG={cluster.kubeconfig}` and `kubectl get ej`; `make cluster-down` stops it.",
