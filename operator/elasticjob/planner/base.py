@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Union
 
+from elasticjob import naming
 from elasticjob.builders import JobRef
 from elasticjob.models import Condition, ElasticJobStatus, Phase
 from elasticjob.gang import PodGroupView
@@ -211,7 +212,7 @@ class Observed:
 
     @property
     def store_pod(self) -> PodView | None:
-        return next((p for p in self.pods if p.role == "rendezvous"), None)
+        return next((p for p in self.pods if p.role == naming.ROLE_RENDEZVOUS), None)
 
 
 @dataclass
@@ -244,15 +245,18 @@ def since(value: str | None, now: datetime) -> timedelta | None:
     return now - datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def condition(status: ElasticJobStatus, kind: str) -> Condition | None:
+    return next((cond for cond in status.conditions if cond.type == kind), None)
+
+
 def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str, message: str,
                   now: datetime, generation: int) -> None:
     wanted = "True" if value else "False"
-    for cond in status.conditions:
-        if cond.type == kind:
-            if cond.status != wanted:
-                cond.last_transition_time = stamp(now)
-            cond.status, cond.reason, cond.message, cond.observed_generation = wanted, reason, message, generation
-            return
+    if cond := condition(status, kind):
+        if cond.status != wanted:
+            cond.last_transition_time = stamp(now)
+        cond.status, cond.reason, cond.message, cond.observed_generation = wanted, reason, message, generation
+        return
     status.conditions.append(Condition(type=kind, status=wanted, reason=reason, message=message,
                                        last_transition_time=stamp(now), observed_generation=generation))
 

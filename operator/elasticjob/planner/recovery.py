@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from elasticjob import torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
-from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, set_condition, stamp
+from elasticjob.planner.base import (DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition,
+                                     stamp)
 from elasticjob.planner.failures import charge, remember
 
 def stale_after(job: Job) -> float:
@@ -55,7 +56,7 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
 def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
     """A store that turned its nudges off (its torch is not one they were proven on) gets none, and the job
     says so once: torch's own timing alone then decides how fast it recovers."""
-    was = next((c for c in plan.status.conditions if c.type == NUDGES), None)
+    was = condition(plan.status, NUDGES)
     if store.nudges_off is None:
         if was is not None and was.status != "True":  # a new store, on a torch they work on
             set_condition(plan.status, NUDGES, True, "Enabled", "the store accepts the operator's nudges", now,
@@ -73,7 +74,7 @@ def show_plain_torchrun(plan: Plan, job: Job, store: StoreView, now: datetime) -
     store: no warm worker starts, no shorter polls. Shown on the job; an Event when it first happens."""
     if store.plain_torchrun is None:
         return
-    was = next((c for c in plan.status.conditions if c.type == WARM), None)
+    was = condition(plan.status, WARM)
     if was is None or was.status != "False":
         plan.warn("WarmStartsOff", store.plain_torchrun)
     set_condition(plan.status, WARM, False, "PlainTorchrun", store.plain_torchrun, now, job.generation)

@@ -16,7 +16,7 @@ from elasticjob.planner.base import (ApplyObject, CreateObject, DeletePod, Event
 def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
                       now: datetime, placement: Placement = NO_PLACEMENT) -> None:
     status = plan.status.rendezvous
-    store = next((p for p in observed.pods if p.role == naming.ROLE_RENDEZVOUS), None)
+    store = observed.store_pod
     usual = naming.rendezvous_name(job.ref.name)
     status.pod = store.name if store else ownership.pod_name(usual, job.ref.uid, observed.taken, plan.status)
     service = observed.service
