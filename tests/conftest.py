@@ -181,6 +181,12 @@ class OperatorProcess:
         try:
             self.exit_code = self.proc.wait(timeout=OPERATOR_STOP_SECONDS)
         except subprocess.TimeoutExpired:
+            # faulthandler (PYTHONFAULTHANDLER) writes every thread's stack to the log on SIGABRT: what it hung on.
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.exit_code = -signal.SIGKILL
@@ -211,7 +217,8 @@ def operator_factory(
         argv = [_operator_python(), "-m", "elasticjob", "run", "--verbose", *extra_args]
         argv += [arg for ns in namespaces for arg in ("--namespace", ns)]
         log_path = tmp_path / f"operator-{len(started)}.log"
-        full_env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1",
+                    "PYTHONFAULTHANDLER": "1", **(env or {})}
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     cwd=ROOT, env=full_env, start_new_session=True)

@@ -103,15 +103,27 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[st
     elif isinstance(action, planner.PatchWorkload):
         patch = {"metadata": {"resourceVersion": action.resource_version},
                  "spec": {"queueName": action.queue_name, "podSets": action.pod_sets}}
-        await kube.patch_object(kueue.API_VERSION, kueue.WORKLOADS, ref.namespace, action.name, patch)
+        try:
+            await kube.patch_object(kueue.API_VERSION, kueue.WORKLOADS, ref.namespace, action.name, patch)
+        except k8s.Conflict:
+            return workload_changed(action.name, log)
         log.info(f"Workload {action.name} asks for the spec's counts again (queue {action.queue_name})")
     elif isinstance(action, planner.ApplyWorkloadStatus):
         try:
             await kube.apply_status(kueue.API_VERSION, kueue.WORKLOADS, action.body, kueue.FIELD_MANAGER)
         except k8s.NotFound:
             return  # the Workload is gone (the job is being deleted)
+        except k8s.Conflict:
+            return workload_changed(action.body["metadata"]["name"], log)
         if action.event:
             ctx.post(body, action.event, log)
+
+
+def workload_changed(name: str, log: logging.LoggerAdapter) -> None:
+    """A write conditional on the Workload's resourceVersion lost to Kueue's own: the Workload's watch brings the
+    newer version and wakes the job, which then plans from it. Reading the job again would change nothing (the
+    Workload in the mirror is what was stale) and only spin until the watch caught up."""
+    log.debug(f"Workload {name} changed since it was read: planning again once its watch brings the change")
 
 
 HANDLED = (planner.DeleteObject, planner.PatchObject, planner.PatchWorkload, planner.ApplyWorkloadStatus)

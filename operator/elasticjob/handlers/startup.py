@@ -7,6 +7,7 @@ import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from collections.abc import Awaitable
 from typing import Any
 
 import kopf
@@ -24,6 +25,7 @@ API_THREADS = 32
 PEERING_CHECK_SECONDS = 5.0
 # A watch silent this long (bookmarks arrive about every minute) means the operator lost the API server.
 SILENT_LIMIT_SECONDS = 600.0
+CLOSE_STEP_SECONDS = 5.0
 
 
 @kopf.on.startup()
@@ -78,13 +80,23 @@ def watches(memo: kopf.Memo, **_: Any) -> float:
 
 
 @kopf.on.cleanup()
-async def close(memo: kopf.Memo, **_: Any) -> None:
+async def close(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Each step bounded: a shutdown that hangs is SIGKILLed by the kubelet after the grace period, losing
+    whatever the remaining steps would have closed; the log names the step that overran."""
     for task in getattr(memo, "tasks", []):
         task.cancel()
-    await asyncio.gather(*getattr(memo, "tasks", []), return_exceptions=True)
+    await bounded("the watches and background tasks", asyncio.gather(*getattr(memo, "tasks", []),
+                                                                     return_exceptions=True), logger)
     ctx: Context | None = getattr(memo, "ctx", None)
     if ctx is not None:
         ctx.watches.stop_all()
-        await ctx.loops.stop_all()
-        await ctx.stores.close()
+        await bounded("the job loops", ctx.loops.stop_all(), logger)
+        await bounded("the store connections", ctx.stores.close(), logger)
         ctx.kube.close()
+
+
+async def bounded(what: str, step: Awaitable[Any], logger: logging.Logger) -> None:
+    try:
+        await asyncio.wait_for(step, CLOSE_STEP_SECONDS)
+    except asyncio.TimeoutError:
+        logger.warning(f"shutdown: {what} did not stop within {CLOSE_STEP_SECONDS:.0f}s; going on without them")
