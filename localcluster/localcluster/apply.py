@@ -33,6 +33,10 @@ PLURALS = {
     "ResourceFlavor": "resourceflavors",
     "ClusterQueue": "clusterqueues",
     "LocalQueue": "localqueues",
+    "ServiceAccount": "serviceaccounts",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "Deployment": "deployments",
 }
 
 

@@ -31,6 +31,7 @@ def _up(args: argparse.Namespace) -> int:
     controlplane.ensure_up(
         args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
         node_memory=args.node_memory, apiserver_port=args.port, addons=addons,
+        node_kind="real" if args.real_nodes else "process",
     )
     return 0
 
@@ -75,7 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, default=None, help="repository root (default: found from the cwd)")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the cluster (no-op when a healthy one runs)")
-    up.add_argument("--nodes", type=int, default=3, help="process-backed nodes to start (0: none)")
+    up.add_argument("--nodes", type=int, default=3, help="nodes to start (0: none)")
+    up.add_argument("--real-nodes", action="store_true",
+                    help="nodes made of the upstream kubelet, containerd, runc, CNI and kube-proxy, running the "
+                         "images built from images/ (root; see localcluster/README.md)")
     up.add_argument("--gpus-per-node", type=int, default=0)
     up.add_argument("--node-cpu", default="8")
     up.add_argument("--node-memory", default="16Gi")

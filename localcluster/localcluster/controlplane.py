@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster import builds, components, sessions
+from localcluster import builds, components, realnodes, sessions
 from localcluster.addons import ADDONS, check_names
 from localcluster.addons import ensure as ensure_addons
 from localcluster.addons import stop as stop_addon_locked
 from localcluster.health import Health, api_json, check, ready_nodes, wait_healthy
 from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
+from localcluster.nodes import node_names
 
 VERSION = "v1.36.3"
 CORE = {"etcd", "apiserver", "controller-manager", "scheduler"}
@@ -32,6 +33,7 @@ STOP_ORDER = [*ADDONS, "nodeagent", "scheduler", "controller-manager", "apiserve
 STOP_GROUPS = [list(ADDONS), ["nodeagent"], ["scheduler", "controller-manager", "apiserver"], ["etcd"]]
 STOP_GRACE_SECONDS = 20.0
 COMPONENT_PROGRAMS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "unshare",
+                      "kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2",
                       *(addon.BINARY for addon in ADDONS.values())}
 
 Log = Callable[[str], None]
@@ -176,6 +178,11 @@ def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOpt
     if nodes.count == 0:
         log("  no nodes requested (--nodes 0)")
         return 0
+    if nodes.kind == "real":
+        log(f"  starting {nodes.count} real nodes (kubelet, containerd, runc, CNI bridge, kube-proxy)")
+        realnodes.up(layout, node_names(nodes.count), bin_dir(layout.root), realnodes.project_images(layout, log),
+                     log)
+        return nodes.count
     if not components.nodeagent_available():
         log("  node agent module localcluster.nodeagent not found: starting without nodes")
         return 0
@@ -188,6 +195,8 @@ def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOpt
 def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
     """A cluster brought up with fewer nodes (e.g. --nodes 0), or whose agent died, gets an agent when a
     caller wants nodes; the control plane and its objects stay as they are."""
+    if nodes.kind == "real" or realnodes.existing(layout):
+        return _add_missing_real_nodes(layout, endpoints, nodes, log)
     agent = sessions.read_pid(layout, "nodeagent")
     died = agent is not None and not sessions.ours(layout, agent)
     if died:
@@ -206,6 +215,21 @@ def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.N
             sessions.stop_sessions([pid], STOP_GRACE_SECONDS)
             layout.pid_file("nodeagent").unlink(missing_ok=True)
         raise
+    record(layout, endpoints, count)
+    return count
+
+
+def _add_missing_real_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
+    """One kind of node per cluster: a caller wanting the other kind is told to start afresh."""
+    running = realnodes.running(layout)
+    if nodes.kind != "real" or (recorded_nodes(layout) and not running):
+        had = "real" if running else "process-backed"
+        raise RuntimeError(f"the running local cluster has {had} nodes, and {nodes.kind} nodes were asked for: "
+                           f"stop it first (localcluster down)")
+    if len(running) >= nodes.count:
+        log(f"  {len(running)} real nodes running")
+        return len(running)
+    count = _start_nodes(layout, endpoints, nodes, log)
     record(layout, endpoints, count)
     return count
 
@@ -255,12 +279,12 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
 
 def ensure_up(
     root: Path, nodes: int = 3, *, gpus_per_node: int = 0, node_cpu: str = "8", node_memory: str = "16Gi",
-    apiserver_port: int | None = None, addons: Iterable[str] = (), log: Log = _print,
+    apiserver_port: int | None = None, addons: Iterable[str] = (), node_kind: str = "process", log: Log = _print,
 ) -> Cluster:
     """Starts the cluster unless a healthy one is already running; returns how to reach it. `addons` (names in
     ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way."""
     layout = Layout(root.resolve())
-    options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory)
+    options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory, node_kind)
     wanted = check_names(addons)
     with _locked(layout):
         return _up_locked(layout, options, apiserver_port, wanted, log)
@@ -300,6 +324,7 @@ def _may_signal(layout: Layout, sid: int) -> bool:
 
 def _down_locked(layout: Layout, log: Log) -> list[str]:
     groups = STOP_GROUPS
+    realnodes.down(layout, log)  # before the API server: a kubelet going away tells it so
     # The agent's cleanup touches host network state, so it runs only for a cluster that had an agent.
     had_agent = layout.pid_file("nodeagent").exists()
     for names in groups:

@@ -115,7 +115,7 @@ def _sans_of(crt: Path) -> set[str]:
     return {part.strip().replace("IP Address:", "IP:") for part in text.split(",") if part.strip()}
 
 
-def _issue_serving_cert(pki: Path, cert: ServingCert) -> None:
+def issue_serving_cert(pki: Path, cert: ServingCert) -> None:
     """Kept while it covers every SAN wanted; re-issued (same CA) when a name was added since it was made."""
     crt = pki / f"{cert.name}.crt"
     if crt.exists() and set(cert.sans) <= _sans_of(crt):
@@ -153,7 +153,7 @@ def ensure_pki(pki: Path) -> None:
     pki.chmod(0o700)
     _create_ca(pki)
     for cert in SERVING:
-        _issue_serving_cert(pki, cert)
+        issue_serving_cert(pki, cert)
     for client in CLIENTS:
         issue_client_cert(pki, client.name, client.common_name, client.organization)
     _create_service_account_keys(pki)

@@ -1,0 +1,100 @@
+"""Real nodes for the local cluster: upstream kubelet and kube-proxy, containerd and runc from Debian's packages,
+the CNI bridge plugin, one network namespace per node (plan.py says what a node is made of).
+
+`up` adds them to a running control plane, imports the images, and starts CoreDNS; `down` removes them and
+everything their pods left. `lose` and `partition` are the faults a real cluster has: a node whose machine is
+gone, and a node whose cable is cut.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from localcluster import sessions
+from localcluster.health import api_json
+from localcluster.layout import Layout, load_endpoints
+from localcluster.realnodes import coredns, images, netns, node, plan
+
+Log = Callable[[str], None]
+READY_TIMEOUT = 120.0
+IMAGE_CACHE = Path.home() / ".cache" / "elasticjob" / "images"
+
+
+def binaries(bin_dir: Path) -> dict[str, Path]:
+    return {name: bin_dir / name for name in ("kubelet", "kube-proxy", "pause", "coredns")}
+
+
+def project_images(layout: Layout, log: Log) -> list[Path]:
+    """The tarballs of images/*.Dockerfile, built now where their inputs changed (imagebuild)."""
+    log("  images from images/*.Dockerfile (buildah; cached when nothing changed)")
+    result = subprocess.run([sys.executable, "-m", "localcluster.imagebuild", "--cache-dir", str(IMAGE_CACHE)],
+                            cwd=layout.root, stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"the images could not be built (exit {result.returncode}); its output above says why")
+    return [Path(line) for line in result.stdout.splitlines() if line.endswith(".tar")]
+
+
+def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], log: Log) -> None:
+    endpoints = load_endpoints(layout)
+    if endpoints is None:
+        raise RuntimeError("no control plane is running (localcluster up first)")
+    everyone = plan.nodes(layout.state, names)
+    bins = binaries(bin_dir)
+    own = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
+           images.binary_image(IMAGE_CACHE, bins["coredns"], coredns.IMAGE, log)]
+    started = time.monotonic()
+    for each in everyone:
+        node.start(layout, endpoints, each, everyone, bin_dir)
+    for each in everyone:
+        images.import_all(each, own + tarballs, log)
+    wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
+    log(f"  {len(everyone)} real nodes Ready ({time.monotonic() - started:.1f}s)")
+    coredns.apply_manifests(layout, log)
+
+
+def down(layout: Layout, log: Log) -> None:
+    for each in existing(layout):
+        node.stop(layout, each)
+        log(f"  stopped {each.name} (kubelet, kube-proxy, containerd and its pods)")
+
+
+def running(layout: Layout) -> list[plan.RealNode]:
+    """The real nodes whose three processes all run."""
+    return [each for each in existing(layout)
+            if all(_alive(layout, node.component(each, part)) for part in node.PARTS)]
+
+
+def _alive(layout: Layout, name: str) -> bool:
+    pid = sessions.read_pid(layout, name)
+    return pid is not None and sessions.ours(layout, pid)
+
+
+def existing(layout: Layout) -> list[plan.RealNode]:
+    """The nodes that have a directory, each at its own index (a node's addresses follow from its index)."""
+    root = layout.state / "nodes"
+    names = [p.name for p in root.iterdir()] if root.is_dir() else []
+    return [plan.RealNode(int(name.rsplit("-", 1)[1]), name, layout.state) for name in sorted(names)]
+
+
+def wait_ready(layout: Layout, names: list[str], timeout: float, log: Log) -> None:
+    endpoints = load_endpoints(layout)
+    assert endpoints is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = {n["metadata"]["name"] for n in api_json(endpoints, "/api/v1/nodes").get("items", [])
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))}
+        if set(names) <= ready:
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(set(names) - ready)
+            tails = "\n".join(f"--- {name}-kubelet:\n{sessions.tail(layout.log_file(f'{name}-kubelet'), 10)}"
+                              for name in missing)
+            raise RuntimeError(f"nodes not Ready after {timeout:.0f}s: {', '.join(missing)}\n{tails}")
+        time.sleep(1)
+
+
+__all__ = ["down", "existing", "netns", "running", "up"]

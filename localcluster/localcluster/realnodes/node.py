@@ -1,0 +1,153 @@
+"""Start, stop and lose one real node: containerd, the kubelet and kube-proxy in the node's network namespace,
+each a session of its own (sessions.py), named `<node>-containerd`, `<node>-kubelet`, `<node>-kube-proxy`.
+
+What outlives those processes is swept by `sweep`: the runc shims (started by containerd, in its session but
+re-parented), every process in the node's cgroups (its pods), the mounts under the node's directory and its
+network namespace. A lost node is exactly that sweep without the kubelet's goodbye: the API server hears
+nothing more from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from localcluster import components, pki, sessions
+from localcluster.layout import Endpoints, Layout
+from localcluster.realnodes import netns
+from localcluster.realnodes.plan import (
+    RealNode, containerd_argv, containerd_config, cni_config, in_netns, kube_proxy_argv, kube_proxy_config,
+    kubelet_argv, kubelet_config, resolv_conf,
+)
+from localcluster.state import BRIDGE_IP
+
+PARTS = ("containerd", "kubelet", "kube-proxy")
+CGROUP_FS = Path("/sys/fs/cgroup")
+STOP_GRACE_SECONDS = 10.0
+
+
+def component(node: RealNode, part: str) -> str:
+    return f"{node.name}-{part}"
+
+
+def write_files(layout: Layout, endpoints: Endpoints, node: RealNode) -> None:
+    for sub in ("run", "cni", "pod-logs", "kubelet", "opt"):
+        node.path(sub).mkdir(parents=True, exist_ok=True)
+    node.path("containerd.toml").write_text(containerd_config(node))
+    (node.path("cni") / "10-localcluster.conflist").write_text(cni_config(node))
+    node.path("kubelet.yaml").write_text(kubelet_config(node, layout.pki))
+    node.path("resolv.conf").write_text(resolv_conf())
+    server = f"https://{BRIDGE_IP}:{endpoints.ports['apiserver']}"
+    client = f"node-{node.name}"
+    pki.issue_client_cert(layout.pki, client, f"system:node:{node.name}", "system:nodes")
+    pki.issue_serving_cert(layout.pki, pki.ServingCert(f"kubelet-{node.name}", node.name, (node.name,), (node.ip,)))
+    components.write_kubeconfig(node.path("kubelet.kubeconfig"), server, layout.pki, client, client)
+    pki.issue_client_cert(layout.pki, "kube-proxy", "system:kube-proxy")
+    components.write_kubeconfig(node.path("kube-proxy.kubeconfig"), server, layout.pki, "kube-proxy", "kube-proxy")
+    node.path("kube-proxy.yaml").write_text(kube_proxy_config(node, node.path("kube-proxy.kubeconfig")))
+
+
+def make_cgroups(node: RealNode) -> None:
+    """The kubelet (cgroupfs driver, cgroup v1) wants its cgroupRoot in every hierarchy before it starts."""
+    for hierarchy in _hierarchies():
+        (hierarchy / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+
+
+def start(layout: Layout, endpoints: Endpoints, node: RealNode, everyone: list[RealNode], bin_dir: Path) -> None:
+    sweep(layout, node)
+    write_files(layout, endpoints, node)
+    make_cgroups(node)
+    netns.create(node, everyone)
+    sessions.start(layout, component(node, "containerd"), in_netns(node, containerd_argv(node)))
+    wait_for_socket(layout, node, 30)
+    sessions.start(layout, component(node, "kubelet"),
+                   in_netns(node, kubelet_argv(bin_dir / "kubelet", node, node.path("kubelet.kubeconfig"))))
+    sessions.start(layout, component(node, "kube-proxy"), in_netns(node, kube_proxy_argv(bin_dir / "kube-proxy", node)))
+
+
+def wait_for_socket(layout: Layout, node: RealNode, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    name = component(node, "containerd")
+    while not node.socket.exists():
+        pid = sessions.read_pid(layout, name)
+        if pid is None or not sessions.alive(pid):
+            raise RuntimeError(f"{name} exited; log tail:\n{sessions.tail(layout.log_file(name))}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} opened no socket in {timeout:.0f}s; log tail:\n"
+                               f"{sessions.tail(layout.log_file(name))}")
+        time.sleep(0.2)
+
+
+def stop(layout: Layout, node: RealNode, grace: float = STOP_GRACE_SECONDS) -> None:
+    """The kubelet and kube-proxy first, then the runtime, then whatever the pods left."""
+    for part in ("kubelet", "kube-proxy", "containerd"):
+        _stop_component(layout, component(node, part), grace)
+    sweep(layout, node)
+
+
+def lose(layout: Layout, node: RealNode) -> None:
+    """The node is gone at once, as a machine that lost power: nothing is told, nothing is drained."""
+    _kill_cgroups(node)
+    for part in PARTS:
+        _stop_component(layout, component(node, part), 0)
+    sweep(layout, node)
+
+
+def sweep(layout: Layout, node: RealNode) -> None:
+    _kill_shims(node)
+    _kill_cgroups(node)
+    _unmount_under(node.dir)
+    netns.delete(node)
+
+
+def _stop_component(layout: Layout, name: str, grace: float) -> None:
+    pid = sessions.read_pid(layout, name)
+    if pid is not None and sessions.ours(layout, pid):
+        sessions.stop_sessions([pid], grace)
+    layout.pid_file(name).unlink(missing_ok=True)
+
+
+def _kill_shims(node: RealNode) -> None:
+    """containerd's shims name the node's socket on their command line."""
+    needle = str(node.path("run"))
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and "containerd-shim" in sessions.cmdline(int(entry.name)) \
+                and needle in sessions.cmdline(int(entry.name)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _kill_cgroups(node: RealNode) -> None:
+    root = CGROUP_FS / "pids" / node.cgroup_root.lstrip("/")
+    for _ in range(20):
+        pids = [int(p) for procs in root.rglob("cgroup.procs") for p in procs.read_text().split()] \
+            if root.is_dir() else []
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    for hierarchy in _hierarchies():
+        top = hierarchy / node.cgroup_root.lstrip("/")
+        if top.is_dir():
+            for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+
+def _unmount_under(directory: Path) -> None:
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    prefix = str(directory) + "/"
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def _hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy (v1 controllers, systemd's named one, the unified one): the kubelet checks
+    its cgroupRoot in each."""
+    return [p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink() and (p / "cgroup.procs").exists()]
