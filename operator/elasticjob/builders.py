@@ -27,8 +27,11 @@ STORE_USER = 65532
 STORE_POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 STORE_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
-# What the store pod takes from the workers' template, so that it lands where they can reach it.
+# What the store pod takes from the workers' template, so that it lands where they can reach it. Of `affinity`
+# only nodeAffinity: the workers' pod (anti-)affinity speaks of workers, and a store carrying "no two workers on a
+# node" repelled every worker from its node (seen on real nodes: a lost node's replacement stayed Pending).
 SCHEDULING_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "imagePullSecrets", "schedulerName")
+STORE_AFFINITY = ("nodeAffinity",)
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,9 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
     for key in SCHEDULING_FIELDS:
         if key in template_spec:
             spec[key] = copy.deepcopy(template_spec[key])
+    affinity = {k: v for k, v in (spec.pop("affinity", None) or {}).items() if k in STORE_AFFINITY}
+    if affinity:
+        spec["affinity"] = affinity
     return place({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -100,6 +100,18 @@ def test_rendezvous_pod_lands_where_the_workers_can_reach_it():
     assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
 
 
+def test_rendezvous_pod_leaves_the_workers_pod_affinity_behind():
+    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}
+    apart = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"elasticjob.dev/role": "worker"}}}]}
+    tpl = template()
+    tpl["spec"]["affinity"] = {"nodeAffinity": node_affinity, "podAntiAffinity": apart, "podAffinity": apart}
+    assert builders.rendezvous_pod(ref(template=tpl))["spec"]["affinity"] == {"nodeAffinity": node_affinity}
+    tpl["spec"]["affinity"] = {"podAntiAffinity": apart}
+    assert "affinity" not in builders.rendezvous_pod(ref(template=tpl))["spec"]
+
+
 def test_one_network_policy_fences_every_store_of_a_namespace():
     policy = builders.network_policy("ml", builders.Settings(operator_namespace="elasticjob-system"))
     assert policy["metadata"] == {"name": "elasticjob-rendezvous", "namespace": "ml",
