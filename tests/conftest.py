@@ -68,7 +68,9 @@ def cluster() -> Iterator[ClusterHandle]:
     from localcluster import controlplane
 
     nodes = int(os.environ.get("LOCALCLUSTER_NODES", "3"))
-    started = controlplane.ensure_up(ROOT, nodes)
+    # "real": kubelet, containerd, runc, CNI and kube-proxy (localcluster/realnodes); "process": the node agent.
+    kind = os.environ.get("LOCALCLUSTER_NODE_KIND", "process")
+    started = controlplane.ensure_up(ROOT, nodes, node_kind=kind)
     yield ClusterHandle(started.kubeconfig, "local", started.nodes)
     if started.started_now and os.environ.get("KEEP_CLUSTER") != "1":
         controlplane.stop(ROOT)

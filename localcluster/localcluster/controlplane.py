@@ -324,7 +324,7 @@ def _may_signal(layout: Layout, sid: int) -> bool:
 
 def _down_locked(layout: Layout, log: Log) -> list[str]:
     groups = STOP_GROUPS
-    realnodes.down(layout, log)  # before the API server: a kubelet going away tells it so
+    realnodes.down(layout, bin_dir(layout.root), log)  # before the API server: a kubelet going away tells it so
     # The agent's cleanup touches host network state, so it runs only for a cluster that had an agent.
     had_agent = layout.pid_file("nodeagent").exists()
     for names in groups:

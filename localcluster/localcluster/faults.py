@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from . import kube, launcher, state
+from .layout import Layout
 
 DEFAULT_STATE = Path(".localcluster")
 
@@ -38,6 +39,10 @@ def signal_pod_dir(pod_dir: Path, rec: dict, sig: int) -> int:
 def kill_pod(namespace: str, name: str, signal: int = signals.SIGKILL, state_dir: Path = DEFAULT_STATE) -> int:
     """Crash a pod's containers: signal each container's PID 1 (SIGKILL takes its whole PID namespace with it).
     Returns how many containers were signalled; the agent then applies the pod's restartPolicy."""
+    if (layout := real_nodes(state_dir)) is not None:
+        from localcluster.realnodes import faults as real
+
+        return real.kill_containers(core_api(layout), layout.state, namespace, name, signal)
     hits = 0
     for pod_dir, rec in runtime_records(Path(state_dir)):
         if rec["namespace"] == namespace and rec["name"] == name:
@@ -47,6 +52,11 @@ def kill_pod(namespace: str, name: str, signal: int = signals.SIGKILL, state_dir
 
 def node_loss(node: str, state_dir: Path = DEFAULT_STATE) -> int:
     """A dead kubelet: heartbeats stop, the node's containers die, pod objects are left as they were."""
+    if (layout := real_nodes(state_dir)) is not None:
+        from localcluster.realnodes import node as real_node
+
+        real_node.lose(layout, _real_node(layout, node))
+        return 1
     marker = state.lost_marker(Path(state_dir), node)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{time.time()}\n")  # written first, so the agent reports none of the deaths below
@@ -55,7 +65,31 @@ def node_loss(node: str, state_dir: Path = DEFAULT_STATE) -> int:
 
 
 def restore_node(node: str, state_dir: Path = DEFAULT_STATE) -> None:
+    layout = Layout(Path(state_dir).resolve().parent)
+    if _real_node(layout, node).dir.is_dir():
+        from localcluster import realnodes
+
+        realnodes.restart(layout, node)
+        return
     state.lost_marker(Path(state_dir), node).unlink(missing_ok=True)
+
+
+def real_nodes(state_dir: Path) -> Layout | None:
+    """The cluster's layout when its nodes are real ones (realnodes/), else None (the node agent's)."""
+    from localcluster import realnodes
+
+    layout = Layout(Path(state_dir).resolve().parent)
+    return layout if realnodes.running(layout) else None
+
+
+def _real_node(layout: Layout, name: str):  # -> realnodes.plan.RealNode
+    from localcluster.realnodes.plan import RealNode
+
+    return RealNode(int(name.rsplit("-", 1)[1]), name, layout.state)
+
+
+def core_api(layout: Layout) -> client.CoreV1Api:
+    return client.CoreV1Api(kube.api_client(str(layout.kubeconfig)))
 
 
 def is_lost(node: str, state_dir: Path) -> bool:

@@ -22,6 +22,10 @@ def _host_interfaces(namespace: str, name: str, state_dir: Path) -> list[str]:
 
 def partition(namespace: str, name: str, state_dir: Path = faults.DEFAULT_STATE) -> int:
     """Returns how many pod sandboxes were cut off (0: no such running pod)."""
+    if (layout := faults.real_nodes(state_dir)) is not None:
+        from localcluster.realnodes import faults as real
+
+        return real.partition_pod(faults.core_api(layout), layout.state, namespace, name)
     interfaces = _host_interfaces(namespace, name, state_dir)
     for iface in interfaces:
         network.sh("ip", "link", "set", iface, "nomaster")
@@ -29,6 +33,10 @@ def partition(namespace: str, name: str, state_dir: Path = faults.DEFAULT_STATE)
 
 
 def heal(namespace: str, name: str, state_dir: Path = faults.DEFAULT_STATE) -> int:
+    if (layout := faults.real_nodes(state_dir)) is not None:
+        from localcluster.realnodes import faults as real
+
+        return real.heal_pod(faults.core_api(layout), layout.state, namespace, name)
     interfaces = _host_interfaces(namespace, name, state_dir)
     for iface in interfaces:
         network.sh("ip", "link", "set", iface, "master", state.BRIDGE, "up")

@@ -72,6 +72,17 @@ def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+def spread_workers(manifest: dict) -> dict:
+    """No two of the job's workers on one node: a node lost then takes one worker, as the scenario needs. The
+    default scheduler packed both on one real node (nothing spreads pods that no controller owns)."""
+    job = manifest["metadata"]["name"]
+    manifest["spec"]["template"]["spec"]["affinity"] = {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {f"{GROUP}/job-name": job, f"{GROUP}/role": "worker"}}}]}}
+    return manifest
+
+
 def train_args(steps: int, *, step_seconds: float = 0.25, checkpoint_every: int = 5, extra: tuple = ()) -> list[str]:
     return ["--steps", str(steps), "--step-seconds", str(step_seconds), "--checkpoint-every", str(checkpoint_every),
             *map(str, extra)]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from e2e_support import Jobs, Progress, exit_codes, job_manifest, summary, train_args
+from e2e_support import Jobs, Progress, exit_codes, job_manifest, spread_workers, summary, train_args
 from helpers import wait_for
 
 START_TIMEOUT = 90  # pods scheduled, rendezvous formed, `import torch` in every process, on 2 cores
@@ -228,8 +228,8 @@ def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
     # Training must outlast the node's eviction, about 55 s after the fault (20 s to NotReady, 30 s of
     # toleration): with warm recovery 100 steps of 0.25 s ended before it, and nothing was lost to count.
     steps = 320
-    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
-                   min_step=CHECKPOINT_EVERY + 2)
+    manifest = spread_workers(job_manifest(jobs.namespace, train_args=train_args(steps)))
+    before = start(jobs, progress, manifest, world_size=2, min_step=CHECKPOINT_EVERY + 2)
     node = jobs.pod(before.rank0_host()).spec.node_name
     fault_time = faults.lose_node(node)
     try:

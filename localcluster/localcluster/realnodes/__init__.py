@@ -17,7 +17,7 @@ from pathlib import Path
 from localcluster import sessions
 from localcluster.health import api_json
 from localcluster.layout import Layout, load_endpoints
-from localcluster.realnodes import coredns, images, netns, node, plan
+from localcluster.realnodes import coredns, hostproxy, images, netns, node, plan
 
 Log = Callable[[str], None]
 READY_TIMEOUT = 120.0
@@ -51,15 +51,28 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
         node.start(layout, endpoints, each, everyone, bin_dir)
     for each in everyone:
         images.import_all(each, own + tarballs, log)
+    hostproxy.start(layout, endpoints, bin_dir)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
     log(f"  {len(everyone)} real nodes Ready ({time.monotonic() - started:.1f}s)")
     coredns.apply_manifests(layout, log)
 
 
-def down(layout: Layout, log: Log) -> None:
+def down(layout: Layout, bin_dir: Path, log: Log) -> None:
+    hostproxy.stop(layout, bin_dir)
     for each in existing(layout):
         node.stop(layout, each)
         log(f"  stopped {each.name} (kubelet, kube-proxy, containerd and its pods)")
+
+
+def restart(layout: Layout, name: str) -> None:
+    """A lost node back: its processes start again with what its disk kept (images, containerd's state)."""
+    from localcluster.controlplane import bin_dir
+
+    endpoints = load_endpoints(layout)
+    assert endpoints is not None
+    everyone = existing(layout)
+    [again] = [each for each in everyone if each.name == name]
+    node.start(layout, endpoints, again, everyone, bin_dir(layout.root))
 
 
 def running(layout: Layout) -> list[plan.RealNode]:

@@ -21,6 +21,7 @@ POD_CIDR = "10.245.0.0/16"  # every real node's pods; node i has 10.245.i.0/24
 CLUSTER_DNS = "10.96.0.10"  # the kube-dns Service's ClusterIP (coredns.py)
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_PREFIX = "ejnode-"
+HOST_NAME = "localcluster-host"  # what the host's kube-proxy calls itself (no Node of that name)
 # Built here (cmd/pause) and imported into every node, since no registry can be reached.
 PAUSE_IMAGE = "localcluster.local/pause:1"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -180,6 +181,25 @@ def kube_proxy_config(node: RealNode, kubeconfig: Path) -> str:
         "clusterCIDR": POD_CIDR,
         "mode": "iptables",
         # The node's namespace shares the host's conntrack table size, which it may not set.
+        "conntrack": {"maxPerCore": 0, "min": 0},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def host_kube_proxy_config(state: Path, kubeconfig: Path) -> str:
+    """kube-proxy on this host too, as on a control-plane node: the operator and the tests run here, and reach
+    Services by their ClusterIPs as pods do. (It waits about 30 s for a Node of its name, which never comes,
+    before it writes its rules.)"""
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": HOST_NAME,
+        "bindAddress": "127.0.0.1",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+        "clusterCIDR": POD_CIDR,
+        "mode": "iptables",
         "conntrack": {"maxPerCore": 0, "min": 0},
     }
     return yaml.safe_dump(config, sort_keys=False)
