@@ -8,6 +8,7 @@ NODES ?= 3
 KUEUE ?= 0
 SCHEDULER_PLUGINS ?= 0
 KWOK ?= 0
+REAL_NODES ?= 0
 # kubectl v1.36.3 (built with the control plane) ahead of any other on PATH, for recipes and the tests they run.
 KUBE_BIN := $(shell bash localcluster/build.sh --bin-dir)
 export PATH := $(KUBE_BIN):$(PATH)
@@ -33,18 +34,22 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> models)
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.installed cluster-build ## Unit, integration (real API server) and core e2e (real torchrun) tests on the local cluster
-	$(PY) -m pytest tests -m "not slow" -p no:cacheprovider
+test: $(VENV)/.installed cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) on real nodes
+	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e -p no:cacheprovider
+	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -m "not slow" -p no:cacheprovider
+
+host-packages: ## Install (as root, where missing) the Debian packages real nodes and image builds need: containerd, runc, CNI plugins, buildah, mmdebstrap
+	bash localcluster/host-packages.sh
 
 test-unit: $(VENV)/.installed ## Unit tests only (no cluster; seconds)
 	$(PY) -m pytest tests/unit -p no:cacheprovider
 
-e2e: $(VENV)/.installed ## Every e2e scenario, slow ones included (E2E_CLUSTER=kind runs them on kind)
+e2e: $(VENV)/.installed host-packages ## Every e2e scenario, slow ones included, on real nodes (E2E_CLUSTER=kind runs them on kind)
 ifeq ($(E2E_CLUSTER),kind)
 	bash tests/e2e/kind/up.sh
 	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/.kind/kubeconfig $(PY) -m pytest tests/e2e -p no:cacheprovider
 else
-	$(PY) -m pytest tests/e2e -p no:cacheprovider
+	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -p no:cacheprovider
 endif
 
 compat: ## Opt-in, not in `make test`: rendezvous scenarios vs each torch (VERSIONS=2.7.1,2.13.0), local processes; venvs cached in ~/.cache/elasticjob/compat (PyPI's CUDA builds: about 3 GB and 5-7 GB each)
@@ -52,15 +57,15 @@ compat: ## Opt-in, not in `make test`: rendezvous scenarios vs each torch (VERSI
 
 .PHONY: compat
 
-run: $(VENV)/.installed ## Local cluster, the operator by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
+run: $(VENV)/.installed host-packages ## Local cluster on real nodes, the operator from its image by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
 	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
 
 cluster-build: ## Build (once; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
 	bash localcluster/build.sh >/dev/null
 	bash localcluster/build_addons.sh >/dev/null
 
-cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those)
-	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(KUEUE)),--kueue) \
+cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; REAL_NODES=1 real ones; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those)
+	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(REAL_NODES)),--real-nodes) $(if $(filter 1,$(KUEUE)),--kueue) \
 		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins) $(if $(filter 1,$(KWOK)),--kwok)
 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
@@ -89,7 +94,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
+.PHONY: help install crds lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
 
 images: ## Build the images: with Docker when its daemon answers, else as tarballs (buildah; root)
 	@if docker info >/dev/null 2>&1; then \

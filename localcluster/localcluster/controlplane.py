@@ -26,6 +26,7 @@ from localcluster.health import Health, api_json, check, ready_nodes, wait_healt
 from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
 from localcluster.nodes import node_names
+from localcluster.realnodes import preflight
 
 VERSION = "v1.36.3"
 CORE = {"etcd", "apiserver", "controller-manager", "scheduler"}
@@ -195,8 +196,11 @@ def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOpt
 def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
     """A cluster brought up with fewer nodes (e.g. --nodes 0), or whose agent died, gets an agent when a
     caller wants nodes; the control plane and its objects stay as they are."""
-    if nodes.kind == "real" or realnodes.existing(layout):
+    if nodes.kind == "real":
         return _add_missing_real_nodes(layout, endpoints, nodes, log)
+    if realnodes.running(layout):
+        raise RuntimeError("the running local cluster has real nodes, and process-backed nodes were asked for: "
+                           "stop it first (localcluster down)")
     agent = sessions.read_pid(layout, "nodeagent")
     died = agent is not None and not sessions.ours(layout, agent)
     if died:
@@ -220,12 +224,11 @@ def _add_missing_nodes(layout: Layout, endpoints: Endpoints, nodes: components.N
 
 
 def _add_missing_real_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
-    """One kind of node per cluster: a caller wanting the other kind is told to start afresh."""
+    """Real nodes that stopped (or were lost and not restored) start again; running ones are left alone."""
     running = realnodes.running(layout)
-    if nodes.kind != "real" or (recorded_nodes(layout) and not running):
-        had = "real" if running else "process-backed"
-        raise RuntimeError(f"the running local cluster has {had} nodes, and {nodes.kind} nodes were asked for: "
-                           f"stop it first (localcluster down)")
+    if recorded_nodes(layout) and not running and layout.pid_file("nodeagent").exists():
+        raise RuntimeError("the running local cluster has process-backed nodes, and real nodes were asked for: "
+                           "stop it first (localcluster down)")
     if len(running) >= nodes.count:
         log(f"  {len(running)} real nodes running")
         return len(running)
@@ -245,6 +248,8 @@ def _fresh_state(layout: Layout) -> None:
 
 def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: int | None, wanted: list[str],
                log: Log) -> Cluster:
+    if nodes.kind == "real" and nodes.count and (missing := preflight.problems()):
+        raise RuntimeError("real nodes cannot start on this machine:\n  " + "\n  ".join(missing))
     endpoints = load_endpoints(layout)
     if endpoints and _healthy(status(layout.root), CORE):
         log(f"local cluster already running at {endpoints.server}")
@@ -279,12 +284,14 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
 
 def ensure_up(
     root: Path, nodes: int = 3, *, gpus_per_node: int = 0, node_cpu: str = "8", node_memory: str = "16Gi",
-    apiserver_port: int | None = None, addons: Iterable[str] = (), node_kind: str = "process", log: Log = _print,
+    apiserver_port: int | None = None, addons: Iterable[str] = (), node_kind: str | None = None, log: Log = _print,
 ) -> Cluster:
     """Starts the cluster unless a healthy one is already running; returns how to reach it. `addons` (names in
     ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way."""
     layout = Layout(root.resolve())
-    options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory, node_kind)
+    # No kind asked for: the running cluster's (an add-on started for a test keeps the nodes it found).
+    kind = node_kind or ("real" if realnodes.running(layout) else "process")
+    options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory, kind)
     wanted = check_names(addons)
     with _locked(layout):
         return _up_locked(layout, options, apiserver_port, wanted, log)

@@ -2,8 +2,9 @@
 
     python -m localcluster.demo [--scenario story|basic]
 
-Starts the local cluster if none runs, installs (or upgrades) the operator with charts/elasticjob-operator
-through Helm's SDK, watching the `default` namespace, and applies examples/elasticjob.yaml there.
+Starts the local cluster on real nodes (upstream kubelet, containerd, runc, CNI, kube-proxy, CoreDNS) if none
+runs, installs (or upgrades) the operator from its image with charts/elasticjob-operator through Helm's SDK,
+watching the `default` namespace, and applies examples/elasticjob.yaml there (its pods run the worker image).
 - story (default): grow the job to 3 nodes with `kubectl scale`, SIGKILL the pod that holds rank 0, SIGKILL the
   rendezvous store, let it finish; a live view meanwhile and a table of what each fault cost at the end.
 - basic: follow the job to its end, one plain line per change.
@@ -31,14 +32,17 @@ EXAMPLE = ROOT / "examples" / "elasticjob.yaml"
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 NAMESPACE = "default"
 BASIC_TIMEOUT = 900
-# The chart's defaults, but watching only the namespace the demo uses (other tenants' namespaces are theirs).
-CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}}
+# The chart's defaults, but watching only the namespace the demo uses (other tenants' namespaces are theirs), and
+# the operator image the real nodes hold (built from images/operator.Dockerfile; no registry to pull from).
+CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]},
+                "image": {"tag": "dev", "pullPolicy": "Never"}}
 
 
 def install_operator(console: Console, kubeconfig: Path, api: client.ApiClient) -> operatorchart.Release:
     console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} charts/elasticjob-operator "
                   f"--namespace {operatorchart.NAMESPACE} --create-namespace --set watch.allNamespaces=false "
-                  f"--set watch.namespaces={{{NAMESPACE}}} --wait   (Helm's Go SDK, helm-python-sdk)",
+                  f"--set watch.namespaces={{{NAMESPACE}}} --set image.tag=dev --set image.pullPolicy=Never --wait"
+                  f"   (Helm's Go SDK, helm-python-sdk)",
                   highlight=False, markup=False)
     started = time.monotonic()
     release = operatorchart.install_or_upgrade(kubeconfig, CHART_VALUES)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:
         console = Console(highlight=False, width=max(console.width, 120))  # a log has no width to fit
     began = time.monotonic()
-    cluster = controlplane.ensure_up(ROOT, 3)
+    cluster = controlplane.ensure_up(ROOT, 3, node_kind="real")
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     job = yaml.safe_load(EXAMPLE.read_text())
     started = time.monotonic()

@@ -2,8 +2,9 @@
 SDK), as a platform team installs it: the Deployment, ServiceAccount, RBAC, rendezvous key Secret and metrics
 Service all come from charts/elasticjob-operator, and its CRDs from the chart's crds/.
 
-The image is ignored as for every pod here: the node agent runs what images/operator.Dockerfile's ENTRYPOINT
-declares (`elasticjob run`) with the Deployment's args, from the host's .venv (localcluster/images.py).
+On real nodes the operator runs from its image (images/operator.Dockerfile, imported into every node). On
+process-backed nodes the image is ignored as for every pod there: the node agent runs what the Dockerfile's
+ENTRYPOINT declares (`elasticjob run`) with the Deployment's args, from the host's .venv (localcluster/images.py).
 """
 
 from __future__ import annotations

@@ -69,13 +69,15 @@ SUPERVISED = frozenset({"scheduler", "controller-manager", "scheduler-plugins", 
 _RESTART_LOOP = 'while :; do "$@"; echo "==== exited with $?; restarting in 1 s" >&2; sleep 1; done'
 
 
-def supervised(name: str, argv: list[str]) -> list[str]:
+def supervised(name: str, argv: list[str], restart: bool = False) -> list[str]:
     """The command line that runs `argv`, and again whenever it exits, when `name` is supervised."""
-    return ["bash", "-c", _RESTART_LOOP, f"supervise-{name}", *argv] if name in SUPERVISED else argv
+    return ["bash", "-c", _RESTART_LOOP, f"supervise-{name}", *argv] if restart or name in SUPERVISED else argv
 
 
-def start(layout: Layout, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    argv = supervised(name, argv)
+def start(layout: Layout, name: str, argv: list[str], env: dict[str, str] | None = None,
+          restart: bool = False) -> subprocess.Popen:
+    """`restart`: run it again whenever it exits, as systemd does a node's kubelet and runtime."""
+    argv = supervised(name, argv, restart)
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.pids.mkdir(parents=True, exist_ok=True)
     with open(layout.log_file(name), "ab") as out:

@@ -1,6 +1,6 @@
 """Gang scheduling at minReplicas with real training (issue 10), on the local cluster.
 
-Each worker asks for all but one cpu of a node, so one fits per node; blocker pods (bound to a node by name)
+Each worker asks for just over half a node's cpu, so one fits per node; blocker pods (bound to a node by name)
 leave room for fewer workers than minReplicas. Then no worker is bound: nothing sits half-started. When a
 second node frees up, minReplicas workers are bound together and train; the third worker, above the minimum,
 binds on its own when the last node frees up, and joins the training.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from e2e_support import job_manifest, train_args
+from e2e_support import WORKER_IMAGE, job_manifest, train_args
 from helpers import wait_for
 from test_training import finish, wait_progress
 
@@ -35,16 +35,23 @@ def gang(request, cluster) -> str:
     return request.param
 
 
+def millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(quantity) * 1000
+
+
 def nodes(core: client.CoreV1Api) -> list[tuple[str, int]]:
-    found = [(n.metadata.name, int(n.status.allocatable["cpu"])) for n in core.list_node().items
+    """(name, allocatable millicores) of the schedulable nodes."""
+    found = [(n.metadata.name, millicores(n.status.allocatable["cpu"])) for n in core.list_node().items
              if not n.spec.unschedulable]
     return sorted(found)
 
 
-def blocker(name: str, node: str, cpu: int) -> dict:
+def blocker(name: str, node: str, cpu: str) -> dict:
+    # The worker image: a real node has it (imported), and has no registry to pull any other from.
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [
-                {"name": "c", "image": "x", "command": ["sleep", "3600"], "resources": {"requests": {"cpu": str(cpu)}}}]}}
+                {"name": "c", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
+                 "resources": {"requests": {"cpu": cpu}}}]}}
 
 
 def bound(core: client.CoreV1Api, namespace: str) -> dict[str, str | None]:
@@ -68,7 +75,9 @@ def unschedulable(core: client.CoreV1Api, namespace: str) -> list[str]:
 def test_min_replicas_start_together_and_extras_one_by_one(gang, operator, jobs, progress):
     core = jobs.core
     (n0, cpu), (n1, _), (n2, _) = nodes(core)[:3]
-    big = cpu - 1  # one worker per node; the store (100m) fits beside anything
+    # Over half a node: one worker per node (8 cpus on process-backed nodes, this machine's 2 on real ones);
+    # the rest leaves room for the store (100m) and CoreDNS.
+    big = f"{cpu // 2 + 1}m"
     for name, node in (("block-0", n0), ("block-1", n1)):
         core.create_namespaced_pod(jobs.namespace, blocker(name, node, big))
     for name in ("block-0", "block-1"):
@@ -76,7 +85,7 @@ def test_min_replicas_start_together_and_extras_one_by_one(gang, operator, jobs,
     steps = 40
     manifest = job_manifest(jobs.namespace, train_args=train_args(steps, checkpoint_every=5), min_replicas=2,
                             max_replicas=3, replicas=3, scheduling={"gang": gang})
-    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": str(big)}}
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": big}}
     jobs.create(manifest)
 
     # Room for one worker, two needed: the scheduler tries, and binds none.

@@ -47,7 +47,7 @@ def test_a_serving_certificate_is_reissued_when_a_name_is_added(tmp_path):
     pki.ensure_pki(tmp_path)
     assert (tmp_path / "kueue-webhook.crt").read_bytes() == before  # kept while it covers every name
     extra = pki.ServingCert("kueue-webhook", "kueue-webhook", ("localhost",), ("127.0.0.1", "10.244.0.1"))
-    pki._issue_serving_cert(tmp_path, extra)
+    pki.issue_serving_cert(tmp_path, extra)
     assert "IP:10.244.0.1" in pki._sans_of(tmp_path / "kueue-webhook.crt")
 
 

@@ -47,13 +47,16 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
     own = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
            images.binary_image(IMAGE_CACHE, bins["coredns"], coredns.IMAGE, log)]
     started = time.monotonic()
-    for each in everyone:
+    alive = {each.name for each in running(layout)}
+    missing = [each for each in everyone if each.name not in alive]
+    for each in missing:
         node.start(layout, endpoints, each, everyone, bin_dir)
     for each in everyone:
         images.import_all(each, own + tarballs, log)
-    hostproxy.start(layout, endpoints, bin_dir)
+    if not _alive(layout, hostproxy.NAME):
+        hostproxy.start(layout, endpoints, bin_dir)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
-    log(f"  {len(everyone)} real nodes Ready ({time.monotonic() - started:.1f}s)")
+    log(f"  {len(everyone)} real nodes Ready, {len(missing)} started now ({time.monotonic() - started:.1f}s)")
     coredns.apply_manifests(layout, log)
 
 

@@ -58,15 +58,21 @@ def make_cgroups(node: RealNode) -> None:
 
 
 def start(layout: Layout, endpoints: Endpoints, node: RealNode, everyone: list[RealNode], bin_dir: Path) -> None:
-    sweep(layout, node)
+    """Starts the node afresh: whatever of it still runs is stopped first (two containerds on one state, or a
+    kubelet left in a namespace that was replaced, would serve pods no network reaches)."""
+    stop(layout, node, grace=2)
     write_files(layout, endpoints, node)
     make_cgroups(node)
     netns.create(node, everyone)
-    sessions.start(layout, component(node, "containerd"), in_netns(node, containerd_argv(node)))
+    node.socket.unlink(missing_ok=True)  # a socket left by the last run would pass for this one's
+    # Each restarted whenever it exits, as a node's systemd units are: the kubelet exits when it finds the CRI
+    # still initializing, which a containerd that has just opened its socket may be.
+    sessions.start(layout, component(node, "containerd"), in_netns(node, containerd_argv(node)), restart=True)
     wait_for_socket(layout, node, 30)
-    sessions.start(layout, component(node, "kubelet"),
-                   in_netns(node, kubelet_argv(bin_dir / "kubelet", node, node.path("kubelet.kubeconfig"))))
-    sessions.start(layout, component(node, "kube-proxy"), in_netns(node, kube_proxy_argv(bin_dir / "kube-proxy", node)))
+    kubelet = kubelet_argv(bin_dir / "kubelet", node, node.path("kubelet.kubeconfig"))
+    sessions.start(layout, component(node, "kubelet"), in_netns(node, kubelet), restart=True)
+    sessions.start(layout, component(node, "kube-proxy"), in_netns(node, kube_proxy_argv(bin_dir / "kube-proxy", node)),
+                   restart=True)
 
 
 def wait_for_socket(layout: Layout, node: RealNode, timeout: float) -> None:
@@ -98,7 +104,7 @@ def lose(layout: Layout, node: RealNode) -> None:
 
 
 def sweep(layout: Layout, node: RealNode) -> None:
-    _kill_shims(node)
+    _kill_named(node)
     _kill_cgroups(node)
     _unmount_under(node.dir)
     netns.delete(node)
@@ -111,12 +117,12 @@ def _stop_component(layout: Layout, name: str, grace: float) -> None:
     layout.pid_file(name).unlink(missing_ok=True)
 
 
-def _kill_shims(node: RealNode) -> None:
-    """containerd's shims name the node's socket on their command line."""
-    needle = str(node.path("run"))
+def _kill_named(node: RealNode) -> None:
+    """Every process that names the node's directory on its command line: its containerd, kubelet and
+    kube-proxy (a pid file may name a newer one) and containerd's shims (re-parented, in no session of ours)."""
+    needle = str(node.dir) + "/"
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and "containerd-shim" in sessions.cmdline(int(entry.name)) \
-                and needle in sessions.cmdline(int(entry.name)):
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and needle in sessions.cmdline(int(entry.name)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
 
