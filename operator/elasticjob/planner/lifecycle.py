@@ -187,8 +187,9 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     elif ready >= spec.min_replicas and status.rendezvous.ready:
         enter_phase(plan, job, Phase.RUNNING, "Running", detail, now)
     else:
-        waiting = "rendezvous store" if not status.rendezvous.ready else f"at least {spec.min_replicas} workers"
-        enter_phase(plan, job, Phase.PENDING, "Waiting", f"waiting for the {waiting}; {detail}", now)
+        waiting = "the rendezvous store" if not status.rendezvous.ready else \
+            f"at least {spec.min_replicas} ready worker{'s' if spec.min_replicas != 1 else ''}"
+        enter_phase(plan, job, Phase.PENDING, "Waiting", f"waiting for {waiting}; {detail}", now)
         plan.soon(5)
 
 
