@@ -35,8 +35,10 @@ lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> mode
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) on real nodes
-	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e -p no:cacheprovider
-	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -m "not slow" -p no:cacheprovider
+	@status=0; \
+	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e -p no:cacheprovider || status=$$?; \
+	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -m "not slow" -p no:cacheprovider || status=$$?; \
+	exit $$status
 
 host-packages: ## Install (as root, where missing) the Debian packages real nodes and image builds need: containerd, runc, CNI plugins, buildah, mmdebstrap
 	bash localcluster/host-packages.sh

@@ -53,6 +53,8 @@ def parse_args(argv=None):
     # Fault injection for the operator's tests.
     parser.add_argument("--fail-exit-code", type=int, help="every run exits with this code at its first step")
     parser.add_argument("--hang-at-step", type=int, help="rank 0 blocks at this step, once per checkpoint dir")
+    parser.add_argument("--oom-at-step", type=int,
+                        help="rank 0 allocates memory until the kernel kills it at this step, once per checkpoint dir")
     args = parser.parse_args(argv)
     args.progress_file = args.progress_file or os.path.join(args.checkpoint_dir, "progress.jsonl")
     args.events_file = args.events_file or os.path.join(args.checkpoint_dir, "events.jsonl")
@@ -106,16 +108,34 @@ def step_timer():
     return lambda: timer.expires(after=timeout)
 
 
-def hang_once(args, rank, step):
-    if args.hang_at_step != step or rank != 0:
-        return
-    marker = os.path.join(args.checkpoint_dir, f"hung-at-step-{step}")
+def first_time(args, what, rank, step, at_step) -> bool:
+    """Whether rank 0 is at `at_step` and has not done `what` before in this checkpoint dir (a marker file)."""
+    if at_step != step or rank != 0:
+        return False
+    marker = os.path.join(args.checkpoint_dir, f"{what}-at-step-{step}")
     if os.path.exists(marker):
-        return
+        return False
     open(marker, "w").close()
+    return True
+
+
+def hang_once(args, rank, step):
+    if not first_time(args, "hung", rank, step, args.hang_at_step):
+        return
     print(f"rank 0 hanging at step {step}", flush=True)
     while True:
         time.sleep(3600)
+
+
+def oom_once(args, rank, step):
+    """Grows past the container's memory limit: the kernel's OOM killer ends this process (the largest in the
+    container's cgroup), not torchrun's agent."""
+    if not first_time(args, "oom", rank, step, args.oom_at_step):
+        return
+    print(f"rank 0 allocating memory at step {step} until it is killed", flush=True)
+    hoard = []
+    while True:
+        hoard.append(bytearray(b"\x01") * (64 << 20))  # written, so every page is really taken
 
 
 class Stop:
@@ -231,6 +251,7 @@ def train(run: Run, timed_step) -> None:
             sys.exit(args.fail_exit_code)
         with timed_step():
             hang_once(args, run.rank, step)
+            oom_once(args, run.rank, step)
             inputs, targets = synthetic_batch(args.seed, step, run.rank, run.device)
             loss = torch.nn.functional.mse_loss(run.ddp_model(inputs), targets)
             run.optimizer.zero_grad()

@@ -1,0 +1,43 @@
+"""Faults that only a real node makes: the kernel's OOM killer under a container's memory limit (runc's cgroup,
+the kubelet's report). Runs where the nodes are real (`make test`'s e2e session); elsewhere it says it skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e_support import job_manifest, summary, train_args
+from test_training import finish, recovery, start
+
+REAL_NODE_LABEL = "localcluster.dev/node-kind"
+
+
+@pytest.fixture
+def real_nodes(jobs) -> None:
+    nodes = jobs.core.list_node().items
+    if not nodes or any((n.metadata.labels or {}).get(REAL_NODE_LABEL) != "real" for n in nodes):
+        pytest.skip("needs real nodes (LOCALCLUSTER_NODE_KIND=real): the node agent enforces no memory limit")
+
+
+def test_a_worker_killed_by_the_oom_killer_is_charged_once_and_training_resumes(
+        real_nodes, operator, jobs, progress, record_recovery):
+    steps, oom_at = 30, 8
+    manifest = job_manifest(jobs.namespace, train_args=train_args(steps, extra=("--oom-at-step", oom_at)))
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+    before = start(jobs, progress, manifest, world_size=2, min_step=oom_at - 1)
+    fault_time = max(r["time"] for r in before.records if r["step"] == oom_at - 1)
+    resumed = recovery(progress, fault_time, "the OOM kill of rank 0", world_size=2)
+    finish(jobs, progress, steps)
+    status = jobs.status()
+    # The kernel kills the worker process, the largest in the container's cgroup, not torchrun's agent (the
+    # container's main process): the kubelet sees no container end, the agents restart the group in place, and
+    # the store's failure round is what the operator charges, once.
+    assert status.get("restarts") == 1, summary(status)
+    failures = status.get("lastFailures", [])
+    assert len(failures) == 1 and failures[0]["charged"], failures
+    assert failures[0].get("exitCode") == -9, failures  # SIGKILL, as torchrun reports a signalled worker
+    pods = jobs.worker_pods()
+    assert all(s.restart_count == 0 for p in pods for s in p.status.container_statuses or []), jobs.pods_summary()
+    record_recovery("OOM kill of rank 0 (memory limit 1Gi)", resumed["time"] - fault_time, resumed["world_size"],
+                    status.get("restarts"))
