@@ -70,6 +70,16 @@ def test_an_in_place_restart_is_charged_once_with_its_cause():
     assert steady.status.restarts == 1 and steady.events == []
 
 
+def test_a_worker_killed_by_a_signal_is_the_cause_not_the_peer_whose_collective_then_failed():
+    cause = [planner.RoundFailure(pod="train-worker-0", exit_code=1, message="failed (exitcode: 1)"),
+             planner.RoundFailure(pod="train-worker-1", exit_code=-15, message="failed (exitcode: -15)"),
+             planner.RoundFailure(pod="train-worker-1", exit_code=-9, message="failed (exitcode: -9)")]
+    result = plan(job(running_status()), [rdzv(), worker(0), worker(1)], store=store(failure_rounds=1),
+                  round_failures=cause)
+    record = result.status.last_failures[-1]
+    assert (record.pod, record.exit_code, result.status.restarts) == ("train-worker-1", -9, 1)
+
+
 def test_a_new_store_counts_from_zero_and_its_past_is_not_charged_twice():
     status = running_status(restarts=1, rendezvous={"ready": True, "epoch": "e1", "failureRounds": 1})
     result = plan(job(status), [rdzv(), worker(0), worker(1)], store=store(epoch="e2", failure_rounds=0))

@@ -79,6 +79,12 @@ def test_cluster_dns_and_its_image_match_the_coredns_manifest():
     assert kubelet["clusterDNS"] == [plan.CLUSTER_DNS]
 
 
+def test_the_hosts_kube_proxy_binds_an_address_that_is_not_loopback():
+    # Given 127.0.0.1 it waited 30 s for a Node of its name (there is none) before writing any rule.
+    config = yaml.safe_load(plan.host_kube_proxy_config(STATE, STATE / "kubeconfig"))
+    assert not ipaddress.ip_address(config["bindAddress"]).is_loopback
+
+
 def test_node_processes_enter_only_the_network_namespace():
     # `ip netns exec` remounts /sys, which hid the cgroup mounts from the kubelet ("failed to find cgroup mounts")
     argv = plan.in_netns(three()[0], ["kubelet"])

@@ -56,6 +56,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
     if not _alive(layout, hostproxy.NAME):
         hostproxy.start(layout, endpoints, bin_dir)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
+    hostproxy.wait_serving(layout)
     log(f"  {len(everyone)} real nodes Ready, {len(missing)} started now ({time.monotonic() - started:.1f}s)")
     coredns.apply_manifests(layout, log)
 

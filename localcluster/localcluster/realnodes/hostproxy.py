@@ -5,7 +5,9 @@ host's iptables (`kube-proxy --cleanup`); the nodes' rules go with their namespa
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 from localcluster import components, pki, sessions
@@ -14,6 +16,7 @@ from localcluster.realnodes.plan import host_kube_proxy_config
 from localcluster.state import BRIDGE_IP
 
 NAME = "host-kube-proxy"
+KUBERNETES_SERVICE = "10.96.0.1"
 
 
 def start(layout: Layout, endpoints: Endpoints, bin_dir: Path) -> None:
@@ -26,6 +29,21 @@ def start(layout: Layout, endpoints: Endpoints, bin_dir: Path) -> None:
                                 "kube-proxy", "kube-proxy")
     (directory / "config.yaml").write_text(host_kube_proxy_config(layout.state, kubeconfig))
     sessions.start(layout, NAME, [str(bin_dir / "kube-proxy"), f"--config={directory / 'config.yaml'}", "--v=1"])
+
+
+def wait_serving(layout: Layout, timeout: float = 60) -> None:
+    """Until this host reaches the API server at the `kubernetes` Service's ClusterIP: kube-proxy has written its
+    rules (an operator started here before that never reached its stores)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((KUBERNETES_SERVICE, 443), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"this host cannot reach ClusterIPs {timeout:.0f}s after kube-proxy started; "
+                                   f"see {layout.log_file(NAME)}") from None
+            time.sleep(0.2)
 
 
 def stop(layout: Layout, bin_dir: Path) -> None:

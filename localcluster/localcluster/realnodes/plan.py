@@ -188,14 +188,14 @@ def kube_proxy_config(node: RealNode, kubeconfig: Path) -> str:
 
 def host_kube_proxy_config(state: Path, kubeconfig: Path) -> str:
     """kube-proxy on this host too, as on a control-plane node: the operator and the tests run here, and reach
-    Services by their ClusterIPs as pods do. (It waits about 30 s for a Node of its name, which never comes,
-    before it writes its rules.)"""
+    Services by their ClusterIPs as pods do. It binds the bridge's address: given a loopback one it waited 30 s
+    for a Node of its name, which never comes, to learn its IP, before it wrote any rule."""
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "hostnameOverride": HOST_NAME,
-        "bindAddress": "127.0.0.1",
+        "bindAddress": BRIDGE_IP,
         "metricsBindAddress": "127.0.0.1:10249",
         "healthzBindAddress": "127.0.0.1:10256",
         "clusterCIDR": POD_CIDR,

@@ -218,9 +218,17 @@ def is_round_record(record: FailureRecord) -> bool:
     return "/" in record.uid  # "<store epoch>/<failure round>"; pod uids never hold a slash
 
 
+# SIGTERM is what an agent sends its own other workers once one failed: a consequence, never the cause.
+AGENT_SIGTERM = -15
+
+
 def root_cause(failures: list[RoundFailure], fatal_codes: list[int]) -> RoundFailure | None:
-    """A fatal code wherever it shows; else the first failure logged (agents list theirs in time order)."""
-    return next((f for f in failures if f.exit_code in fatal_codes), failures[0] if failures else None)
+    """A fatal code wherever it shows; else a worker killed by a signal (the kernel's OOM killer, a SIGKILL):
+    its peers' collectives then fail and they exit 1, often logged first (seen on real nodes: rank 0 OOM-killed,
+    and the failure blamed on the pod whose rank 1 lost its peer); else the first failure logged."""
+    fatal = next((f for f in failures if f.exit_code in fatal_codes), None)
+    killed = next((f for f in failures if f.exit_code < 0 and f.exit_code != AGENT_SIGTERM), None)
+    return fatal or killed or (failures[0] if failures else None)
 
 
 def fatal(cause: RoundFailure | None, job: Job) -> bool:
