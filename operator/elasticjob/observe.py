@@ -75,6 +75,13 @@ class PodView:
         return self.phase in ("Pending", "Running", "Unknown") and not self.deleting
 
     @property
+    def exited_ok(self) -> bool:
+        """Its main container exited 0: torchrun's agent finished, so training did. A real kubelet reports that
+        exit (and Ready False) one status update before the pod's phase turns Succeeded; taking the pod for a
+        worker merely not ready meanwhile showed a finishing job as Pending, waiting for workers."""
+        return self.phase == "Succeeded" or self.exit_code == 0
+
+    @property
     def never_ran(self) -> bool:
         """Waiting for a node or for its containers to start: it has trained nothing and holds no rank."""
         return self.active and not self.started

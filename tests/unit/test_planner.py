@@ -262,6 +262,14 @@ def test_never_succeeded_while_a_worker_still_runs():
     assert creates(result) == []
 
 
+def test_a_worker_that_exited_zero_before_its_pod_turned_succeeded_means_completing_not_waiting():
+    # A real kubelet's first update after the exit: phase Running, Ready False, the container terminated with 0.
+    exited = [worker(i, ready=False, exit_code=0, worker_exit_code=0, finished_at=NOW) for i in (0, 1)]
+    result = plan(job(running_status()), [rdzv(), *exited])
+    assert (result.status.phase, result.status.reason) == ("Running", "Completing")
+    assert creates(result) == [] and [d for d in deletes(result) if d[0].startswith("train-worker")] == []
+
+
 def test_succeeded_when_every_worker_exited_zero():
     result = plan(job(running_status()), [rdzv(), worker(0, "Succeeded"), worker(1, "Succeeded")])
     assert result.status.phase == "Succeeded"

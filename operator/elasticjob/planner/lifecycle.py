@@ -81,7 +81,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
         return
     force_delete_stuck(plan, observed, now)
     ensure_rendezvous(plan, job, observed, settings, token, now, gang.store_placement(job.ref).merge(admitted.store))
-    training_done = any(p.phase == "Succeeded" for p in observed.workers)
+    training_done = any(p.exited_ok for p in observed.workers)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
