@@ -60,8 +60,12 @@ def test_control_plane_flags_turn_on_the_workload_api_and_the_endpoint_reconcile
     assert not any(arg.startswith("--endpoint-reconciler-type") for arg in argv)
 
 
-def test_kueue_objects_call_its_webhooks_by_url():
-    endpoints = Endpoints(Layout(ROOT), {"apiserver": 6443, "kueue-webhook": 9555, "kueue-health": 8555})
+def test_kueue_objects_call_its_webhooks_by_url(tmp_path):
+    # A cluster's root of its own (the manifests of this checkout, a CA of its own): no cluster need have run here.
+    (tmp_path / "localcluster").symlink_to(ROOT / "localcluster")
+    (tmp_path / ".localcluster" / "pki").mkdir(parents=True)
+    (tmp_path / ".localcluster" / "pki" / "ca.crt").write_text("a CA\n")
+    endpoints = Endpoints(Layout(tmp_path), {"apiserver": 6443, "kueue-webhook": 9555, "kueue-health": 8555})
     converted = {crd["spec"]["names"]["plural"]: crd["spec"].get("conversion") for crd in kueue_addon.crds(endpoints)}
     assert len(converted) == 11
     assert {name for name, conversion in converted.items() if conversion} == kueue_addon.CONVERTED
