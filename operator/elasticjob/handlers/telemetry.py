@@ -9,8 +9,7 @@ from datetime import datetime
 from elasticjob import metrics
 from elasticjob.models import ElasticJobStatus, Phase
 from elasticjob.observe import StoreView, parse_time
-
-INFRASTRUCTURE = ("Evicted", "Preempted", "NodeLost", "Partitioned")
+from elasticjob.planner.failures import INFRASTRUCTURE_REASONS
 
 
 @dataclass
@@ -29,7 +28,7 @@ def record(meta: dict, old: ElasticJobStatus, new: ElasticJobStatus, store: Stor
     seen = {f.uid for f in old.last_failures}
     fresh = [f for f in new.last_failures if f.uid not in seen]
     for failure in fresh:
-        if failure.reason in INFRASTRUCTURE and not failure.charged:
+        if failure.reason in INFRASTRUCTURE_REASONS and not failure.charged:
             metrics.INFRASTRUCTURE_FAILURES.labels(failure.reason).inc()
     scaled = old.desired_replicas and new.desired_replicas != old.desired_replicas
     if scaled:
