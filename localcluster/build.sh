@@ -22,20 +22,28 @@ declare -A pkgs=(
   [kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
   [pause]=./cmd/pause
 )
-# Cluster DNS for the real nodes; its own module, so `go install` at a pinned version rather than go.mod.
-coredns=github.com/coredns/coredns@v1.12.4
+# The real nodes' cluster DNS and resource metrics (localcluster/realnodes/systemapps.py); each its own module,
+# so `go install` at a pinned version rather than go.mod.
+declare -A modules=(
+  [coredns]=github.com/coredns/coredns@v1.12.4
+  [metrics-server]=sigs.k8s.io/metrics-server/cmd/metrics-server@v0.8.0
+)
 missing_pkgs() {
   local b
   for b in "${!pkgs[@]}"; do [[ -x $bin/$b ]] || echo "${pkgs[$b]}"; done | sort
 }
-[[ -z $(missing_pkgs) && -x $bin/coredns ]] && { echo "$bin"; exit 0; }
+missing_modules() {
+  local b
+  for b in "${!modules[@]}"; do [[ -x $bin/$b ]] || echo "$b"; done | sort
+}
+[[ -z $(missing_pkgs) && -z $(missing_modules) ]] && { echo "$bin"; exit 0; }
 command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build the control plane" >&2; exit 1; }
 # Two test sessions may ask for the binaries at once: one builds, the other waits and reuses them.
 mkdir -p "$cache"
 exec 9>"$cache/.build-$version.lock"
 flock 9
 mapfile -t todo < <(missing_pkgs)
-[[ ${#todo[@]} == 0 && -x $bin/coredns ]] && { echo "$bin"; exit 0; }
+[[ ${#todo[@]} == 0 && -z $(missing_modules) ]] && { echo "$bin"; exit 0; }
 source "$here/progress.sh"
 minor=${version#v1.}; minor=${minor%%.*}
 ldflags="-s -w"
@@ -51,10 +59,10 @@ export CGO_ENABLED=0
 if ((${#todo[@]})); then
   go_build_with_progress "build $version" -trimpath -ldflags "$ldflags" -o "$bin.partial/" -- "${todo[@]}"
 fi
-if [[ ! -x $bin/coredns ]]; then
-  echo "building CoreDNS (${coredns#*@}) for the real nodes' cluster DNS (about 90 s)" >&2
-  GOBIN="$bin.partial" go install -trimpath -ldflags "-s -w" "$coredns"
-fi
+for name in $(missing_modules); do
+  echo "building $name (${modules[$name]#*@}) for the real nodes (about 90 s)" >&2
+  GOBIN="$bin.partial" go install -trimpath -ldflags "-s -w" "${modules[$name]}"
+done
 # Binaries already in $bin stay (a running cluster may be using them); new ones are renamed in.
 if [[ -d $bin ]]; then
   for f in "$bin.partial"/*; do mv -f "$f" "$bin/"; done

@@ -37,6 +37,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Service": "services",
     "Deployment": "deployments",
+    "APIService": "apiservices",
 }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from localcluster.realnodes import coredns, plan, preflight
+from localcluster.realnodes import plan, preflight, systemapps
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path("/work/x/.localcluster")
@@ -69,12 +69,28 @@ def test_kubelet_runs_on_cgroup_v1_under_its_own_root_and_serves_on_the_node_add
     assert config["authentication"]["anonymous"]["enabled"] is False
 
 
-def test_cluster_dns_and_its_image_match_the_coredns_manifest():
-    docs = [d for d in yaml.safe_load_all((ROOT / "localcluster" / "manifests" / coredns.MANIFEST).read_text()) if d]
+def manifest(app: systemapps.SystemApp) -> list[dict]:
+    return [d for d in yaml.safe_load_all((ROOT / "localcluster" / "manifests" / app.manifest).read_text()) if d]
+
+
+def test_each_system_app_runs_the_image_made_from_its_binary():
+    for app in systemapps.APPS:
+        deployment = next(d for d in manifest(app) if d["kind"] == "Deployment")
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == app.image, app.manifest
+
+
+def test_the_metrics_api_is_served_by_the_metrics_server_service():
+    docs = manifest(systemapps.METRICS_SERVER)
     service = next(d for d in docs if d["kind"] == "Service")
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    api = next(d for d in docs if d["kind"] == "APIService")
+    assert api["spec"]["service"] == {"name": service["metadata"]["name"],
+                                      "namespace": service["metadata"]["namespace"],
+                                      "port": service["spec"]["ports"][0]["port"]}
+
+
+def test_cluster_dns_is_the_kube_dns_service():
+    service = next(d for d in manifest(systemapps.COREDNS) if d["kind"] == "Service")
     assert service["spec"]["clusterIP"] == plan.CLUSTER_DNS
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == coredns.IMAGE
     kubelet = yaml.safe_load(plan.kubelet_config(three()[0], STATE / "pki"))
     assert kubelet["clusterDNS"] == [plan.CLUSTER_DNS]
 

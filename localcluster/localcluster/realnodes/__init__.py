@@ -1,7 +1,7 @@
 """Real nodes for the local cluster: upstream kubelet and kube-proxy, containerd and runc from Debian's packages,
 the CNI bridge plugin, one network namespace per node (plan.py says what a node is made of).
 
-`up` adds them to a running control plane, imports the images, and starts CoreDNS; `down` removes them and
+`up` adds them to a running control plane, imports the images, and starts CoreDNS and metrics-server; `down` removes them and
 everything their pods left. `lose` and `partition` are the faults a real cluster has: a node whose machine is
 gone, and a node whose cable is cut.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from localcluster import sessions
 from localcluster.health import api_json
 from localcluster.layout import Layout, load_endpoints
-from localcluster.realnodes import coredns, hostproxy, images, netns, node, plan
+from localcluster.realnodes import hostproxy, images, netns, node, plan, systemapps
 
 Log = Callable[[str], None]
 READY_TIMEOUT = 120.0
@@ -25,7 +25,8 @@ IMAGE_CACHE = Path.home() / ".cache" / "elasticjob" / "images"
 
 
 def binaries(bin_dir: Path) -> dict[str, Path]:
-    return {name: bin_dir / name for name in ("kubelet", "kube-proxy", "pause", "coredns")}
+    names = ("kubelet", "kube-proxy", "pause", *(app.binary for app in systemapps.APPS))
+    return {name: bin_dir / name for name in names}
 
 
 def project_images(layout: Layout, log: Log) -> list[Path]:
@@ -45,7 +46,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
     everyone = plan.nodes(layout.state, names)
     bins = binaries(bin_dir)
     own = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
-           images.binary_image(IMAGE_CACHE, bins["coredns"], coredns.IMAGE, log)]
+           *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS)]
     started = time.monotonic()
     alive = {each.name for each in running(layout)}
     missing = [each for each in everyone if each.name not in alive]
@@ -58,7 +59,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
     hostproxy.wait_serving(layout)
     log(f"  {len(everyone)} real nodes Ready, {len(missing)} started now ({time.monotonic() - started:.1f}s)")
-    coredns.apply_manifests(layout, log)
+    systemapps.apply_manifests(layout, log)
 
 
 def down(layout: Layout, bin_dir: Path, log: Log) -> None:

@@ -18,7 +18,7 @@ import yaml
 from localcluster.state import BRIDGE_IP, POD_CIDR_PREFIX
 
 POD_CIDR = "10.245.0.0/16"  # every real node's pods; node i has 10.245.i.0/24
-CLUSTER_DNS = "10.96.0.10"  # the kube-dns Service's ClusterIP (coredns.py)
+CLUSTER_DNS = "10.96.0.10"  # the kube-dns Service's ClusterIP (systemapps.py)
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_PREFIX = "ejnode-"
 HOST_NAME = "localcluster-host"  # what the host's kube-proxy calls itself (no Node of that name)
