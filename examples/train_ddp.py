@@ -45,6 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint-dir", default=os.environ.get("ELASTICJOB_CHECKPOINT_DIR", "/tmp/elasticjob-checkpoint"))
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step, to slow training down")
+    parser.add_argument("--busy-while", metavar="PATH",
+                        help="spin the CPU for --step-seconds instead of sleeping while PATH exists (load for an HPA)")
     parser.add_argument("--progress-file", help="default: <checkpoint-dir>/progress.jsonl")
     parser.add_argument("--events-file", help="checkpoints saved on SIGTERM; default: <checkpoint-dir>/events.jsonl")
     parser.add_argument("--seed", type=int, default=0)
@@ -136,6 +138,17 @@ def oom_once(args, rank, step):
     hoard = []
     while True:
         hoard.append(bytearray(b"\x01") * (64 << 20))  # written, so every page is really taken
+
+
+def pause(args):
+    """The rest of a step: asleep, or busy on the CPU while the --busy-while file exists (the test that drives
+    an autoscaler turns the load on and off from outside, whatever the world does in between)."""
+    if not (args.busy_while and os.path.exists(args.busy_while)):
+        time.sleep(args.step_seconds)
+        return
+    deadline = time.monotonic() + args.step_seconds
+    while time.monotonic() < deadline:
+        pass
 
 
 class Stop:
@@ -257,7 +270,7 @@ def train(run: Run, timed_step) -> None:
             run.optimizer.zero_grad()
             loss.backward()
             run.optimizer.step()
-            time.sleep(args.step_seconds)
+            pause(args)
         append_progress(args.progress_file, {
             "step": step, "rank": run.rank, "world_size": run.world_size, "local_rank": run.local_rank,
             "restart_count": run.restart_count, "resumed_from": run.resumed_from, "loss": round(loss.item(), 6),

@@ -28,9 +28,21 @@ ADMISSIONS: list[tuple[str, str, float]] = []
 LOCAL_STATE = Path(__file__).resolve().parents[2] / ".localcluster"
 
 
+REAL_NODE_LABEL = "localcluster.dev/node-kind"
+
+
 @pytest.fixture
 def jobs(kube, namespace: str) -> Jobs:
     return Jobs(kube, namespace)
+
+
+@pytest.fixture
+def real_nodes(jobs) -> None:
+    """Skips where the nodes are not real: the node agent enforces no memory limit, runs no probe and serves no
+    resource metrics."""
+    nodes = jobs.core.list_node().items
+    if not nodes or any((n.metadata.labels or {}).get(REAL_NODE_LABEL) != "real" for n in nodes):
+        pytest.skip("needs real nodes (LOCALCLUSTER_NODE_KIND=real)")
 
 
 class Training:
@@ -78,7 +90,7 @@ def record_timing(request: pytest.FixtureRequest) -> Callable[[str, float], None
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if ADMISSIONS:
-        terminalreporter.section("admission by Kueue: measured intervals")
+        terminalreporter.section("measured intervals (admission by Kueue, autoscaling)")
         for scenario, what, seconds in ADMISSIONS:
             terminalreporter.write_line(f"{scenario}  {what:<48} {seconds:6.1f} s")
     if not RECOVERIES:

@@ -58,6 +58,15 @@ def test_example_parses_with_the_defaults_we_document():
     assert spec.rendezvous.port == 29400 and spec.rendezvous.keep_alive_interval_seconds == 2
 
 
+def test_example_hpa_drives_the_example_job_within_its_bounds():
+    job = yaml.safe_load((ROOT / "examples" / "elasticjob.yaml").read_text())
+    hpa = yaml.safe_load((ROOT / "examples" / "hpa.yaml").read_text())
+    spec = ElasticJobSpec.model_validate(job["spec"])
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": job["apiVersion"], "kind": job["kind"],
+                                             "name": job["metadata"]["name"]}
+    assert spec.min_replicas <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= spec.max_replicas
+
+
 @pytest.mark.parametrize("bad", [
     {"maxReplicas": 0},
     {"minReplicas": 0},
