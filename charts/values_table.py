@@ -1,6 +1,6 @@
-"""Generates the chart's configuration table (README.md) from values.yaml: its defaults and the comment
-lines right above each key. `python charts/values_table.py` rewrites the table between the README's
-markers; tests/unit/test_chart_docs.py fails when the two drift."""
+"""Generates the chart's configuration table (docs/operations.md) from values.yaml: its defaults and the
+comment lines right above each key. `python charts/values_table.py` rewrites the table between the markers in
+docs/operations.md; tests/unit/test_chart_docs.py fails when the two drift."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUES = ROOT / "charts" / "elasticjob-operator" / "values.yaml"
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "operations.md"
 START, END = "<!-- values-table:start -->", "<!-- values-table:end -->"
 # Maps whose keys are the user's own (labels, resources...) are one row, not one row per key.
 WHOLE = {"resources", "podSecurityContext", "securityContext", "serviceMonitor.labels", "dashboard.labels"}
@@ -58,12 +58,12 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def readme_with_table(readme: str) -> str:
-    before, rest = readme.split(START, 1)
+def doc_with_table(doc: str) -> str:
+    before, rest = doc.split(START, 1)
     _, after = rest.split(END, 1)
     return f"{before}{START}\n{table()}\n{END}{after}"
 
 
 if __name__ == "__main__":
-    README.write_text(readme_with_table(README.read_text()))
+    DOC.write_text(doc_with_table(DOC.read_text()))
     sys.exit(0)

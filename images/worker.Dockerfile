@@ -1,8 +1,8 @@
 # A GPU-capable worker for real clusters: PyTorch's official CUDA runtime image plus the example trainer.
 # Pick another tag with --build-arg BASE=...; torch in the worker, in the rendezvous pod and in every
 # agent must be the same version (the c10d store's wire protocol is torch's own). The default is a torch
-# `make compat` ran the store's nudges and warm starts on (README "Torch versions"); outside torch 2.6 to 2.13
-# they turn themselves off.
+# `make compat` ran the store's nudges and warm starts on (docs/behaviour.md, "Torch versions"); outside torch
+# 2.6 to 2.13 they turn themselves off.
 ARG BASE=pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime
 FROM ${BASE}
 WORKDIR /workspace

@@ -191,6 +191,6 @@ class View:
             self.live.update(panel(self.snapshot, self.title))
 
     def final_frame(self) -> None:
-        """The last state, once more, in plain text: what a log (or the README) keeps of the live view."""
+        """The last state, once more, in plain text: what a log (or docs/behaviour.md) keeps of the live view."""
         if self.snapshot is not None and self.live is None:
             self.console.print(panel(self.snapshot, self.title))

@@ -45,7 +45,7 @@ class Release:
 def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = RELEASE,
                        namespace: str = NAMESPACE, timeout: int = 180) -> Release:
     """`helm upgrade --install --wait`: a first install creates the namespace and installs crds/; an upgrade
-    first applies crds/ itself, as the README tells users to (Helm leaves existing CRDs alone)."""
+    first applies crds/ itself, as docs/operations.md tells users to (Helm leaves existing CRDs alone)."""
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
         exists = release_exists(cfg, release)
         if exists:

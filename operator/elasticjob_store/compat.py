@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-# The torch minors the nudges were run against (`make compat`; README "Torch versions"). Inclusive.
+# The torch minors the nudges were run against (`make compat`; docs/behaviour.md, "Torch versions"). Inclusive.
 SUPPORTED = ((2, 6), (2, 13))
 RANGE_TEXT = f"{SUPPORTED[0][0]}.{SUPPORTED[0][1]} to {SUPPORTED[1][0]}.{SUPPORTED[1][1]}"
 _PROBE_RUN = "elasticjob-compat-probe"

@@ -1,6 +1,6 @@
 """The operator's Helm chart through its whole life on a cluster, with real Helm (helm-python-sdk) and a job
 training all along: install, the liveness probe doing its job, metrics scraped through the Service, an upgrade
-that rolls the Deployment, and an uninstall, checked against what the README says happens then.
+that rolls the Deployment, and an uninstall, checked against what docs/operations.md says happens then.
 
 The local cluster ignores images: the node agent runs what images/operator.Dockerfile's ENTRYPOINT declares
 (`elasticjob run`) with the Deployment's args (localcluster/images.py). Slow: about 3 minutes, most of it the
@@ -150,7 +150,7 @@ def test_install_liveness_upgrade_uninstall(cluster, kube, jobs, progress, relea
              until=lambda p: any(r["world_size"] == 3 for r in p.after(scaled_at)))
     assert jobs.status().get("restarts") == 0, jobs.status()
 
-    # --- uninstall: what the README says ----------------------------------------------------------------------
+    # --- uninstall: what docs/operations.md says -------------------------------------------------------------
     operatorchart.uninstall(cluster.kubeconfig, installed.name, ns)
     wait_for(lambda: operatorchart.operator_pods(core, installed), 60, "the operator pod gone", until=lambda p: not p)
     uninstalled_at = time.time()

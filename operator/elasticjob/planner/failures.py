@@ -20,7 +20,8 @@ from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure
 # Failures this close together are one incident: agents of one group tend to fail together.
 INCIDENT_WINDOW = timedelta(seconds=15)
 # What the cluster did to a pod rather than the workload: never charged unless
-# failurePolicy.countInfrastructureFailures (the planner, the metrics and README's failure table use this one list).
+# failurePolicy.countInfrastructureFailures (the planner, the metrics and docs/behaviour.md's failure table use
+# this one list).
 INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost", "Partitioned")
 # A group re-forms this long at most after a pod of it ended: its replacement is scheduled, imports torch, joins.
 REFORM_WINDOW = timedelta(seconds=60)
