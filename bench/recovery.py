@@ -10,6 +10,10 @@ Beside them, for the start-up: two torchrun agents and the store started by hand
 operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
 
     make cluster-up && .venv/bin/python bench/recovery.py [--runs 5] [--only kill,scale-down]
+    .venv/bin/python bench/recovery.py --node-kinds real,process   # both kinds of node, one after the other
+
+With --node-kinds the bench starts the local cluster with each kind of node in turn (stopping whatever runs),
+and the table has a column per kind and mode; without it, it measures the running cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
+from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
 from handstart import hand_start  # noqa: E402
 
 HOST_DIR = Path("/tmp/elasticjob-bench")
@@ -40,7 +44,7 @@ MODES = {  # name: (spec.rendezvous, the operator's flags, warm worker starts)
                        ["--no-rendezvous-nudges"], False),
 }
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 10", "scale-down": "<= 5", "scale-up": "<= 6",
-           "start": "<= 1.3x by hand"}
+           "store": "<= 8", "start": "<= 1.3x by hand"}
 
 
 @dataclass
@@ -102,6 +106,15 @@ def kill(api: Api, ns: str, rank0: bool) -> tuple[float, int | None]:
     return when, None
 
 
+def kill_store(api: Api, ns: str) -> tuple[float, int | None]:
+    """The rendezvous store's container SIGKILLed: the agents lose their TCPStore."""
+    from localcluster import faults
+
+    when = time.time()
+    faults.kill_pod(ns, "train-rdzv", 9, STATE_DIR)
+    return when, None
+
+
 def other_worker(api: Api, ns: str) -> str:
     return next(p.metadata.name for p in api.workers(ns, "train") if p.metadata.name != rank0_host(ns))
 
@@ -129,6 +142,7 @@ FAULTS = {
     "partition": partition,
     "scale-down": lambda api, ns: scale(api, ns, 1),
     "scale-up": lambda api, ns: scale(api, ns, 3),
+    "store": kill_store,
 }
 
 
@@ -201,27 +215,53 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: all)")
+    parser.add_argument("--node-kinds", default="",
+                        help="real,process: start the local cluster with each kind of node in turn (default: the "
+                             "running cluster, as it is)")
     args = parser.parse_args()
     scenarios = [s for s in [*FAULTS, "start"] if not args.only or s in args.only.split(",")]
     modes = [m for m in MODES if m in args.modes.split(",")]
+    kinds = [k for k in args.node_kinds.split(",") if k] or [""]
+    results: dict[tuple[str, str], list[Sample]] = {}
+    columns = []
+    for kind in kinds:
+        if kind:
+            start_cluster(kind)
+        for mode in modes:
+            column = f"{kind} {mode}".strip()
+            columns.append(column)
+            measure(column, MODES[mode], scenarios, args.runs, results)
+    hand = hand_start(args.runs) if "start" in scenarios else []
+    print_table(scenarios, columns, results, hand)
+    return 0
+
+
+def start_cluster(kind: str) -> None:
+    """The local cluster with `kind` nodes: whatever runs is stopped first unless it already has that kind."""
+    from localcluster import controlplane, realnodes
+    from localcluster.layout import Layout
+
+    running = controlplane.is_up(ROOT) and ("real" if realnodes.running(Layout(ROOT)) else "process")
+    if running and running != kind:
+        controlplane.stop(ROOT)
+    controlplane.ensure_up(ROOT, node_kind=kind)
+
+
+def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: dict) -> None:
+    rendezvous, flags, warm = mode
     api = Api()
     api.install_crd()
-    results: dict[tuple[str, str], list[Sample]] = {}
-    for mode in modes:
-        rendezvous, flags, warm = MODES[mode]
-        with Operator(STATE_DIR / f"bench-recovery-{mode.replace(' ', '-').replace('+', '-')}.log", flags) as operator:
-            for scenario in scenarios:
-                # A fault that torch alone never recovers from (a partition) is measured once.
-                runs = 1 if scenario == "partition" and not mode.startswith("operator") else args.runs
-                for i in range(runs):
-                    sample = run_once(api, operator, scenario, rendezvous, warm)
-                    results.setdefault((scenario, mode), []).append(sample)
-                    print(f"  {mode:>14} {scenario:<11} run {i + 1}: "
-                          f"{'> %.0f' % LIMIT if sample.seconds is None else '%.1f' % sample.seconds} s "
-                          f"{ {k: round(v, 2) for k, v in sample.phases.items()} }", flush=True)
-    hand = hand_start(args.runs) if "start" in scenarios else []
-    print_table(scenarios, modes, results, hand)
-    return 0
+    log = STATE_DIR / f"bench-recovery-{column.replace(' ', '-').replace('+', '-')}.log"
+    with Operator(log, flags) as operator:
+        for scenario in scenarios:
+            # A fault that torch alone never recovers from (a partition) is measured once.
+            times = 1 if scenario == "partition" and "operator" not in column else runs
+            for i in range(times):
+                sample = run_once(api, operator, scenario, rendezvous, warm)
+                results.setdefault((scenario, column), []).append(sample)
+                print(f"  {column:>20} {scenario:<11} run {i + 1}: "
+                      f"{'> %.0f' % LIMIT if sample.seconds is None else '%.1f' % sample.seconds} s "
+                      f"{ {k: round(v, 2) for k, v in sample.phases.items()} }", flush=True)
 
 
 def cell(samples: list[Sample]) -> str:
@@ -238,7 +278,8 @@ def print_table(scenarios: list[str], modes: list[str], results: dict, hand: lis
     rows = []
     for scenario in scenarios:
         # The phases of one mode: the first of the operator's that ran, never two mixed.
-        ours = next((got for m in ("operator", "operator+warm") if (got := results.get((scenario, m)))), [])
+        ours = next((got for m in modes if m.endswith(("operator", "operator+warm"))
+                     if (got := results.get((scenario, m)))), [])
         phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
                  if (vals := [s.phases[name] for s in ours if name in s.phases])}
         rows.append([scenario, *(cell(results.get((scenario, m), [])) for m in modes),
