@@ -34,10 +34,10 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> models)
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.installed cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) on real nodes
+test: $(VENV)/.installed cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
 	@status=0; \
-	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e -p no:cacheprovider || status=$$?; \
-	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -m "not slow" -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
+	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
 	exit $$status
 
 host-packages: ## Install (as root, where missing) the Debian packages real nodes and image builds need: containerd, runc, CNI plugins, buildah, mmdebstrap
@@ -84,12 +84,11 @@ bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on on
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/fleet.py
 
-bench-recovery: $(VENV)/.installed ## Fault -> next training step, four ways, medians of RUNS (default 5); about 55 min
-	$(VENV)/bin/localcluster up --nodes $(NODES)
-	$(PY) bench/recovery.py --runs $(or $(RUNS),5)
+bench-recovery: $(VENV)/.installed host-packages ## Fault -> next training step, four ways, medians of RUNS (default 5), on real then process-backed nodes (NODE_KINDS); about 55 min per kind
+	$(PY) bench/recovery.py --runs $(or $(RUNS),5) --node-kinds $(or $(NODE_KINDS),real,process)
 
-soak: $(VENV)/.installed ## Randomized orderings for MINUTES (default 10): 60 operator kills, API server and etcd restarts, a lost node
-	$(VENV)/bin/localcluster up --nodes $(NODES)
+soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes: 60 operator kills, API server and etcd restarts, a lost node
+	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60
 
 clean: ## Remove the virtualenv and the local cluster's state (not the cached Kubernetes binaries)

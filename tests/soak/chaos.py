@@ -27,12 +27,17 @@ WORKER = ("import os, sys, time\n"
 
 
 def job_manifest(name: str, replicas: int, gate: Path) -> dict:
-    container = {"name": "worker", "image": "soak", "command": ["python", "-c", WORKER, str(gate)],
-                 "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
+    """A light worker (Python waiting for its gate file, no torch) in the worker image, which real nodes run
+    (process-backed nodes ignore images); the gate's directory is this host's, mounted at the same path."""
+    container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": ["python", "-c", WORKER, str(gate)],
+                 "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                 "volumeMounts": [{"name": "gates", "mountPath": str(gate.parent)}]}
+    volume = {"name": "gates", "hostPath": {"path": str(gate.parent), "type": "DirectoryOrCreate"}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "metadata": {"name": name},
             "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "maxRestarts": 1000,
                      "runPolicy": {"ttlSecondsAfterFinished": 30},
-                     "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}}}}
+                     "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container],
+                                           "volumes": [volume]}}}}
 
 
 class OperatorRunner:
@@ -93,6 +98,8 @@ class Chaos:
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         self.namespace, self.rng, self.state_dir, self.gates = namespace, rng, state_dir, gates
         self.counts: Counter[str] = Counter()
+        # pod name -> when it was force-deleted: the API forgets it before its node has stopped it.
+        self.force_deleted: dict[str, float] = {}
         self._undo: list[tuple[float, str, str]] = []  # (when, what, node)
         self.ops = [(4, self.create), (2, self.delete), (3, self.recreate), (4, self.scale), (4, self.crash_worker),
                     (1, self.finish), (2, self.force_delete), (2, self.evict), (1, self.drain), (1, self.suspend)]
@@ -195,6 +202,7 @@ class Chaos:
         if pod is None:
             return False
         self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+        self.force_deleted[pod.metadata.name] = time.monotonic()
         return True
 
     def evict(self) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos import Chaos, OperatorRunner  # noqa: E402
-from invariants import INVARIANTS, JobHistory, Objects, Violations, steady  # noqa: E402
+from invariants import FORCE_DELETE_OVERLAP, INVARIANTS, JobHistory, Objects, Violations, steady  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTLE_SECONDS = 150.0  # the stated bound: every job steady this long after the churn stops
@@ -79,6 +79,7 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
     history = JobHistory(api, namespace, violations)
     objects = Objects(api, namespace, state_dir, violations)
     chaos = Chaos(api, namespace, rng, state_dir, gates)
+    objects.force_deleted = chaos.force_deleted
     operator = OperatorRunner(ROOT, kubeconfig, namespace, workdir)
     history.start()
     operator.start()
@@ -113,6 +114,8 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
     code = operator.stop()
     check_operator(operator, code, violations, quiet_from)
     history.stop()
+    if objects.tolerated:
+        chaos.counts[f"overlaps within {FORCE_DELETE_OVERLAP:.0f} s of a force delete"] = len(objects.tolerated)
     return Report(config, dict(chaos.counts), violations, churn, settled_in)
 
 

@@ -146,6 +146,27 @@ def _kill_cgroups(node: RealNode) -> None:
                     path.rmdir()
 
 
+def live_pod_uids(node: RealNode) -> set[str]:
+    """The uids of the node's pods that have a process running besides their sandbox's pause: what really runs,
+    whatever the API says (the kubelet's cgroupfs layout: <cgroupRoot>/kubepods[/<qos>]/pod<uid>/<container>)."""
+    root = CGROUP_FS / "pids" / node.cgroup_root.lstrip("/")
+    live = set()
+    for pod_dir in root.rglob("pod*") if root.is_dir() else []:
+        if not pod_dir.is_dir() or not pod_dir.name.startswith("pod"):
+            continue
+        pids = [p for procs in pod_dir.glob("*/cgroup.procs") for p in _read(procs).split()]
+        if any(sessions.cmdline(int(pid)).strip() not in ("", "/pause") for pid in pids):
+            live.add(pod_dir.name.removeprefix("pod").replace("_", "-"))
+    return live
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # the cgroup went while we looked
+        return ""
+
+
 def _unmount_under(directory: Path) -> None:
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     prefix = str(directory) + "/"
