@@ -31,10 +31,11 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 	$(VENV)/bin/elasticjob crd > crds/elasticjob.dev_elasticjobs.yaml
 	cp crds/elasticjob.dev_elasticjobs.yaml charts/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml
 
-lint: $(VENV)/.installed ## Check the import layers (handlers -> planner -> models)
+lint: $(VENV)/.installed ## ruff (pyproject.toml's rules) and the import layers (handlers -> planner -> models)
+	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.installed cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
+test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
 	@status=0; \
 	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
 	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \

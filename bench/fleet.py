@@ -41,8 +41,17 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fleet_cluster import (THREADS, WORKERS, BareClient, Watch, create_jobs, finish_all,  # noqa: E402
-                           namespace, request_counts, running)
+from fleet_cluster import (  # noqa: E402
+    THREADS,
+    WORKERS,
+    BareClient,
+    Watch,
+    create_jobs,
+    finish_all,
+    namespace,
+    request_counts,
+    running,
+)
 from harness import GROUP, PLURAL, STATE_DIR, VERSION, Api, Operator, wait  # noqa: E402
 
 METRICS_PORT = 9319
@@ -109,7 +118,7 @@ def _quiet(watch: Watch, seconds: float = 5.0, limit: float = 120.0) -> None:
 def operator_metrics() -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read().decode()
     found: dict[str, float] = {}
-    for name, labels, value in re.findall(r"^(elasticjob_\w+?)(\{[^}]*\})? (\S+)$", text, re.M):
+    for name, _labels, value in re.findall(r"^(elasticjob_\w+?)(\{[^}]*\})? (\S+)$", text, re.M):
         found[name] = found.get(name, 0.0) + float(value)
     found["job series"] = len(re.findall(r"^elasticjob_job_(?:phase|restarts)\{", text, re.M))
     return found
@@ -271,8 +280,8 @@ def measure_fleet(api: Api, table: Table, jobs: int, churn_at: int, operator_arg
         if jobs == churn_at:
             for result in churn(api, ns, jobs, pods, operations=min(jobs, 300), rate=10):
                 table.add(f"event -> action s, {result.kind}, p50 / p99 (n={len(result.seconds)}; target p99 <= 1)",
-                          jobs, "kwok", f"{percentile(result.seconds, 0.5):.2f} / {percentile(result.seconds, 0.99):.2f}",
-                          "", "")
+                          jobs, "kwok",
+                          f"{percentile(result.seconds, 0.5):.2f} / {percentile(result.seconds, 0.99):.2f}", "", "")
             wait(lambda: sum(map(running, pods.snapshot())) == jobs * WORKERS, 300, "churn settled")
             time.sleep(5)
         finish_all(api, ns, pods)
@@ -286,7 +295,8 @@ def measure_fleet(api: Api, table: Table, jobs: int, churn_at: int, operator_arg
         table.add("operator CPU s/min, jobs finished", jobs, "kwok", f"{done.cpu_per_minute:.2f}", "", "")
         table.add("reconciles/min, jobs finished (target: a slow resync)", jobs, "kwok",
                   f"{done.reconciles_per_minute:.1f}", "", "")
-        table.add("per-job metric series, jobs finished", jobs, "kwok", f"{operator_metrics()['job series']:.0f}", "", "")
+        table.add("per-job metric series, jobs finished", jobs, "kwok", f"{operator_metrics()['job series']:.0f}",
+                  "", "")
         pods.stop()
         listed.stop()
 

@@ -19,10 +19,9 @@ from typing import Any
 
 from kubernetes import client
 
-from harness import GROUP, PLURAL, VERSION, Api, wait
-
 from elasticjob import builders
 from elasticjob.models import ElasticJobSpec
+from harness import GROUP, PLURAL, VERSION, Api, wait
 from localcluster import kwok_addon, storestandin
 from localcluster.health import admin_context
 from localcluster.layout import Layout, load_endpoints
@@ -71,7 +70,7 @@ class Watch:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> "Watch":
+    def start(self) -> Watch:
         threading.Thread(target=self._run, daemon=True).start()
         return self
 

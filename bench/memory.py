@@ -21,7 +21,7 @@ import gc
 import sys
 import tracemalloc
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ from elasticjob.mirror import Mirror, without_managed_fields  # noqa: E402
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus  # noqa: E402
 from elasticjob.rendezvous_client import StoreClient, watch  # noqa: E402
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SPEC = {"minReplicas": 1, "maxReplicas": 4, "replicas": 4, "maxRestarts": 3,
         "template": {"spec": {"containers": [{"name": "worker", "image": "trainer:latest",
                                               "command": ["python", "/app/train.py"],

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
 from handstart import hand_start  # noqa: E402
+from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
 
 HOST_DIR = Path("/tmp/elasticjob-bench")
 STEP_SECONDS = 0.25
@@ -260,7 +260,7 @@ def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: 
                 sample = run_once(api, operator, scenario, rendezvous, warm)
                 results.setdefault((scenario, column), []).append(sample)
                 print(f"  {column:>20} {scenario:<11} run {i + 1}: "
-                      f"{'> %.0f' % LIMIT if sample.seconds is None else '%.1f' % sample.seconds} s "
+                      f"{f'> {LIMIT:.0f}' if sample.seconds is None else f'{sample.seconds:.1f}'} s "
                       f"{ {k: round(v, 2) for k, v in sample.phases.items()} }", flush=True)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -20,7 +20,7 @@ from elasticjob.builders import JobRef  # noqa: E402
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus  # noqa: E402
 from elasticjob.observe import ServiceView, observe_pod  # noqa: E402
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SIZES = (8, 64, 256, 1024)
 REPEATS = 7
 
@@ -64,8 +64,8 @@ def main() -> None:
         views = [observe_pod(b) for b in bodies]
         service = ServiceView("big-rdzv", "10.96.0.1")
         observe_best, _ = best_of(lambda: [observe_pod(b) for b in bodies])
-        plan_best, plan_median = best_of(lambda: planner.plan(j, views, service, NOW))
-        result = planner.plan(j, views, service, NOW)
+        plan_best, plan_median = best_of(lambda: planner.plan(j, planner.Observed(views, service), NOW))
+        result = planner.plan(j, planner.Observed(views, service), NOW)
         assert not result.actions, "a steady job must plan no actions"
         rows.append((nodes, observe_best, plan_best, plan_median))
     base = (rows[0][1] + rows[0][2]) / rows[0][0]

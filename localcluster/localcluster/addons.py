@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 
-from localcluster import builds, components, sessions
-from localcluster import kueue_addon, kwok_addon, schedplugins_addon
+from localcluster import builds, components, kueue_addon, kwok_addon, schedplugins_addon, sessions
 from localcluster.health import Health, check, wait_healthy
 from localcluster.layout import Endpoints, Layout, record, recorded_nodes
 

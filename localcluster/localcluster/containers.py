@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from kubernetes.utils.quantity import parse_quantity
 
 from .images import ImageConfig
 
 # lookup(kind, namespace, name, key) -> value or None; kind is "configmap" or "secret".
-Lookup = Callable[[str, str, str, Optional[str]], object]
+Lookup = Callable[[str, str, str, str | None], object]
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 IMAGE_WORKSPACE = "/workspace"  # where the worker image keeps the repo's examples (images/worker.Dockerfile)

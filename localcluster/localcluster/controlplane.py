@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import builds, components, realnodes, sessions
+from localcluster import pki as pki_mod
 from localcluster.addons import ADDONS, check_names
 from localcluster.addons import ensure as ensure_addons
 from localcluster.addons import stop as stop_addon_locked
 from localcluster.health import Health, api_json, check, ready_nodes, wait_healthy
-from localcluster import pki as pki_mod
 from localcluster.layout import Endpoints, Layout, load_endpoints, record, recorded_nodes
 from localcluster.nodes import node_names
 from localcluster.realnodes import preflight

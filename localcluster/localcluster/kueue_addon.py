@@ -194,7 +194,8 @@ def nodes_allocatable(endpoints: Endpoints) -> tuple[str, str]:
 
 def prepare(endpoints: Endpoints) -> None:
     if os.geteuid() != 0:
-        raise RuntimeError("Kueue needs root here: it runs in a private mount namespace (see localcluster/kueue_addon.py)")
+        raise RuntimeError("Kueue needs root here: it runs in a private mount namespace "
+                           "(see localcluster/kueue_addon.py)")
     _write_files(endpoints)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     definitions = crds(endpoints)
@@ -229,7 +230,8 @@ def finish(endpoints: Endpoints, log: Log) -> None:
     deadline = time.monotonic() + 60
     while not _active(endpoints, CLUSTER_QUEUE):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"ClusterQueue {CLUSTER_QUEUE} not Active after 60s; see {endpoints.layout.log_file(NAME)}")
+            raise RuntimeError(f"ClusterQueue {CLUSTER_QUEUE} not Active after 60s; "
+                               f"see {endpoints.layout.log_file(NAME)}")
         time.sleep(0.2)
     log(f"  kueue: ClusterQueue {CLUSTER_QUEUE} (cpu {cpu}, memory {memory}) Active, LocalQueue default/{LOCAL_QUEUE}")
 

@@ -1,7 +1,8 @@
 """Certificates for the local cluster, made with the openssl CLI so no crypto library is needed.
 
 Everything lives in one directory: a CA, serving certs (the apiserver's, Kueue's webhook server's), one client
-cert per component and the service-account signing key pair. Files are created once and kept, so kubeconfigs stay valid across restarts.
+cert per component and the service-account signing key pair. Files are created once and kept, so kubeconfigs stay
+valid across restarts.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException

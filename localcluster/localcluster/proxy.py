@@ -67,7 +67,7 @@ class Listener(threading.Thread):
         while not self.closed.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 break  # closed

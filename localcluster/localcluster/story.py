@@ -67,7 +67,8 @@ class Story:
             if found := until(snap):
                 return found
             if snap.phase in ("Succeeded", "Failed") and what != "the job to finish":
-                raise StoryError(f"the job finished {snap.phase} while waiting for {what}: {snap.status.get('message')}")
+                raise StoryError(f"the job finished {snap.phase} while waiting for {what}: "
+                                 f"{snap.status.get('message')}")
             if time.monotonic() >= deadline:
                 raise StoryError(f"timed out after {timeout:.0f}s waiting for {what}; "
                                  f"last seen: {liveview.plain_line(snap)}")
@@ -75,7 +76,8 @@ class Story:
 
     # --- acts -------------------------------------------------------------------------------------------
     def run(self) -> str:
-        self.view.say(f"$ kubectl apply -f {self.manifest.parent.name}/{self.manifest.name}     # {self.name}: 1 to 3 nodes, starting with 2")
+        self.view.say(f"$ kubectl apply -f {self.manifest.parent.name}/{self.manifest.name}     "
+                      f"# {self.name}: 1 to 3 nodes, starting with 2")
         self.kubectl("apply", "-f", str(self.manifest))
         self.wait(lambda s: s.world_size == 2 and s.step >= STEPS_BETWEEN, START_TIMEOUT, "training at world size 2")
         self.scale_up()

@@ -1,8 +1,9 @@
 """Pod volumes as host directories, bind-mounted into containers by the shim.
 
-hostPath is used as is (created for DirectoryOrCreate/FileOrCreate); emptyDir is a dir under the pod's state dir; configMap, secret, downwardAPI and projected
-volumes (the ServiceAccount token volume the apiserver injects) are written out once, when the first container starts,
-and are not refreshed afterwards. Other volume types (PVCs, ...) are refused with CreateContainerConfigError.
+hostPath is used as is (created for DirectoryOrCreate/FileOrCreate); emptyDir is a dir under the pod's state dir;
+configMap, secret, downwardAPI and projected volumes (the ServiceAccount token volume the apiserver injects) are
+written out once, when the first container starts, and are not refreshed afterwards. Other volume types (PVCs,
+...) are refused with CreateContainerConfigError.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Placement:
     scheduler_name: str | None = None
     scheduling_group: str | None = None  # spec.schedulingGroup.podGroupName (the Workload API)
 
-    def merge(self, other: "Placement") -> "Placement":
+    def merge(self, other: Placement) -> Placement:
         return Placement(self.labels + other.labels, self.node_selector + other.node_selector,
                          self.tolerations + other.tolerations, other.scheduler_name or self.scheduler_name,
                          other.scheduling_group or self.scheduling_group)

@@ -12,8 +12,9 @@ nodes can each count the same free capacity.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from elasticjob import naming
 from elasticjob.builders import JobRef, Placement, owner_reference
@@ -37,7 +38,7 @@ class PodGroupView:
     owner_uid: str | None = None
     deleting: bool = False
 
-    def same_policy(self, other: "PodGroupView") -> bool:
+    def same_policy(self, other: PodGroupView) -> bool:
         return (self.api_version, self.name, self.min_member, self.timeout_seconds) == (
             other.api_version, other.name, other.min_member, other.timeout_seconds)
 

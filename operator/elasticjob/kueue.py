@@ -11,9 +11,10 @@ quota is released) is removed.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from elasticjob import naming
 from elasticjob.builders import JobRef, Placement, owner_reference, rendezvous_pod

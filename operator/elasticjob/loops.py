@@ -86,5 +86,5 @@ class JobLoops:
                 delay = RETRY_SECONDS
             try:
                 await asyncio.wait_for(loop.wake.wait(), delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

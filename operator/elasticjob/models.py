@@ -88,7 +88,8 @@ class WatchdogSpec(Model):
 
     enabled: bool = False
     step_timeout_seconds: int = Field(300, ge=1, le=86400, description="Deadline the training script passes "
-                                      "to torch.distributed.elastic.timer.expires (env ELASTICJOB_STEP_TIMEOUT_SECONDS).")
+                                      "to torch.distributed.elastic.timer.expires "
+                                      "(env ELASTICJOB_STEP_TIMEOUT_SECONDS).")
 
 
 class GangMode(StrEnum):

@@ -16,7 +16,7 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -88,10 +88,10 @@ def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | 
         participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.participants),
         waiting=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.waiting),
         failure_rounds=state.failure_rounds,
-        last_failure_round_at=datetime.fromtimestamp(at, timezone.utc) if at is not None else None,
+        last_failure_round_at=datetime.fromtimestamp(at, UTC) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
         plain_torchrun=_plain_torchrun(state.torch),
-        received_at=received_at or datetime.now(timezone.utc))
+        received_at=received_at or datetime.now(UTC))
 
 
 def _nudges_off(torch: _Torch | None) -> str | None:
@@ -154,7 +154,7 @@ class StoreClient:
                                               timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 raw = await response.content.read(MAX_REPLY_BYTES + 1)
                 return raw if response.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ import base64
 import pickle
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 # The torch minors the nudges were run against (`make compat`; docs/behaviour.md, "Torch versions"). Inclusive.
 SUPPORTED = ((2, 6), (2, 13))
@@ -78,7 +78,7 @@ def probe() -> Verdict:
 def _sample_state():
     from elasticjob_store.state import NodeDesc, RendezvousState
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     alive, waiting = NodeDesc("10.0.0.1", 7, 0), NodeDesc("10.0.0.2", 8, 0)
     state = RendezvousState()
     state.round, state.complete, state.deadline = 3, True, now - timedelta(seconds=1)
@@ -128,7 +128,7 @@ def _waiter_is_seen() -> None:
     from elasticjob_store.state import encode, state_key
 
     store, backend = _backend()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     state = actions.add_waiter(_sample_state(), 3, now).state
     state.wait_list.clear()
     state.wait_list.add(actions.WAITER)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 from elasticjob_store import actions, compat
@@ -68,7 +68,7 @@ class Control:
         self._waiter_added_at = 0.0
 
     def log(self, message: str) -> None:
-        when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
+        when = datetime.fromtimestamp(self._clock(), UTC).isoformat(timespec="milliseconds")
         self._log(f"{when} [rendezvous {self.run_id}] {message}")
 
     def now(self) -> float:
@@ -113,7 +113,7 @@ class Control:
         raise ConflictError(f"lost {WRITE_ATTEMPTS} races with the agents writing the rendezvous state")
 
     def _utc(self, unix: float) -> datetime:
-        return datetime.fromtimestamp(unix, timezone.utc)
+        return datetime.fromtimestamp(unix, UTC)
 
     def torch_report(self) -> dict:
         return {**self.verdict.report(), "plainTorchrun": self._plain_torchrun()}

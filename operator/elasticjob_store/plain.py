@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from urllib.parse import parse_qs, urlsplit
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.compat import Verdict
-
 
 MAX_WAIT = 60.0
 

@@ -13,9 +13,9 @@ import math
 import secrets
 from collections.abc import Callable
 from http import HTTPStatus
-from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer

@@ -1,10 +1,10 @@
 """`python -m elasticjob_warm.server SOCKET AGENT_PID`: import torch once, fork a worker per request.
 
 Started by `elasticjob_warm.torchrun` as the agent starts, or else by the agent's first client, in a session of
-its own so that torchrun's signals to a worker's process group do not reach it. It listens before it imports, so clients queue rather than start
-servers of their own, and it lives as long as the agent: when the agent is gone it kills what it forked and
-leaves. One thread only: a fork copies the thread that calls it, and a lock another thread held would stay
-held for ever in the child.
+its own so that torchrun's signals to a worker's process group do not reach it. It listens before it imports, so
+clients queue rather than start servers of their own, and it lives as long as the agent: when the agent is gone
+it kills what it forked and leaves. One thread only: a fork copies the thread that calls it, and a lock another
+thread held would stay held for ever in the child.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from store_agents_support import Cluster, now
+from test_store_agents import ADDRS, clusters, diagnosed  # noqa: F401 - clusters is a fixture
 
 from elasticjob_store import compat as store_compat
 from elasticjob_warm import compat as warm_compat
-from store_agents_support import Cluster, now
-from test_store_agents import ADDRS, clusters, diagnosed  # noqa: F401 - clusters is a fixture
 
 EXPECT_ON = os.environ.get("COMPAT_EXPECT", "on") == "on"
 only_on = pytest.mark.skipif(not EXPECT_ON, reason="outside the supported range: turned off")

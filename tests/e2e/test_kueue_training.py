@@ -15,7 +15,16 @@ import time
 
 import pytest
 
-from e2e_support import HOST_ROOT, Jobs, LocalProgressReader, Progress, job_manifest, parse_progress, summary, train_args
+from e2e_support import (
+    HOST_ROOT,
+    Jobs,
+    LocalProgressReader,
+    Progress,
+    job_manifest,
+    parse_progress,
+    summary,
+    train_args,
+)
 from helpers import wait_for
 from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, wait_phase, wait_pods
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
-from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, wait_phase, wait_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 APIS = {"Workload": ("scheduling.k8s.io", "v1alpha2"), "Coscheduling": ("scheduling.x-k8s.io", "v1alpha1")}

@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_phase
 from kubernetes import client
 
 from helpers import wait_for
-from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_phase
 from kueue_support import Queues, conditions, kueue, queued, queues  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,8 +148,9 @@ def test_the_charts_policy_creates_queued_jobs_suspended(kube, api, namespace, c
 
 def test_the_operator_runs_a_queued_gang_job_as_its_service_account(api, kube, cluster, namespace, queues,
                                                                       install_rbac, operator_factory, tmp_path):
-    from chart_rbac import allowed, service_account_kubeconfig
     from test_rbac import PERMISSION_ERRORS
+
+    from chart_rbac import allowed, service_account_kubeconfig
 
     user = install_rbac({"watch": {"allNamespaces": False, "namespaces": [namespace]}, "kueue": {"mode": "on"},
                          "gangScheduling": {"workloadAPI": True, "coscheduling": False}}, namespace)

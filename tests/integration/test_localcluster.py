@@ -142,7 +142,7 @@ def test_namespace_deletion_completes(kube):
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 @pytest.fixture

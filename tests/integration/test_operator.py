@@ -7,16 +7,11 @@ manages. Real torchrun training is in tests/e2e.
 from __future__ import annotations
 
 import re
-
 import signal
 import sys
 from pathlib import Path
 
 import pytest
-from kubernetes.client.exceptions import ApiException
-
-from helpers import wait_for
-
 from jobapi import (
     GROUP,
     PLURAL,
@@ -31,7 +26,9 @@ from jobapi import (
     wait_phase,
     wait_pods,
 )
+from kubernetes.client.exceptions import ApiException
 
+from helpers import wait_for
 
 # --- what the API server itself rejects ------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ import logging
 import os
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
 from elasticjob import k8s
 from elasticjob.builders import Settings
@@ -24,7 +25,6 @@ from elasticjob.handlers.stores import StoreWatches
 from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 from helpers import wait_for
-from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
 LOG = logging.getLogger("test")
 IGNORE_SIGTERM = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -58,7 +58,7 @@ def events(api, namespace: str, reason: str) -> list:
 def test_a_reconcile_from_a_stale_body_never_writes_it_back(kube, api, namespace, crds_installed):
     stale = create(api, namespace, job_manifest("train"))
     # Written meanwhile by an earlier reconcile: a failure on record, the restart it cost.
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     api[0].patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "train", {"status": {
         "phase": "Restarting", "reason": "Restarting", "restarts": 2, "lastRestartTime": now,
         "startTime": now, "countedFailures": ["uid-of-a-failed-pod"],

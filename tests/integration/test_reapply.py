@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from helpers import wait_for
+from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, status_of, wait_phase, wait_pods
 from kubernetes.client.exceptions import ApiException
 
-from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, status_of, wait_phase, wait_pods
+from helpers import wait_for
 
 # Ignores SIGTERM: the pod lasts its whole grace period (the local cluster runs no preStop hook; the one in the
 # manifest holds a real kubelet's pod as long).

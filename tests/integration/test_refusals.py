@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_pods
 from kubernetes import client
 
 from helpers import wait_for
-from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_pods
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 1000,
                         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}

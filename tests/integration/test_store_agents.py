@@ -12,9 +12,9 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
+from store_agents_support import Cluster, now
 
 from helpers import wait_for
-from store_agents_support import Cluster, now
 
 ADDRS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 FIRST_WORLD_TIMEOUT = 150  # three concurrent `import torch` on two shared cores, plus the last call

@@ -7,10 +7,10 @@ own do.
 
 from __future__ import annotations
 
-from helpers import wait_for
+from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 from kubernetes import client
 
-from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
+from helpers import wait_for
 
 # torchrun's own words when it gives up (the Root Cause block), printed by a pod that is not torchrun.
 FAKE_ROOT_CAUSE = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\\n"

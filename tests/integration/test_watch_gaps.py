@@ -12,12 +12,12 @@ import functools
 import logging
 
 import pytest
+from jobapi import GROUP, PLURAL, ROOT, VERSION, create, job_manifest
 from kubernetes import client
 
 from elasticjob import reflector
 from elasticjob.mirror import Mirror
 from helpers import until, wait_for
-from jobapi import GROUP, PLURAL, ROOT, VERSION, create, job_manifest
 
 LOG = logging.getLogger("test")
 

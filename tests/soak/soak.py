@@ -55,7 +55,7 @@ class Report:
 
     def table(self) -> str:
         lines = [f"soak: seed {self.config.seed}, {self.churn_seconds / 60:.1f} min of churn, "
-                 f"settled in {'%.0f s' % self.settled_in if self.settled_in is not None else 'never'} "
+                 f"settled in {f'{self.settled_in:.0f} s' if self.settled_in is not None else 'never'} "
                  f"(bound {self.config.settle_seconds:.0f} s)", "", f"{'operation':<40} {'count':>7}"]
         lines += [f"{name:<40} {count:>7}" for name, count in sorted(self.counts.items())]
         lines += ["", f"{'invariant':<80} {'violations':>10}"]
@@ -181,7 +181,8 @@ def logged_at(line: str) -> datetime | None:
 
 
 def main() -> int:
-    from kubernetes import client, config as kubeconfig_loader
+    from kubernetes import client
+    from kubernetes import config as kubeconfig_loader
 
     from localcluster import controlplane
 

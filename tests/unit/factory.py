@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elasticjob import naming, planner
@@ -10,7 +10,7 @@ from elasticjob.builders import JobRef
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView, StoreNode, StoreView
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0b7c6a52-1111-2222-3333-444455556666"
 SERVICE = ServiceView(name="train-rdzv", cluster_ip="10.96.0.42", uid="uid-s", owner_uid=UID)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from elasticjob_store.state import NodeDesc, RendezvousState
 
 # The real time: torch's own code, which some tests run on these states, compares with its clock.
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 A, B, C = NodeDesc("10.0.0.1", 1, 0), NodeDesc("10.0.0.2", 1, 0), NodeDesc("10.0.0.3", 1, 0)
 # A replacement pod that reused A's IP: same address, another agent.
 A2 = NodeDesc("10.0.0.1", 7, 0)

@@ -7,7 +7,6 @@ the RBAC rules against the table of what the operator really calls.
 from __future__ import annotations
 
 import base64
-
 import shutil
 from pathlib import Path
 from typing import Any

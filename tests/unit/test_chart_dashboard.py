@@ -11,9 +11,9 @@ import kubernetes_validate
 import promql_parser
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
+from test_chart import KUBE_VERSION, RELEASE_NAMESPACE, by_kind, render
 
 from elasticjob import metrics
-from test_chart import KUBE_VERSION, RELEASE_NAMESPACE, by_kind, render
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "elasticjob-operator" / "dashboards" / "elasticjob.json"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
@@ -99,7 +99,7 @@ def test_each_failure_on_record_goes_to_the_fault_that_caused_it():
               story.Fault("kill store", base + 67.2, owns=("RendezvousLost",))]
 
     def stamp(seconds: float) -> str:
-        return datetime.fromtimestamp(base + seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.fromtimestamp(base + seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     status = {"restarts": 2, "lastFailures": [
         {"reason": "Killed", "uid": "u-0", "charged": True, "time": stamp(58.9)},

@@ -222,6 +222,6 @@ def test_named_probe_port():
 
 
 def test_grace_period_counts_from_the_deletion_timestamp():
-    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert 25 < podstatus.seconds_until(soon) <= 30
     assert podstatus.seconds_until("2020-01-01T00:00:00Z") == 0

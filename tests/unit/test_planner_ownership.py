@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from tests.unit.factory import NOW, SERVICE, UID, creates, failed, job, observed, rdzv, worker
 
 from elasticjob import planner
 from elasticjob.models import ElasticJobStatus
 from elasticjob.observe import PodView, observe_pod
 from elasticjob.planner import ownership
-from tests.unit.factory import NOW, SERVICE, UID, creates, failed, job, observed, rdzv, worker
 
 TOKEN = "job-token"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running_status, worker
+from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 from elasticjob import naming, planner
 from elasticjob.builders import Settings
 from elasticjob.models import Phase
-from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 QUEUED = {naming.QUEUE_LABEL: "lq"}
 ABSENT, OFF = Settings(kueue=False, kueue_mode="auto"), Settings(kueue=False, kueue_mode="off")

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from unittest import mock
 
 import pytest
+from store_states import A2, NOW, A, B, C, ago, fields, make_state
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
@@ -29,7 +30,6 @@ from elasticjob_store.actions import (
 )
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import NodeDesc, encode
-from store_states import NOW, A, A2, B, C, ago, fields, make_state
 
 MIN, MAX = 2, 3
 KILLED_AT = ago(3)  # the moment the operator knows the pod's processes stopped

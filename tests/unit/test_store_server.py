@@ -15,20 +15,20 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from store_states import A2, A, B, C, fields, make_state
 
 from elasticjob_store import actions
-from elasticjob_store.control import Control
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import MAX_CONNECTIONS
+from elasticjob_store.control import Control
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
 from helpers import wait_for
-from store_states import A, A2, B, C, fields, make_state
 
 RUN_ID = "run-1"
 TOKEN = "s3cret-token"
@@ -211,7 +211,7 @@ def test_state_before_the_agents_wrote_one(harness):
 
 
 def test_state_reflects_what_the_agents_wrote(harness):
-    now = datetime.fromtimestamp(T0, timezone.utc)
+    now = datetime.fromtimestamp(T0, UTC)
     state = make_state(round=4, deadline=now + timedelta(seconds=2), participants=[B, A], waiting=[C],
                        redundant=[A2], beats={A: 0, B: 0, C: 0, A2: 0})
     state.last_heartbeats = {A: now - timedelta(seconds=1.5), B: now, C: now - timedelta(seconds=3),
@@ -230,12 +230,12 @@ def test_state_reflects_what_the_agents_wrote(harness):
 def test_remove_through_http_is_remove_node(harness):
     killed = T0 - 2
     state = make_state(round=2, complete=True, participants=[A, B, C])
-    state.last_heartbeats[A] = datetime.fromtimestamp(killed - 3, timezone.utc)
+    state.last_heartbeats[A] = datetime.fromtimestamp(killed - 3, UTC)
     harness.write(state)
     status, body = harness.call("POST", "/v1/remove", {"addr": "10.0.0.1", "heartbeatBefore": killed})
     assert status == 200
     assert body["removed"] == [{"addr": "10.0.0.1", "pid": 1, "localId": 0}] and body["refused"] is None
-    expected = actions.remove_node(state, "10.0.0.1", datetime.fromtimestamp(killed, timezone.utc), 2).state
+    expected = actions.remove_node(state, "10.0.0.1", datetime.fromtimestamp(killed, UTC), 2).state
     assert fields(harness.stored()) == fields(expected)
     assert any(RUN_ID in line and "remove addr=10.0.0.1" in line for line in harness.lines)
 
@@ -249,12 +249,12 @@ def test_remove_that_would_empty_a_complete_round_is_refused(harness):
 
 
 def test_complete_through_http_is_complete_round(harness):
-    state = make_state(round=3, deadline=datetime.fromtimestamp(T0 + 2, timezone.utc), participants=[A, B])
+    state = make_state(round=3, deadline=datetime.fromtimestamp(T0 + 2, UTC), participants=[A, B])
     harness.write(state)
     assert harness.call("POST", "/v1/complete", {"liveNodes": 3})[1]["completed"] is False
     status, body = harness.call("POST", "/v1/complete", {"liveNodes": 2})
     assert status == 200 and body["completed"] is True and body["changed"] is True
-    now = datetime.fromtimestamp(T0, timezone.utc)
+    now = datetime.fromtimestamp(T0, UTC)
     assert fields(harness.stored()) == fields(actions.complete_round(state, 2, 2, 3, now).state)
     # Asked again (a second reconcile before the next answer): done already, nothing changed, no second Event.
     again = harness.call("POST", "/v1/complete", {"liveNodes": 2})[1]
@@ -274,7 +274,7 @@ def test_restart_puts_a_waiter_that_the_poller_takes_out_once_the_round_moved_on
     # The agents left round 5 (it emptied: round 6, not complete), keeping the waiter they found.
     moved = make_state(round=6, participants=[A])
     moved.wait_list.add(actions.WAITER)
-    moved.last_heartbeats[actions.WAITER] = datetime.fromtimestamp(T0, timezone.utc)
+    moved.last_heartbeats[actions.WAITER] = datetime.fromtimestamp(T0, UTC)
     harness.write(moved)
     harness.control.poll()
     assert not actions.has_waiter(harness.stored())
@@ -300,11 +300,11 @@ def test_a_waiter_the_agents_ignore_is_taken_out_after_its_ttl(harness):
 
 def test_a_lost_race_is_redone_on_the_agents_write(harness):
     """An agent's heartbeat lands between our read and our compare_set: it must survive our write."""
-    old = datetime.fromtimestamp(T0 - 100, timezone.utc)
+    old = datetime.fromtimestamp(T0 - 100, UTC)
     state = make_state(round=2, complete=True, participants=[A, B, C])
     state.last_heartbeats[A] = old
     harness.write(state)
-    beat = datetime.fromtimestamp(T0 + 1, timezone.utc)
+    beat = datetime.fromtimestamp(T0 + 1, UTC)
     real_compare_set = harness.store.compare_set
     raced = []
 
@@ -464,7 +464,7 @@ def test_a_heartbeat_turning_stale_is_a_change(tmp_path):
     h.control.stale_after = 3.0
     try:
         state = make_state(round=1, complete=True, participants=[A, B])
-        beat = datetime.fromtimestamp(T0, timezone.utc)  # on the harness clock
+        beat = datetime.fromtimestamp(T0, UTC)  # on the harness clock
         state.last_heartbeats = {A: beat, B: beat}
         h.write(state)
         h.control.poll()

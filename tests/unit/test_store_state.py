@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from store_states import NOW, A, B, C, fields, make_state
 
 from elasticjob_store import state as store_state
 from elasticjob_store.state import NO_STATE, NodeDesc, RendezvousState, StateError, decode, encode
-from store_states import NOW, A, B, C, fields, make_state
 
 
 @pytest.mark.parametrize("state", [

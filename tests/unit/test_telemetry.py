@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import REGISTRY
 
@@ -10,7 +10,7 @@ from elasticjob.handlers import telemetry
 from elasticjob.models import ElasticJobStatus
 from elasticjob.observe import StoreView
 
-NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 META = {"namespace": "ml", "name": "t", "uid": "u", "creationTimestamp": "2026-01-01T11:59:50Z"}
 
 

@@ -1,9 +1,9 @@
 """Real nodes for the local cluster: upstream kubelet and kube-proxy, containerd and runc from Debian's packages,
 the CNI bridge plugin, one network namespace per node (plan.py says what a node is made of).
 
-`up` adds them to a running control plane, imports the images, and starts CoreDNS and metrics-server; `down` removes them and
-everything their pods left. `lose` and `partition` are the faults a real cluster has: a node whose machine is
-gone, and a node whose cable is cut.
+`up` adds them to a running control plane, imports the images, and starts CoreDNS and metrics-server; `down`
+removes them and everything their pods left. `lose` and `partition` are the faults a real cluster has: a node
+whose machine is gone, and a node whose cable is cut.
 """
 
 from __future__ import annotations

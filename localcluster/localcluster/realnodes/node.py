@@ -20,8 +20,16 @@ from localcluster import components, pki, sessions
 from localcluster.layout import Endpoints, Layout
 from localcluster.realnodes import netns
 from localcluster.realnodes.plan import (
-    RealNode, containerd_argv, containerd_config, cni_config, in_netns, kube_proxy_argv, kube_proxy_config,
-    kubelet_argv, kubelet_config, resolv_conf,
+    RealNode,
+    cni_config,
+    containerd_argv,
+    containerd_config,
+    in_netns,
+    kube_proxy_argv,
+    kube_proxy_config,
+    kubelet_argv,
+    kubelet_config,
+    resolv_conf,
 )
 from localcluster.state import BRIDGE_IP
 

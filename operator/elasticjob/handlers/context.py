@@ -94,7 +94,7 @@ class Context:
     gate: Gate = field(default_factory=Gate)
     namespace_objects: NamespaceObjects = field(default_factory=NamespaceObjects)
     loops: JobLoops | None = None
-    watches: "StoreWatches | None" = None
+    watches: StoreWatches | None = None
     synced: bool = False
     _tasks: set[asyncio.Task] = field(default_factory=set)
 

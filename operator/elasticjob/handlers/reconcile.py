@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -92,7 +92,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
     except ValidationError as exc:
         log.error(f"spec does not parse: {exc}")
         return planner.RESYNC_SECONDS
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec,
                  labels=tuple(sorted((meta.get("labels") or {}).items())))
     job = planner.Job(ref=ref, generation=meta.get("generation", 0),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -57,7 +57,7 @@ async def follow_peering(ctx: Context, peers: peering.Peering) -> None:
     while True:
         try:
             recorded = await ctx.kube.peering_peers(peers.name, peers.namespace)
-            active = peering.is_active(recorded, peers.identity, peers.priority, datetime.now(timezone.utc))
+            active = peering.is_active(recorded, peers.identity, peers.priority, datetime.now(UTC))
             if active and not ctx.gate.active:
                 ctx.logger.info("this replica is now the active one (kopf peering)")
                 for key in ctx.mirror.jobs.keys():
@@ -98,5 +98,5 @@ async def close(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
 async def bounded(what: str, step: Awaitable[Any], logger: logging.Logger) -> None:
     try:
         await asyncio.wait_for(step, CLOSE_STEP_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         logger.warning(f"shutdown: {what} did not stop within {CLOSE_STEP_SECONDS:.0f}s; going on without them")

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Union
 
 from elasticjob import naming
 from elasticjob.builders import JobRef
-from elasticjob.models import Condition, ElasticJobStatus, Phase
 from elasticjob.gang import PodGroupView
 from elasticjob.kueue import FlavorView, Priority, WorkloadView
+from elasticjob.models import Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, StoreView
 
 RESYNC_SECONDS = 300.0
@@ -146,8 +145,8 @@ class ApplyObject:
     manifest: dict
 
 
-Action = Union[CreateObject, DeletePod, DeleteService, DefaultReplicas, DeleteJob, StoreAction, DeleteObject,
-               PatchObject, SetSuspend, PatchWorkload, ApplyWorkloadStatus, CollectLeftover, ApplyObject]
+Action = (CreateObject | DeletePod | DeleteService | DefaultReplicas | DeleteJob | StoreAction | DeleteObject
+          | PatchObject | SetSuspend | PatchWorkload | ApplyWorkloadStatus | CollectLeftover | ApplyObject)
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:

@@ -13,6 +13,7 @@ from elasticjob import builders, gang, naming, torchrun
 from elasticjob.builders import JobRef, Settings
 from elasticjob.models import CleanPodPolicy, ElasticJobStatus, Phase
 from elasticjob.observe import PodView
+from elasticjob.planner import ownership, queueing
 from elasticjob.planner.base import (
     CreateObject,
     DefaultReplicas,
@@ -28,7 +29,6 @@ from elasticjob.planner.base import (
     since,
     stamp,
 )
-from elasticjob.planner import ownership, queueing
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.gang import ensure_gang
 from elasticjob.planner.leftovers import collect_leftovers

@@ -22,9 +22,9 @@ from datetime import datetime, timedelta
 from elasticjob import torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
-from elasticjob.planner.base import (DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition,
-                                     stamp)
+from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition, stamp
 from elasticjob.planner.failures import charge, remember
+
 
 def stale_after(job: Job) -> float:
     return job.ref.spec.rendezvous.keep_alive_interval_seconds * torchrun.STALE_FACTOR

@@ -9,8 +9,17 @@ from elasticjob import builders, naming
 from elasticjob.builders import NO_PLACEMENT, Placement, Settings
 from elasticjob.observe import PodView, ServiceView
 from elasticjob.planner import ownership
-from elasticjob.planner.base import (ApplyObject, CreateObject, DeletePod, Event, Job, Observed, Plan, set_condition,
-                                     stamp)
+from elasticjob.planner.base import (
+    ApplyObject,
+    CreateObject,
+    DeletePod,
+    Event,
+    Job,
+    Observed,
+    Plan,
+    set_condition,
+    stamp,
+)
 
 
 def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str,
