@@ -129,23 +129,34 @@ def account_failures(plan: Plan, job: Job, observed: Observed, training_done: bo
 def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime,
                    why_uncharged: str = "not charged to maxRestarts") -> None:
     finished = pod.finished_at or now
-    remember(plan.status, FailureRecord(
-        pod=pod.name, uid=pod.uid, replica_index=pod.index, exit_code=pod.worker_exit_code, reason=reason,
-        message=pod.message[-1024:], charged=charged, time=stamp(finished)))
     text = describe(pod)
-    if reason == "FatalExitCode":
+    restarts = 0 if same_incident(pod.generation, plan.status, finished) else 1
+    book(plan, job, FailureRecord(
+        pod=pod.name, uid=pod.uid, replica_index=pod.index, exit_code=pod.worker_exit_code, reason=reason,
+        message=pod.message[-1024:], charged=charged, time=stamp(finished)), finished, text, now, restarts)
+    if not charged:
+        plan.warn(reason, f"{text}; {why_uncharged}")
+
+
+def book(plan: Plan, job: Job, record: FailureRecord, when: datetime, text: str, now: datetime,
+         restarts: int = 1) -> None:
+    """The one writer of a job's failures and its restart budget (a failed pod, an in-place restart the store
+    saw, a partitioned agent all come here): remembers `record`; a fatal exit code or torchrun's own budget used
+    up fails the job; a charged failure costs `restarts` group restarts (0 when it belongs to an incident already
+    charged); an uncharged one that was the cluster's doing counts as an infrastructure failure."""
+    status = plan.status
+    remember(status, record)
+    if record.reason == "FatalExitCode":
         enter_phase(plan, job, Phase.FAILED, "FatalExitCode",
-                    f"{text}; {pod.worker_exit_code} is in failurePolicy.fatalExitCodes", now)
-    elif reason == "MaxRestartsExceeded":
-        plan.status.restarts = max(plan.status.restarts, job.ref.spec.max_restarts)
+                    f"{text}; {record.exit_code} is in failurePolicy.fatalExitCodes", now)
+    elif record.reason == "MaxRestartsExceeded":
+        status.restarts = max(status.restarts, job.ref.spec.max_restarts)
         enter_phase(plan, job, Phase.FAILED, "MaxRestartsExceeded", f"torchrun used up its restart budget; "
                     f"last failure: {text}", now)
-    elif not charged:
-        if reason in INFRASTRUCTURE_REASONS:
-            plan.status.infrastructure_failures += 1
-        plan.warn(reason, f"{text}; {why_uncharged}")
-    else:
-        charge(plan, job, 0 if same_incident(pod.generation, plan.status, finished) else 1, finished, text, now)
+    elif record.charged:
+        charge(plan, job, restarts, when, text, now)
+    elif record.reason in INFRASTRUCTURE_REASONS:
+        status.infrastructure_failures += 1
 
 
 def remember(status: ElasticJobStatus, record: FailureRecord) -> None:
@@ -191,17 +202,11 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     if lost is not None:
         text = f"{text}; the first is the group re-forming after pod {lost.pod} ended, already counted"
     charged = new - (lost is not None)
-    remember(plan.status, FailureRecord(
+    # Each is a restart of its own: a worker that fails at every start must use up the budget.
+    book(plan, job, FailureRecord(
         pod=cause.pod if cause else "", uid=f"{store.epoch}/{store.failure_rounds}", exit_code=cause.exit_code
         if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
-        charged=charged > 0, time=stamp(when)))
-    if fatal(cause, job):
-        enter_phase(plan, job, Phase.FAILED, "FatalExitCode",
-                    f"{text}; {cause.exit_code} is in failurePolicy.fatalExitCodes", now)
-        return
-    # Each is a restart of its own: a worker that fails at every start must use up the budget.
-    if charged:
-        charge(plan, job, charged, when, text, now)
+        charged=charged > 0, time=stamp(when)), when, text, now, charged)
 
 
 def lost_pod_before(status: ElasticJobStatus, when: datetime) -> FailureRecord | None:

@@ -23,7 +23,7 @@ from elasticjob import torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
 from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition, stamp
-from elasticjob.planner.failures import charge, remember
+from elasticjob.planner.failures import book
 
 
 def stale_after(job: Job) -> float:
@@ -170,12 +170,8 @@ def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, wh
     status.counted_failures = sorted({*status.counted_failures, pod.uid})
     charged = job.ref.spec.failure_policy.count_infrastructure_failures
     text = f"pod {pod.name} ({node.addr}) on node {pod.node}: {why}"
-    remember(status, FailureRecord(pod=pod.name, uid=pod.uid, replica_index=pod.index, reason="Partitioned",
-                                   message=why, charged=charged, time=stamp(now)))
-    if charged:
-        charge(plan, job, 1, now, text, now)
-    else:
-        status.infrastructure_failures += 1
+    book(plan, job, FailureRecord(pod=pod.name, uid=pod.uid, replica_index=pod.index, reason="Partitioned",
+                                  message=why, charged=charged, time=stamp(now)), now, text, now)
     plan.act(DeletePod(pod.name, pod.uid, event=Event(
         "Warning", "Partitioned", f"{text}; removed from the rendezvous and stopped, a replacement takes its "
         f"place")))
