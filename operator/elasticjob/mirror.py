@@ -35,8 +35,8 @@ class Entry(Generic[V]):
 Convert = Callable[[Mapping[str, Any]], "tuple[str, Entry[V]] | None"]
 
 
-class Store(Generic[V]):
-    """One kind of object, by uid, grouped by the job it belongs to."""
+class KindCache(Generic[V]):
+    """One kind of object, by uid, grouped by the job it belongs to (not the rendezvous store)."""
 
     def __init__(self, convert: Convert[V], same: Callable[[V, V], bool] | None = None):
         self._convert = convert
@@ -213,20 +213,20 @@ class Mirror:
     decides on)."""
 
     def __init__(self) -> None:
-        self.jobs: Store[StoredJob] = Store(_job, _same_version)
-        self.pods: Store[PodView] = Store(_pod)
-        self.services: Store[ServiceView] = Store(_service)
-        self.workloads: Store[WorkloadView] = Store(_workload, _same_workload)
+        self.jobs: KindCache[StoredJob] = KindCache(_job, _same_version)
+        self.pods: KindCache[PodView] = KindCache(_pod)
+        self.services: KindCache[ServiceView] = KindCache(_service)
+        self.workloads: KindCache[WorkloadView] = KindCache(_workload, _same_workload)
         self.flavors = Flavors()
 
-    def store(self, kind: str) -> Store[Any] | Flavors:
+    def cache(self, kind: str) -> KindCache[Any] | Flavors:
         return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services,
                 "workloads": self.workloads, "resourceflavors": self.flavors}[kind]
 
     def add_created(self, body: Mapping[str, Any]) -> bool:
-        """A Pod or Service this operator created (see Store.add_created); other kinds are not mirrored."""
-        store = {"Pod": self.pods, "Service": self.services}.get(body.get("kind", ""))
-        return store is not None and store.add_created(body)
+        """A Pod or Service this operator created (see KindCache.add_created); other kinds are not mirrored."""
+        cache = {"Pod": self.pods, "Service": self.services}.get(body.get("kind", ""))
+        return cache is not None and cache.add_created(body)
 
     def has_job(self, key: JobKey) -> bool:
         """Whether a job of that name is known, without decoding its body."""

@@ -41,7 +41,7 @@ def test_a_resumed_watch_after_an_api_server_restart_lists_again_and_drops_the_d
     mirror, woken = Mirror(), []
 
     def sink(kind):
-        store = mirror.store(kind)
+        store = mirror.cache(kind)
         return (lambda ns, items: woken.extend(store.replace(ns, items)),
                 lambda event, body: woken.extend(store.apply(event, body)))
 

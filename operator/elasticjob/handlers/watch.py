@@ -56,11 +56,11 @@ async def start_loops_when_synced(ctx: Context, reflectors: list[reflector.Refle
 
 
 def listed(ctx: Context, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
-    dispatch(ctx, kind, ctx.mirror.store(kind).replace(namespace, items))
+    dispatch(ctx, kind, ctx.mirror.cache(kind).replace(namespace, items))
 
 
 def changed(ctx: Context, kind: str, event: str, body: dict[str, Any]) -> None:
-    dispatch(ctx, kind, ctx.mirror.store(kind).apply(event, body))
+    dispatch(ctx, kind, ctx.mirror.cache(kind).apply(event, body))
 
 
 def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
