@@ -1,10 +1,12 @@
 """Recovery in seconds: fault -> next completed training step, on the local cluster, in one run.
 
-Four ways of running the same job (examples/train_ddp.py, 2 pods, 0.25 s steps, checkpoint every 5):
-- operator:       the defaults, and the operator driving the rendezvous it hosts (planner/recovery.py);
-- operator+warm:  the same, with workers forked from a process that has imported torch
-                  (`python -m elasticjob_warm.torchrun`, as examples/elasticjob.yaml does);
-- no help:        the same rendezvous settings, the operator not touching the rendezvous;
+Four ways of running the same job (`torchrun examples/train_ddp.py`, as users write it: 2 pods, 0.25 s steps,
+checkpoint every 5):
+- operator:       the defaults: the operator driving the rendezvous it hosts (planner/recovery.py), and on real
+                  nodes warm worker starts through the operator's kit (kit.py: the operator runs with
+                  --kit-image, as the chart does; process-backed nodes run no init containers, so no kit there);
+- opt-out:        the same with spec.warmStarts: false (torchrun runs as written);
+- no help:        the same rendezvous settings, the operator not touching the rendezvous, no warm starts;
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
 Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
 operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
@@ -36,13 +38,14 @@ from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: 
 HOST_DIR = Path("/tmp/elasticjob-bench")
 STEP_SECONDS = 0.25
 LIMIT = 90.0  # a recovery slower than this is reported as '> 90'
-MODES = {  # name: (spec.rendezvous, the operator's flags, warm worker starts)
-    "operator": ({}, [], False),
-    "operator+warm": ({}, [], True),
+MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
+    "operator": ({}, [], True),
+    "opt-out": ({}, [], False),
     "no help": ({}, ["--no-rendezvous-nudges"], False),
     "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
                        ["--no-rendezvous-nudges"], False),
 }
+KIT_IMAGE = "elasticjob-operator:dev"
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 10", "scale-down": "<= 5", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand"}
 
@@ -53,14 +56,14 @@ class Sample:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = False) -> dict:
+def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True) -> dict:
     container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": [
-        *(["python", "-m", "elasticjob_warm.torchrun"] if warm else ["torchrun"]), "/workspace/examples/train_ddp.py",
+        "torchrun", "/workspace/examples/train_ddp.py",
         "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
         "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
     return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
-            "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1,
+            "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1, "warmStarts": warm,
                      "rendezvous": rendezvous, "runPolicy": {"cleanPodPolicy": "All"},
                      "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container],
                                            "volumes": [{"name": "ckpt", "hostPath": {
@@ -247,12 +250,20 @@ def start_cluster(kind: str) -> None:
     controlplane.ensure_up(ROOT, node_kind=kind)
 
 
+def real_nodes() -> bool:
+    from localcluster import realnodes
+    from localcluster.layout import Layout
+
+    return bool(realnodes.running(Layout(ROOT)))
+
+
 def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: dict) -> None:
     rendezvous, flags, warm = mode
     api = Api()
     api.install_crd()
     log = STATE_DIR / f"bench-recovery-{column.replace(' ', '-').replace('+', '-')}.log"
-    with Operator(log, flags) as operator:
+    kit = ["--kit-image", KIT_IMAGE] if real_nodes() else []
+    with Operator(log, [*kit, *flags]) as operator:
         for scenario in scenarios:
             # A fault that torch alone never recovers from (a partition) is measured once.
             times = 1 if scenario == "partition" and "operator" not in column else runs
@@ -278,7 +289,7 @@ def print_table(scenarios: list[str], modes: list[str], results: dict, hand: lis
     rows = []
     for scenario in scenarios:
         # The phases of one mode: the first of the operator's that ran, never two mixed.
-        ours = next((got for m in modes if m.endswith(("operator", "operator+warm"))
+        ours = next((got for m in modes if m.endswith("operator")
                      if (got := results.get((scenario, m)))), [])
         phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
                  if (vals := [s.phases[name] for s in ours if name in s.phases])}

@@ -5,7 +5,7 @@ random order: SIGKILL of a worker (rank 0 included), a partition of a worker, sc
 store pod. After each the run waits for training to step again. From the training records (each step names its
 world: rank 0's store for that round, `master`), two worlds whose steps overlap in time are a split brain.
 
-    make cluster-up && .venv/bin/python bench/split_brain.py [--faults 30] [--seed N] [--warm]
+    make cluster-up && .venv/bin/python bench/split_brain.py [--faults 30] [--seed N] [--cold]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import STATE_DIR, Api, Operator, wait  # noqa: E402
-from recovery import drain, manifest, records  # noqa: E402
+from recovery import KIT_IMAGE, drain, manifest, real_nodes, records  # noqa: E402
 
 HOG = [sys.executable, "-c", "while True: pass"]
 
@@ -75,7 +75,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--warm", action="store_true", help="workers run python -m elasticjob_warm.torchrun")
+    parser.add_argument("--cold", action="store_true", help="spec.warmStarts: false (on real nodes the operator's "
+                        "kit starts workers warm by default)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     rng = random.Random(seed)
@@ -87,8 +88,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = [subprocess.Popen(HOG) for _ in range(2)]
     try:
-        with Operator(STATE_DIR / "bench-split-brain.log"), api.namespace("bench-split") as ns:
-            job = manifest(ns, {}, replicas=3, warm=args.warm)
+        kit = ["--kit-image", KIT_IMAGE] if real_nodes() else []
+        warm = bool(kit) and not args.cold
+        with Operator(STATE_DIR / "bench-split-brain.log", kit), api.namespace("bench-split") as ns:
+            job = manifest(ns, {}, replicas=3, warm=warm)
             # Kills of a lone worker are failures and charged: at the default 3 the job failed by the tenth fault.
             job["spec"]["maxRestarts"] = 1000
             api.create_job(ns, job)
@@ -108,7 +111,7 @@ def main() -> int:
             hog.kill()
     spans = worlds(found)
     split = overlaps(spans)
-    starts = "warm" if args.warm else "cold"
+    starts = "warm" if warm else "cold"
     print(f"\nsplit brain: seed {seed}, {sum(done.values())} faults with 2 CPU hogs, {starts} worker starts, "
           f"{len(found)} step records\n")
     print(f"{'fault':<14} {'count':>5}")

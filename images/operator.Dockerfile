@@ -10,6 +10,9 @@ COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY localcluster/localcluster/ localcluster/localcluster/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# A static busybox for the kit (elasticjob_kit): its launcher runs under it in job images without a shell.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends busybox-static && rm -rf /var/lib/apt/lists/*
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,6 +22,7 @@ COPY --from=build /wheels /wheels
 # The wheel pins nothing beyond pyproject's ranges; its dependencies come from the package index.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY --from=build /bin/busybox /opt/elasticjob/bin/busybox
 # A fixed non-root uid (the "nonroot" convention), so runAsNonRoot can be checked without a passwd entry.
 USER 65532:65532
 EXPOSE 8080 9090

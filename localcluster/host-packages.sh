@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the local cluster's real nodes and image builds need, where one is missing:
-# containerd and runc (the runtime), the CNI plugins, iptables, buildah and mmdebstrap (the images).
+# containerd and runc (the runtime), the CNI plugins, iptables, buildah and mmdebstrap (the images), and a static
+# busybox (the kit's launcher runs under it in the unit tests, as in job pods).
 # Run as root; a no-op (and no apt-get update) when everything is there.
 set -euo pipefail
 declare -A wanted=(
@@ -10,6 +11,7 @@ declare -A wanted=(
 missing=()
 for cmd in "${!wanted[@]}"; do command -v "$cmd" >/dev/null || missing+=("${wanted[$cmd]}"); done
 [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+[[ -x /bin/busybox ]] || missing+=(busybox-static)
 ((${#missing[@]})) || exit 0
 if [[ $(id -u) != 0 ]]; then
   echo "host-packages: missing ${missing[*]}; run this script as root (apt-get install)" >&2

@@ -49,6 +49,14 @@ class ClusterHandle:
     kubeconfig: Path
     kind: str  # "local" (started from localcluster/) or "external" (kind or any other cluster)
     nodes: int | None = None  # process-backed nodes of the local cluster; None when external
+    node_kind: str | None = None  # the local cluster's: "real" or "process"
+
+    @property
+    def kit_image(self) -> str | None:
+        """The image the operator's kit comes from, where the nodes run images: as the chart sets it."""
+        if self.node_kind == "process":
+            return None  # the node agent runs every container from the host's .venv: no init containers
+        return os.environ.get("E2E_KIT_IMAGE", "elasticjob-operator:dev")
 
 
 def _external_kubeconfig() -> Path | None:
@@ -71,7 +79,7 @@ def cluster() -> Iterator[ClusterHandle]:
     # "real": kubelet, containerd, runc, CNI and kube-proxy (localcluster/realnodes); "process": the node agent.
     kind = os.environ.get("LOCALCLUSTER_NODE_KIND", "process")
     started = controlplane.ensure_up(ROOT, nodes, node_kind=kind)
-    yield ClusterHandle(started.kubeconfig, "local", started.nodes)
+    yield ClusterHandle(started.kubeconfig, "local", started.nodes, kind)
     if started.started_now and os.environ.get("KEEP_CLUSTER") != "1":
         controlplane.stop(ROOT)
 
@@ -216,7 +224,8 @@ def operator_factory(
     def start(namespaces: Sequence[str] | None = None, extra_args: Sequence[str] = (),
               env: dict[str, str] | None = None) -> OperatorProcess:
         namespaces = [namespace] if namespaces is None else list(namespaces)
-        argv = [_operator_python(), "-m", "elasticjob", "run", "--verbose", *extra_args]
+        kit = ["--kit-image", cluster.kit_image] if cluster.kit_image else []
+        argv = [_operator_python(), "-m", "elasticjob", "run", "--verbose", *kit, *extra_args]
         argv += [arg for ns in namespaces for arg in ("--namespace", ns)]
         log_path = tmp_path / f"operator-{len(started)}.log"
         full_env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from elasticjob import naming, torchrun
+from elasticjob import kit, naming, torchrun
 from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
 
 # A lost node's pods are evicted this long after the node stops answering (Kubernetes' default is 300 s).
@@ -48,6 +48,9 @@ class Settings:
     # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
     kueue: bool = False
     kueue_mode: str = "auto"
+    # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
+    # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
+    kit_image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def _node_lost_tolerations(existing: list[dict[str, Any]]) -> list[dict[str, Any
 
 
 def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
-               placement: Placement = NO_PLACEMENT) -> dict[str, Any]:
+               placement: Placement = NO_PLACEMENT, kit_image: str | None = None) -> dict[str, Any]:
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -142,6 +145,9 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     # would hide failures from both.
     spec["restartPolicy"] = "Never"
     spec["tolerations"] = _node_lost_tolerations(list(spec.get("tolerations") or []))
+    warm = kit.warm_starts(job.spec, container, kit_image)
+    if warm.command is not None and kit_image:
+        kit.use_in_worker(spec, container, warm.command, kit_image)
     return place({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -163,7 +169,8 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str = "") -> dict[str, Any]:
+def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str = "",
+                   kit_image: str | None = None) -> dict[str, Any]:
     """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
     Pod Security "restricted", scheduled like the workers. Without a token its control endpoint refuses
     every request."""
@@ -181,7 +188,7 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
         "containers": [{
             "name": naming.RENDEZVOUS_CONTAINER,
             "image": rdzv.image or container.get("image", ""),
-            "command": ["python", "-m", "elasticjob_store"],
+            "command": kit.store_command(kit_image),
             "env": [{"name": "ELASTICJOB_RDZV_PORT", "value": str(rdzv.port)},
                     {"name": "ELASTICJOB_RDZV_RUN_ID", "value": job.uid},
                     {"name": "ELASTICJOB_RDZV_READ_TIMEOUT", "value": str(rdzv.read_timeout_seconds)},
@@ -204,6 +211,9 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
             "securityContext": copy.deepcopy(STORE_CONTAINER_SECURITY),
         }],
     }
+    if kit_image:
+        kit.add_to_pod(spec, kit_image)
+        kit.mount(spec["containers"][0])
     for key in SCHEDULING_FIELDS:
         if key in template_spec:
             spec[key] = copy.deepcopy(template_spec[key])

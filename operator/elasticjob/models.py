@@ -123,6 +123,12 @@ class ElasticJobSpec(Model):
                                                   "or auto = the GPUs the worker container requests, else 1.")
     max_restarts: int = Field(3, ge=0, le=10000, description="How often the worker group may be restarted "
                               "after failures before the job fails.")
+    warm_starts: bool = Field(True, description="Run torchrun through elasticjob_warm, copied into each pod by an "
+                              "init container from the operator's image: workers are forked from a process that "
+                              "imported torch, and agents read the rendezvous every 0.1 s. Works with any image "
+                              "that has Python and torch, for `torchrun ...`, `python -m torch.distributed.run "
+                              "...` and shell commands that run torchrun; other commands run as written, and the "
+                              "WarmStarts condition says why. false: the command runs as written.")
     checkpoint_dir: str | None = Field(None, description="Passed to workers as ELASTICJOB_CHECKPOINT_DIR; "
                                        "mount shared storage there in the template.")
     rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)

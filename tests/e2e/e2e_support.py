@@ -37,16 +37,18 @@ JOB_NAME = "train"
 
 
 def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1, max_replicas: int = 3,
-                 replicas: int = 2, max_restarts: int = 3, name: str = JOB_NAME, warm: bool = False,
+                 replicas: int = 2, max_restarts: int = 3, name: str = JOB_NAME, warm_starts: bool = True,
                  **spec_extra: Any) -> dict:
-    """An ElasticJob running train_ddp.py with a shared hostPath checkpoint dir and fast rendezvous timeouts;
-    `warm`: its workers forked from a process that imported torch once (`python -m elasticjob_warm.torchrun`)."""
+    """An ElasticJob running `torchrun train_ddp.py` with a shared hostPath checkpoint dir and fast rendezvous
+    timeouts; `warm_starts` is spec.warmStarts (the operator's default: workers forked from a process that
+    imported torch once, where the operator has a kit)."""
     spec = {
         "minReplicas": min_replicas,
         "maxReplicas": max_replicas,
         "replicas": replicas,
         "nprocPerNode": 1,
         "maxRestarts": max_restarts,
+        "warmStarts": warm_starts,
         "checkpointDir": CHECKPOINT_MOUNT,
         # Keep finished pods: the scenarios assert on their exit codes.
         "runPolicy": {"cleanPodPolicy": "None"},
@@ -56,8 +58,7 @@ def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1
             "containers": [{
                 "name": "worker",
                 "image": WORKER_IMAGE,
-                "command": [*(["python", "-m", "elasticjob_warm.torchrun"] if warm else ["torchrun"]), TRAIN_SCRIPT,
-                            *train_args],
+                "command": ["torchrun", TRAIN_SCRIPT, *train_args],
                 # The agent's rendezvous decisions in the pod log, for the post-mortem of a slow recovery.
                 "env": [{"name": "LOGLEVEL", "value": "INFO"}],
                 "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}],

@@ -78,7 +78,7 @@ def test_start_runs_to_success(operator, jobs, progress):
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery, warm):
     steps = 40
-    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), warm=warm),
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), warm_starts=warm),
                    world_size=2, min_step=CHECKPOINT_EVERY + 2)
     victim = before.rank0_host()
     fault_time = faults.kill_pod(victim)
@@ -89,10 +89,17 @@ def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, fault
     restarts = jobs.status().get("restarts")
     assert restarts == 1, f"one killed pod must count as exactly one restart: {jobs.status()}"
     assert (jobs.status()["rendezvous"].get("round") or 0) >= 1, f"the group re-formed: {jobs.status()}"
-    if warm:  # every worker came from its pod's warm server: a client that could not have one says so
-        cold = [p.metadata.name for p in jobs.worker_pods()
-                if "no warm worker" in jobs.core.read_namespaced_pod_log(p.metadata.name, jobs.namespace)]
+    logs = {p.metadata.name: jobs.core.read_namespaced_pod_log(p.metadata.name, jobs.namespace)
+            for p in jobs.worker_pods()}
+    warm_starts = next(c for c in jobs.status()["conditions"] if c["type"] == "WarmStarts")
+    if warm:  # plain torchrun in the command: every worker came from its pod's warm server, through the kit
+        assert warm_starts["status"] == "True", warm_starts
+        cold = [name for name, log in logs.items() if "no warm worker" in log or "plain torchrun" in log]
         assert not cold, f"workers started cold in {cold}"
+        assert all("rendezvous polled every 0.1 s" in log for log in logs.values()), "not run by elasticjob_warm"
+    else:
+        assert (warm_starts["status"], warm_starts["reason"]) == ("False", "Disabled"), warm_starts
+        assert not any("rendezvous polled every 0.1 s" in log for log in logs.values())
     record_recovery(f"SIGKILL rank-0 pod {victim}{' (warm)' if warm else ''}", resumed["time"] - fault_time,
                     resumed["world_size"], restarts)
 

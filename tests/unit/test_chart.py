@@ -38,6 +38,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kueue-off": {"kueue": {"mode": "off"}},
     "kueue-namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
     "kueue-no-policy": {"kueue": {"suspendOnCreate": False}},
+    "no-kit": {"kit": {"enabled": False}},
+    "kit-image": {"kit": {"image": "mirror.example/elasticjob-operator:0.1.0"}},
 }
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
@@ -196,21 +198,30 @@ def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
     assert copy.read_bytes() == generated.read_bytes(), "chart CRD drifted from crds/: run `make crds`"
 
 
+# The kit's init container comes from the operator's own image by default.
+KIT = ["--kit-image", "elasticjob-operator:0.1.0"]
+
+
 @pytest.mark.parametrize("variant, expected_args", [
     ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-                 "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+                 "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("namespaced", ["--namespace", "team-a", "--namespace", "team-b", "--liveness",
-                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("peering", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-                 "--peering", FULLNAME, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+                 "--peering", FULLNAME, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--verbose",
-                          "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+                          "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-                           "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", "--operator-selector", SELECTOR]),
+                           "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", *KIT, "--operator-selector", SELECTOR]),
     ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "on", "--operator-selector", SELECTOR]),
+               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "on", *KIT, "--operator-selector", SELECTOR]),
     ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+               "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
+    ("no-kit", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+    ("kit-image", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                   "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kit-image",
+                   "mirror.example/elasticjob-operator:0.1.0", "--operator-selector", SELECTOR]),
 ])
 def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
     (container,) = deployment(render(VARIANTS[variant]))["spec"]["template"]["spec"]["containers"]

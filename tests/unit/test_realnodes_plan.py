@@ -97,8 +97,10 @@ def test_cluster_dns_is_the_kube_dns_service():
 
 def test_the_hosts_kube_proxy_binds_an_address_that_is_not_loopback():
     # Given 127.0.0.1 it waited 30 s for a Node of its name (there is none) before writing any rule.
-    config = yaml.safe_load(plan.host_kube_proxy_config(STATE, STATE / "kubeconfig"))
+    config = yaml.safe_load(plan.host_kube_proxy_config(STATE, STATE / "kubeconfig", "local-node-0"))
     assert not ipaddress.ip_address(config["bindAddress"]).is_loopback
+    # kube-proxy waits 30 s for a Node of its own name before its first rules: it takes a real node's.
+    assert config["hostnameOverride"] == "local-node-0"
 
 
 def test_node_processes_enter_only_the_network_namespace():

@@ -50,7 +50,8 @@ class ImageSpec:
 
 IMAGES = (
     ImageSpec("elasticjob-operator", "dev", "images/operator.Dockerfile", "PYTHON_IMAGE",
-              smoke=(("elasticjob", "--help"),)),
+              smoke=(("elasticjob", "--help"), ("/opt/elasticjob/bin/busybox", "sh", "-c", "true"),
+                     ("python", "-m", "elasticjob_kit", "/tmp/kit"))),
     ImageSpec("elasticjob-worker", "cpu", "images/worker-cpu.Dockerfile", "PYTHON_IMAGE",
               smoke=(("python", "-c", "import torch, elasticjob_store, elasticjob_warm; print(torch.__version__)"),
                      ("torchrun", "--help")), non_root=False),

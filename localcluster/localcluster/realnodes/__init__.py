@@ -55,7 +55,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], lo
     for each in everyone:
         images.import_all(each, own + tarballs, log)
     if not _alive(layout, hostproxy.NAME):
-        hostproxy.start(layout, endpoints, bin_dir)
+        hostproxy.start(layout, endpoints, bin_dir, everyone[0].name)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)
     hostproxy.wait_serving(layout)
     log(f"  {len(everyone)} real nodes Ready, {len(missing)} started now ({time.monotonic() - started:.1f}s)")

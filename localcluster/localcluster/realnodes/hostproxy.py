@@ -19,7 +19,7 @@ NAME = "host-kube-proxy"
 KUBERNETES_SERVICE = "10.96.0.1"
 
 
-def start(layout: Layout, endpoints: Endpoints, bin_dir: Path) -> None:
+def start(layout: Layout, endpoints: Endpoints, bin_dir: Path, node_name: str) -> None:
     stop(layout, bin_dir)
     directory = layout.state / NAME
     directory.mkdir(parents=True, exist_ok=True)
@@ -27,7 +27,7 @@ def start(layout: Layout, endpoints: Endpoints, bin_dir: Path) -> None:
     kubeconfig = directory / "kubeconfig"
     components.write_kubeconfig(kubeconfig, f"https://{BRIDGE_IP}:{endpoints.ports['apiserver']}", layout.pki,
                                 "kube-proxy", "kube-proxy")
-    (directory / "config.yaml").write_text(host_kube_proxy_config(layout.state, kubeconfig))
+    (directory / "config.yaml").write_text(host_kube_proxy_config(layout.state, kubeconfig, node_name))
     sessions.start(layout, NAME, [str(bin_dir / "kube-proxy"), f"--config={directory / 'config.yaml'}", "--v=1"])
 
 

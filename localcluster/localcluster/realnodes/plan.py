@@ -21,7 +21,6 @@ POD_CIDR = "10.245.0.0/16"  # every real node's pods; node i has 10.245.i.0/24
 CLUSTER_DNS = "10.96.0.10"  # the kube-dns Service's ClusterIP (systemapps.py)
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_PREFIX = "ejnode-"
-HOST_NAME = "localcluster-host"  # what the host's kube-proxy calls itself (no Node of that name)
 # Built here (cmd/pause) and imported into every node, since no registry can be reached.
 PAUSE_IMAGE = "localcluster.local/pause:1"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -186,15 +185,18 @@ def kube_proxy_config(node: RealNode, kubeconfig: Path) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def host_kube_proxy_config(state: Path, kubeconfig: Path) -> str:
+def host_kube_proxy_config(state: Path, kubeconfig: Path, node_name: str) -> str:
     """kube-proxy on this host too, as on a control-plane node: the operator and the tests run here, and reach
     Services by their ClusterIPs as pods do. It binds the bridge's address: given a loopback one it waited 30 s
-    for a Node of its name, which never comes, to learn its IP, before it wrote any rule."""
+    for a Node of its name, which never comes, to learn its IP, before it wrote any rule. It takes the name of a
+    real node: kube-proxy 1.36 waits up to 30 s for a Node of its own name whatever it binds (pkg/proxy/node.go),
+    and until then the host reached no Service made since its last rules (an operator here saw no store rounds
+    in the first job after a start). The node's name decides nothing for ClusterIPs."""
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": HOST_NAME,
+        "hostnameOverride": node_name,
         "bindAddress": BRIDGE_IP,
         "metricsBindAddress": "127.0.0.1:10249",
         "healthzBindAddress": "127.0.0.1:10256",

@@ -32,7 +32,7 @@ from elasticjob.planner.base import (
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.gang import ensure_gang
 from elasticjob.planner.leftovers import collect_leftovers
-from elasticjob.planner.recovery import drive_rendezvous
+from elasticjob.planner.recovery import drive_rendezvous, show_warm_starts
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
 from elasticjob.planner.scaling import force_delete_stuck, scale, stop_all
 
@@ -80,6 +80,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     if deadline_passed(plan, job, now):
         return
     force_delete_stuck(plan, observed, now)
+    show_warm_starts(plan, job, settings.kit_image, now)
     ensure_rendezvous(plan, job, observed, settings, token, now, gang.store_placement(job.ref).merge(admitted.store))
     training_done = any(p.exited_ok for p in observed.workers)
     account_failures(plan, job, observed, training_done, now)
@@ -96,7 +97,8 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
     plan.status.desired_replicas = desired
     placement = gang.worker_placement(job.ref).merge(admitted.worker)
-    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token)
+    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token,
+          kit_image=settings.kit_image)
     derive_running_phase(plan, job, observed.workers, now)
     show_refusal(plan, job, observed, now)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob import torchrun
+from elasticjob import builders, kit, torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
 from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition, stamp
@@ -69,13 +69,26 @@ def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
     set_condition(plan.status, NUDGES, False, "TorchUnsupported", message, now, job.generation)
 
 
+def show_warm_starts(plan: Plan, job: Job, kit_image: str | None, now: datetime) -> None:
+    """Whether the workers are built to start warm (kit.py), and if not why; an Event when the job's own command
+    is why (spec.warmStarts: false and an operator without a kit are choices, shown on the condition alone). What
+    the agents reported (show_plain_torchrun) stands: it is what ran."""
+    was = condition(plan.status, WARM)
+    if was is not None and was.reason == "PlainTorchrun":
+        return
+    warm = kit.warm_starts(job.ref.spec, builders.worker_container(job.ref.spec.template) or {}, kit_image)
+    if warm.reason in kit.COMMAND_REASONS and (was is None or was.reason != warm.reason):
+        plan.normal("WarmStartsOff", warm.message)
+    set_condition(plan.status, WARM, warm.on, warm.reason, warm.message, now, job.generation)
+
+
 def show_plain_torchrun(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
     """Agents whose elasticjob_warm.torchrun found a torch it was not tested on ran plain torchrun, and told the
     store: no warm worker starts, no shorter polls. Shown on the job; an Event when it first happens."""
     if store.plain_torchrun is None:
         return
     was = condition(plan.status, WARM)
-    if was is None or was.status != "False":
+    if was is None or was.reason != "PlainTorchrun":
         plan.warn("WarmStartsOff", store.plain_torchrun)
     set_condition(plan.status, WARM, False, "PlainTorchrun", store.plain_torchrun, now, job.generation)
 

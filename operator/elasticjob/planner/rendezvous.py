@@ -43,7 +43,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
             status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
     route(plan, job, store, service)
     if store is None:
-        store_manifest = builders.rendezvous_pod(job.ref, placement, token)
+        store_manifest = builders.rendezvous_pod(job.ref, placement, token, settings.kit_image)
         store_manifest["metadata"]["name"] = status.pod
         plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:

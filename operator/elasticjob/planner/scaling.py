@@ -16,7 +16,7 @@ FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 
 def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Placement = NO_PLACEMENT,
-          create: bool = True, token: str = "") -> None:
+          create: bool = True, token: str = "", kit_image: str | None = None) -> None:
     """Exactly `desired` workers: the highest indexes go first, gaps are filled (unless `create` is False:
     their gang is not ready yet)."""
     workers = observed.workers
@@ -36,7 +36,7 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
         return
     endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
     for index, name in names.items():
-        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement)
+        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement, kit_image)
         pod["metadata"]["name"] = name
         plan.act(CreateObject(ownership.sign(pod, plan.status, token),
                               Event("Normal", "CreatedWorker", f"created worker pod {name}")))
