@@ -45,7 +45,8 @@ def install(dest: Path, busybox: Path | None = None) -> None:
     torchrun.unlink(missing_ok=True)
     torchrun.symlink_to(Path("..") / "bin" / LAUNCH)
     for root, _dirs, files in os.walk(dest):
-        os.chmod(root, 0o755)
+        if Path(root) != dest:  # the emptyDir itself is the kubelet's (0777), not ours to change
+            os.chmod(root, 0o755)
         for name in files:
             path = Path(root) / name
             if not path.is_symlink():
