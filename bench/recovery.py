@@ -172,10 +172,16 @@ def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm
 
 def drain(api: Api, ns: str) -> None:
     """Stop the job and let its processes go, so that the next run gets the CPUs."""
+    from kubernetes.client.exceptions import ApiException
+
     from localcluster import partition as cut
 
     for pod in api.workers(ns, "train"):
-        cut.heal(ns, pod.metadata.name, STATE_DIR)
+        try:
+            cut.heal(ns, pod.metadata.name, STATE_DIR)
+        except ApiException as error:
+            if error.status != 404:  # a pod that left between the list and the heal (a scale-down's) has no cut
+                raise
     api.custom.delete_namespaced_custom_object("elasticjob.dev", "v1alpha1", ns, "elasticjobs", "train")
     wait(lambda: not api.core.list_namespaced_pod(ns).items, 90, "the job's pods gone", interval=0.5)
 

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from elasticjob_warm import client, compat, notice, polling, protocol
+from elasticjob_warm import client, compat, notice, outage, polling, protocol
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +31,9 @@ def main(argv: list[str]) -> int:
         print("elasticjob_warm.torchrun: --no-python runs no Python worker to start warm; use torchrun itself",
               file=sys.stderr)
         return 2
+    if not outage.apply():
+        print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
+              "the agent, as in torchrun", file=sys.stderr, flush=True)
     try:
         polling.apply(args.nnodes)
     except ValueError as error:

@@ -1,0 +1,116 @@
+"""Riding out a lost rendezvous store: the agent keeps its workers training while the job's store is gone, and
+when a store answers again at the same address, restarts them in place through a new round there.
+
+torch's agent exits as soon as its store stops answering (its check for waiting nodes raises), which cost every
+pod of the job: each was replaced, and started cold. The workers themselves never use the rendezvous store
+(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: their own store lives with rank 0's agent), so they can train on.
+
+The store comes back empty (it keeps its state in memory), at the same Service address. A TCPStore client never
+reconnects (measured: "Broken pipe" for ever after the server restarted), so the agent's check connects a new one
+and hands a new backend on it (torch's own class, whose constructor seeds the state key) to the rendezvous
+handler. It then reports a waiting node, which is what makes torch's agent stop its workers and join the next
+round: the same path as a scale-up, and no restart is spent.
+
+Why this makes no second world: an agent stops its old workers before it joins the new store's round, and the
+old world steps only while all its ranks run, so no step of the old world follows the first of the new one
+among agents that joined it. A node that joins the new store alone forms a round only after torch's last call
+(2 s by the operator's default); the survivors find the store within their next check (0.1 s polls), join its
+round and restart it. Past `read_timeout` without a store the agent exits as torch's does.
+
+Touches private names: the handler's `_store` and `_state_holder._backend` (and the backend's `_store`, to check
+that they are one TCPStore), checked where used: a torch without them keeps torch's behaviour (the agent exits,
+its pod is replaced).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+
+# How long a connect to a store that is still gone may hold up the agent's monitoring loop.
+CONNECT_SECONDS = 1.0
+
+
+def log(message: str) -> None:
+    print(f"elasticjob_warm.torchrun: {message}", file=sys.stderr, flush=True)
+
+
+class Outage:
+    """One agent's view of its store: since when it is gone."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def lost(self, handler, error: BaseException) -> int:
+        """Called with the error the check raised: 0 (nobody waits) while the store is gone, 1 once a new one
+        answers; re-raises past the store's read timeout, or when this torch's handler is not the known one."""
+        old = _stores(handler)
+        if old is None:
+            raise error
+        timeout = old.timeout.total_seconds() if isinstance(old.timeout, timedelta) else 60.0
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log(f"the rendezvous store at {old.host}:{old.port} stopped answering ({error}); the workers train "
+                f"on, and rejoin when it is back (for up to {timeout:g} s)")
+        if now - self.since > timeout:
+            log(f"no rendezvous store for {timeout:g} s: leaving, as torchrun does")
+            raise error
+        fresh = _connect(old.host, old.port, timeout)
+        if fresh is None:
+            return 0
+        # A new backend on it, as torch makes one: its constructor seeds the state key that reads wait on.
+        backend = handler._state_holder._backend
+        handler._state_holder._backend = type(backend)(fresh, handler.get_run_id())
+        handler._store = fresh
+        log(f"a rendezvous store answers again after {time.monotonic() - self.since:.1f} s: restarting the workers "
+            f"through a new round")
+        self.since = None
+        return 1  # a waiting node, as torch's agent understands it: stop the workers, join the new round
+
+
+def _stores(handler):
+    """The handler's store when it and its backend's are the one TCPStore this was written against."""
+    store = getattr(handler, "_store", None)
+    backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
+    if store is None or getattr(backend, "_store", None) is not store:
+        return None
+    if not all(hasattr(store, name) for name in ("host", "port", "timeout")):
+        return None
+    return store
+
+
+def _connect(host: str, port: int, timeout: float):
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(host, port, is_master=False, multi_tenant=True,
+                         timeout=timedelta(seconds=CONNECT_SECONDS))
+    except (RuntimeError, ValueError, TimeoutError):
+        return None
+    store.set_timeout(timedelta(seconds=timeout))
+    return store
+
+
+def apply() -> bool:
+    """Patches the rendezvous handler's check for waiting nodes; False (nothing patched) when this torch's
+    handler lacks it."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    handler = getattr(rdzv, "DynamicRendezvousHandler", None)
+    torch_check = getattr(handler, "num_nodes_waiting", None)
+    if torch_check is None or getattr(torch_check, "_elasticjob_outage", False):
+        return torch_check is not None
+
+    def num_nodes_waiting(self) -> int:
+        outage = self.__dict__.setdefault("_elasticjob_outage", Outage())
+        try:
+            return torch_check(self)
+        except RendezvousConnectionError as error:
+            return outage.lost(self, error)
+
+    num_nodes_waiting._elasticjob_outage = True
+    handler.num_nodes_waiting = num_nodes_waiting
+    return True

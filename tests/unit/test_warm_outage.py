@@ -1,0 +1,102 @@
+"""A lost store costs the agents nothing but a restart in place (elasticjob_warm/outage.py): two real torchrun agents
+(`python -m elasticjob_warm.torchrun`) on a real TCPStore server, which is killed and started again at the same
+port. Seconds, not milliseconds: each agent imports torch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from tests.helpers import wait_for
+
+SERVER = ("import sys, time, torch.distributed as d; "
+          "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True); "
+          "print('up', flush=True); time.sleep(3600)")
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    out = sys.argv[1]
+    with open(os.path.join(out, "starts"), "a") as f:
+        f.write(f"{os.getpid()} {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n")
+    while not os.path.exists(os.path.join(out, "stop")):
+        time.sleep(0.05)
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_store(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    assert proc.stdout.readline().strip() == b"up"
+    return proc
+
+
+def starts(out: Path) -> list[list[str]]:
+    path = out / "starts"
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def job(tmp_path):
+    port = free_port()
+    store = start_store(port)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    # As the operator sets it (elasticjob/torchrun.py): the workers do not share the rendezvous store.
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", ELASTICJOB_WARM_PRELOAD="decimal", LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    agents = []
+    for i in range(2):
+        log = open(tmp_path / f"agent{i}.log", "w")
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "elasticjob_warm.torchrun", "--nnodes=2:2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=outage", "--max-restarts=0",
+             "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,read_timeout=30",
+             str(script), str(tmp_path)], env=env, stdout=log, stderr=log, start_new_session=True))
+    state = {"store": store, "port": port, "agents": agents, "out": tmp_path}
+    yield state
+    (tmp_path / "stop").touch()
+    for proc in [*agents, state["store"]]:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL) if proc in agents else proc.kill()
+            proc.wait()
+
+
+def logs(out: Path) -> str:
+    return "\n".join((out / f"agent{i}.log").read_text() for i in range(2))
+
+
+def test_the_agents_ride_out_a_lost_store_and_restart_their_workers_in_place(job):
+    out, agents = job["out"], job["agents"]
+    first = wait_for(lambda: starts(out) if len(starts(out)) == 2 else None, 90, "the first round's workers")
+    job["store"].kill()
+    job["store"].wait()
+    wait_for(lambda: logs(out).count("stopped answering") == 2 or None, 15, "both agents to see the store go")
+    assert all(a.poll() is None for a in agents), logs(out)[-3000:]
+    for pid, _, _ in first:  # the first round's workers train on while there is no store
+        os.kill(int(pid), 0)
+    job["store"] = start_store(job["port"])
+    try:
+        again = wait_for(lambda: starts(out)[2:] if len(starts(out)) >= 4 else None, 30, "the workers of a new round")
+    except AssertionError:
+        if os.environ.get("DEBUG_OUTAGE"):
+            for a in agents:
+                a.send_signal(signal.SIGABRT)
+            time.sleep(2)
+        raise
+    assert {rank for _, rank, _ in again} == {"0", "1"} and {ws for _, _, ws in again} == {"2"}
+    assert all(a.poll() is None for a in agents), f"an agent left with the store:\n{logs(out)[-3000:]}"
+    assert logs(out).count("answers again") == 2
+    (out / "stop").touch()
+    codes = [a.wait(timeout=60) for a in agents]
+    assert codes == [0, 0], logs(out)[-3000:]
