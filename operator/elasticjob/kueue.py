@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from elasticjob import naming
-from elasticjob.builders import JobRef, Placement, owner_reference, rendezvous_pod
+from elasticjob import kit, naming
+from elasticjob.builders import JobRef, Placement, owner_reference, rendezvous_pod, worker_container
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -134,22 +134,26 @@ def queue_name(labels: Mapping[str, str]) -> str | None:
 # --- what the operator makes ------------------------------------------------------------------------------
 
 
-def pod_sets(job: JobRef) -> list[dict[str, Any]]:
+def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     """`workers`: count = replicas, minCount = minReplicas (Kueue's partial admission may give fewer, never
-    fewer than that); `store`: the rendezvous pod. The templates carry the requests Kueue counts quota by."""
+    fewer than that); `store`: the rendezvous pod. The templates carry the requests Kueue counts quota by,
+    the kit's init container included where the pods get it (a pod requests the most of any init container and
+    the sum of its containers)."""
     spec = job.spec
     template = copy.deepcopy(spec.template)
     template.setdefault("metadata", {})
+    if kit_image and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
+        kit.add_to_pod(template["spec"], kit_image)
     workers: dict[str, Any] = {"name": naming.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
     if spec.min_replicas < spec.desired_replicas:
         workers["minCount"] = spec.min_replicas
-    store = rendezvous_pod(job)
+    store = rendezvous_pod(job, kit_image=kit_image)
     return [workers, {"name": naming.PODSET_STORE, "count": 1,
                       "template": {"metadata": {}, "spec": store["spec"]}}]
 
 
-def workload(job: JobRef, queue: str, priority: Priority | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets(job)}
+def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets(job, kit_image)}
     if priority is not None and priority.ref:
         spec["priorityClassRef"] = dict(priority.ref)
         spec["priority"] = priority.value

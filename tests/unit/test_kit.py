@@ -103,3 +103,15 @@ def test_the_job_says_whether_its_workers_start_warm_and_warns_once_when_its_com
     assert not [e for e in again.events if e.reason == "WarmStartsOff"]
     no_kit = planner.plan(job(), observed([rdzv(), worker(0), worker(1)]), NOW, builders.Settings())
     assert warm_condition(no_kit).reason == "NoKit" and not no_kit.events
+
+
+def test_kueues_workload_counts_the_kits_init_container_where_the_pods_get_it():
+    from elasticjob import kueue
+
+    warm_sets = kueue.pod_sets(ref(), IMAGE)
+    workers, store = (s["template"]["spec"] for s in warm_sets)
+    assert [c["name"] for c in workers["initContainers"]] == [kit.INIT_CONTAINER]
+    assert [c["name"] for c in store["initContainers"]] == [kit.INIT_CONTAINER]
+    cold_workers, cold_store = (s["template"]["spec"] for s in kueue.pod_sets(ref(warmStarts=False), IMAGE))
+    assert "initContainers" not in cold_workers and cold_store["initContainers"]
+    assert all("initContainers" not in s["template"]["spec"] for s in kueue.pod_sets(ref(), None))

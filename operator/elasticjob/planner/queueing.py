@@ -80,7 +80,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     suspended = job.ref.spec.run_policy.suspend
     record(plan, job, wl)
     if wl is None:
-        return create_workload(plan, job, observed, name, suspended, now)
+        return create_workload(plan, job, observed, name, suspended, now, settings.kit_image)
     evicted = wl.evicted
     if evicted is not None:
         state = "Preempted" if evicted.get("reason") == "Preempted" else "Evicted"
@@ -133,7 +133,7 @@ def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings
 
 
 def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspended: bool,
-                    now: datetime) -> None:
+                    now: datetime, kit_image: str | None = None) -> None:
     """Suspended first (nothing is created before), then the Workload once no pod of the job is left."""
     if not suspended:
         plan.act(SetSuspend(True, Event("Normal", "Suspended", f"queued in LocalQueue {name}: suspended until "
@@ -147,7 +147,7 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
         plan.soon(30)
         return None
     if not observed.pods:
-        plan.act(CreateObject(kueue.workload(job.ref, name, observed.priority), Event(
+        plan.act(CreateObject(kueue.workload(job.ref, name, observed.priority, kit_image), Event(
             "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}")))
     queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
     return None
