@@ -122,6 +122,12 @@ class Jobs:
         selector = f"elasticjob.dev/job-name={name},elasticjob.dev/role=worker"
         return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
 
+    def live_workers(self, name: str = JOB_NAME) -> list[client.V1Pod]:
+        """Worker pods that run or are about to, and are not leaving (a pod on a lost node stays Running in the
+        API until it is removed; it is not training)."""
+        return [p for p in self.worker_pods(name)
+                if p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
+
     def pod(self, pod_name: str) -> client.V1Pod:
         return self.core.read_namespaced_pod(pod_name, self.namespace)
 

@@ -66,8 +66,7 @@ class Trajectory:
 
     def observe(self) -> dict:
         job = self.jobs.get()
-        live = [p for p in self.jobs.worker_pods() if p.status.phase in ("Pending", "Running")
-                and not p.metadata.deletion_timestamp]
+        live = self.jobs.live_workers()
         self.replicas.append(job["spec"]["replicas"])
         self.workers.append(len(live))
         return job

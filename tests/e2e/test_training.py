@@ -35,9 +35,7 @@ def finish(jobs: Jobs, progress, steps: int) -> Progress:
     """The job succeeded and training really reached its last step, every step done at least once."""
     status = jobs.wait_phase("Succeeded", FINISH_TIMEOUT)
     pods = jobs.worker_pods()
-    # A pod on a lost node stays Running in the API until it is removed; it is not training.
-    still_running = [p.metadata.name for p in pods
-                     if p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
+    still_running = [p.metadata.name for p in jobs.live_workers()]
     assert not still_running, f"job Succeeded while workers still run: {still_running}; {status}"
     assert 0 in exit_codes(pods).values(), f"no worker pod exited 0: {jobs.pods_summary()}"
     done = progress()
