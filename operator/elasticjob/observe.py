@@ -58,6 +58,8 @@ class PodView:
     disruption: str | None = None
     finished_at: datetime | None = None
     restarted_at: datetime | None = None  # when the container last ended and the kubelet started it again
+    # The kubelet holds the container back (CrashLoopBackOff) after a signal ended it: a kill, not a bad start.
+    killed_and_backed_off: bool = False
     generation: int | None = None
     owner_uid: str | None = None
     ip: str | None = None
@@ -227,6 +229,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         disruption=_disruption(status),
         finished_at=parse_time(terminated.get("finishedAt")),
         restarted_at=parse_time(((main.get("lastState") or {}).get("terminated") or {}).get("finishedAt")),
+        killed_and_backed_off=_killed_and_backed_off(main),
         generation=_int((meta.get("annotations") or {}).get(naming.RESTART_GENERATION_ANNOTATION)),
         owner_uid=controller_uid(meta),
         ip=status.get("podIP"),
@@ -234,6 +237,12 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         serial=_int((meta.get("annotations") or {}).get(naming.SERIAL_ANNOTATION)),
         mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "",
     )
+
+
+def _killed_and_backed_off(main: Mapping[str, Any]) -> bool:
+    waiting = (main.get("state") or {}).get("waiting") or {}
+    last = (main.get("lastState") or {}).get("terminated") or {}
+    return waiting.get("reason") == "CrashLoopBackOff" and (last.get("exitCode") or 0) >= 128
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:

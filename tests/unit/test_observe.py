@@ -128,3 +128,13 @@ def test_terminating():
 def test_service_without_ip():
     assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "None"}}).cluster_ip is None
     assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.9"}}).cluster_ip == "10.96.0.9"
+
+
+@pytest.mark.parametrize("last_exit, backed_off", [(137, True), (1, False)])
+def test_a_container_held_back_after_a_kill_is_told_from_one_that_cannot_start(last_exit, backed_off):
+    body = pod()
+    body["status"]["containerStatuses"][0].update({
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": last_exit, "finishedAt": "2026-01-01T12:00:00Z"}}})
+    assert observe_pod(body).killed_and_backed_off is backed_off
+    assert not observe_pod(pod()).killed_and_backed_off

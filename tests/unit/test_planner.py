@@ -446,3 +446,17 @@ def test_the_rendezvous_round_and_nodes_are_reported():
     assert (result.status.rendezvous.round, result.status.rendezvous.nodes) == (3, 2)
     unknown = plan(job(result.status.model_dump(by_alias=True, mode="json")), [rdzv(), worker(0)])
     assert unknown.status.rendezvous.round == 3, "an unreadable store keeps the last known round"
+
+
+def test_a_store_held_back_by_the_kubelet_after_kills_is_replaced_by_a_new_pod():
+    """The kubelet's back-off doubles with each kill (up to 5 minutes with no store); a new pod starts at once.
+    A store that cannot start (exit 1) keeps the kubelet's back-off."""
+    from tests.unit.factory import NOW, job, observed, rdzv, running_status, worker
+
+    held = rdzv(ready=False, killed_and_backed_off=True)
+    result = planner.plan(job(running_status()), observed([held, worker(0), worker(1)]), NOW)
+    deletes = [a for a in result.actions if isinstance(a, planner.DeletePod) and a.name == "train-rdzv"]
+    assert len(deletes) == 1 and deletes[0].grace_seconds == 0
+    assert deletes[0].event is not None and deletes[0].event.reason == "RendezvousRecreated"  # once it is gone
+    crashing = planner.plan(job(running_status()), observed([rdzv(ready=False), worker(0), worker(1)]), NOW)
+    assert not [a for a in crashing.actions if isinstance(a, planner.DeletePod)]

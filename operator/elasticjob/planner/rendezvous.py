@@ -48,6 +48,12 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
         plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
         plan.act(DeletePod(store.name, store.uid, grace_seconds=0))
+    elif store.killed_and_backed_off and not store.deleting:
+        # The kubelet's back-off doubles with each kill, up to 5 minutes without a store; a new pod has none.
+        # Only after a signal: a store that cannot start keeps the kubelet's back-off, not a loop of new pods.
+        plan.act(DeletePod(store.name, store.uid, grace_seconds=0, event=Event(
+            "Warning", "RendezvousRecreated", f"rendezvous pod {store.name} was killed again and the kubelet holds "
+            f"it back (CrashLoopBackOff); deleted it, a new one starts at once at the same endpoint")))
     serving = store is not None and store.serving
     if status.ready and not serving:
         status.restarts += 1
