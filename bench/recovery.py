@@ -46,7 +46,7 @@ MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
                        ["--no-rendezvous-nudges"], False),
 }
 KIT_IMAGE = "elasticjob-operator:dev"
-TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 10", "scale-down": "<= 5", "scale-up": "<= 6",
+TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 8", "scale-down": "<= 4", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand"}
 
 
