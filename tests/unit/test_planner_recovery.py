@@ -101,6 +101,22 @@ def test_no_early_completion_while_a_live_agent_is_still_coming():
     assert nudges(result) == []
 
 
+def test_the_first_round_waits_its_last_call_for_a_worker_still_starting_on_its_node():
+    # worker-2 is scheduled and initializing (the kit's init container): it joins within the last call, and a
+    # round completed without it would restart the whole group before the first step.
+    starting = worker(2, phase="Pending")
+    assert nudges(plan([worker(0), worker(1), starting], view(node(0), node(1), complete=False, round=0),
+                       replicas=3)) == []
+    # After a fault the survivors go on without it (it joins as a scale-up): recovery is not held up.
+    assert ("complete", {"liveNodes": 2}) in nudges(plan([worker(0), worker(1), starting],
+                                                         view(node(0), node(1), complete=False), replicas=3))
+    # Not yet scheduled: it may never be; the round does not wait for it.
+    unscheduled = worker(2, phase="Pending", node=None)
+    assert ("complete", {"liveNodes": 2}) in nudges(plan([worker(0), worker(1), unscheduled],
+                                                         view(node(0), node(1), complete=False, round=0),
+                                                         replicas=3))
+
+
 def test_no_early_completion_below_min_or_with_nodes_waiting():
     assert nudges(plan([worker(0)], view(node(0), complete=False), minReplicas=2)) == []
     # An agent waits to join: torch completes the round with it; cutting the last call short would not.

@@ -196,6 +196,10 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
     if store.complete or store.waiting:
         return
     present = [n for n in store.participants if n.addr not in removed]
+    if store.round == 0 and any(p.active and p.phase == "Pending" and p.node for p in observed.workers):
+        # The job's first round: a worker still starting on its node (the kit's init container, the image) is
+        # about to join, and joining after the round would restart the whole group before any step.
+        return
     live = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
     if len(present) < job.ref.spec.min_replicas or len(present) != len(live):
         return
