@@ -43,7 +43,7 @@ def test_a_new_job_gets_its_rendezvous_service_before_any_worker():
 def test_a_new_jobs_first_pending_posts_no_event_a_job_falling_back_to_pending_does():
     first = plan(job(), [], service=None)
     assert [e.reason for e in first.events] == []  # the creates carry their own Events
-    fallen = plan(job(running_status()), [rdzv(ready=False), worker(0), worker(1)])
+    fallen = plan(job(running_status()), [rdzv(), worker(0, ready=False), worker(1, ready=False)])
     assert fallen.status.phase == "Pending"
     assert "Waiting" in [e.reason for e in fallen.events]
 
@@ -103,7 +103,7 @@ def test_missing_replicas_is_defaulted_to_max_replicas():
     (2, True, "Running"),
     (1, True, "Running"),  # min is 1: elastic
     (0, True, "Pending"),
-    (2, False, "Pending"),
+    (2, False, "Running"),  # the store is coming back: the workers train on (StoreComingBack)
 ])
 def test_phase_follows_ready_workers_and_the_store(ready_workers, rdzv_ready, phase):
     pods = [rdzv(ready=rdzv_ready)] + [worker(i, ready=i < ready_workers) for i in range(2)]
@@ -111,6 +111,15 @@ def test_phase_follows_ready_workers_and_the_store(ready_workers, rdzv_ready, ph
     assert result.status.phase == phase
     assert result.status.ready_replicas == ready_workers
     assert condition(result, "RendezvousReady") == str(rdzv_ready)
+
+
+def test_a_running_job_whose_store_is_lost_says_it_is_coming_back_and_a_new_job_waits_for_its_store():
+    lost = plan(job(running_status()), [rdzv(ready=False), worker(0), worker(1)])
+    assert (lost.status.phase, lost.status.reason) == ("Running", "StoreComingBack")
+    assert "train on" in lost.status.message and "10.96.0.42:29400" in lost.status.message
+    pending = {"phase": "Pending", "reason": "Waiting", "startTime": "2026-01-01T11:00:00Z"}
+    new = plan(job(pending), [rdzv(ready=False), worker(0), worker(1)])
+    assert (new.status.phase, new.status.reason) == ("Pending", "Waiting")
 
 
 def test_unschedulable_workers_are_reported_while_the_job_runs_with_min():

@@ -188,6 +188,11 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
                     f"replacing failed workers (restart {status.restarts} of {spec.max_restarts}); {detail}", now)
     elif ready >= spec.min_replicas and status.rendezvous.ready:
         enter_phase(plan, job, Phase.RUNNING, "Running", detail, now)
+    elif ready >= spec.min_replicas and status.phase == Phase.RUNNING:
+        # Its agents ride the store's loss out (elasticjob_warm/outage.py): the workers train on meanwhile.
+        plan.soon(5)
+        enter_phase(plan, job, Phase.RUNNING, "StoreComingBack", f"the rendezvous store is coming back at "
+                    f"{status.rendezvous.endpoint}; the workers train on and rejoin it; {detail}", now)
     else:
         waiting = "the rendezvous store" if not status.rendezvous.ready else \
             f"at least {spec.min_replicas} ready worker{'s' if spec.min_replicas != 1 else ''}"
