@@ -11,6 +11,9 @@ and hands a new backend on it (torch's own class, whose constructor seeds the st
 handler. It then reports a waiting node, which is what makes torch's agent stop its workers and join the next
 round: the same path as a scale-up, and no restart is spent.
 
+An agent that loses its store while it joins a round (after a failure, a scale change, or at its start) has
+stopped its workers already: it waits for the store the same way and joins a round there.
+
 Why this makes no second world: an agent stops its old workers before it joins the new store's round, and the
 old world steps only while all its ranks run, so no step of the old world follows the first of the new one
 among agents that joined it. A node that joins the new store alone forms a round only after torch's last call
@@ -30,6 +33,8 @@ from datetime import timedelta
 
 # How long a connect to a store that is still gone may hold up the agent's monitoring loop.
 CONNECT_SECONDS = 1.0
+# Between connects while the agent waits in a rendezvous for its store to come back.
+RETRY_SECONDS = 0.2
 
 
 def log(message: str) -> None:
@@ -68,6 +73,13 @@ class Outage:
             f"through a new round")
         self.since = None
         return 1  # a waiting node, as torch's agent understands it: stop the workers, join the new round
+
+
+    def wait(self, handler, error: BaseException) -> None:
+        """Blocks until a store answers again and is the handler's (for an agent between rounds: its workers
+        are stopped, so there is nothing to train on meanwhile); re-raises as lost() does."""
+        while not self.lost(handler, error):
+            time.sleep(RETRY_SECONDS)
 
 
 def _stores(handler):
@@ -111,6 +123,18 @@ def apply() -> bool:
         except RendezvousConnectionError as error:
             return outage.lost(self, error)
 
+    torch_next = handler.next_rendezvous
+
+    def next_rendezvous(self):
+        """The store lost while the agent joins a round (its workers already stopped): wait for it, join there."""
+        outage = self.__dict__.setdefault("_elasticjob_outage", Outage())
+        while True:
+            try:
+                return torch_next(self)
+            except RendezvousConnectionError as error:
+                outage.wait(self, error)
+
     num_nodes_waiting._elasticjob_outage = True
     handler.num_nodes_waiting = num_nodes_waiting
+    handler.next_rendezvous = next_rendezvous
     return True

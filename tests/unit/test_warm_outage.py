@@ -48,7 +48,8 @@ def starts(out: Path) -> list[list[str]]:
 
 
 @pytest.fixture
-def job(tmp_path):
+def job(tmp_path, request):
+    nnodes, last_call = getattr(request, "param", ("2:2", 1))
     port = free_port()
     store = start_store(port)
     script = tmp_path / "worker.py"
@@ -59,9 +60,9 @@ def job(tmp_path):
     for i in range(2):
         log = open(tmp_path / f"agent{i}.log", "w")
         agents.append(subprocess.Popen(
-            [sys.executable, "-m", "elasticjob_warm.torchrun", "--nnodes=2:2", "--nproc-per-node=1",
+            [sys.executable, "-m", "elasticjob_warm.torchrun", f"--nnodes={nnodes}", "--nproc-per-node=1",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=outage", "--max-restarts=0",
-             "--rdzv-conf=is_host=false,last_call_timeout=1,keep_alive_interval=1,read_timeout=30",
+             f"--rdzv-conf=is_host=false,last_call_timeout={last_call},keep_alive_interval=1,read_timeout=30",
              str(script), str(tmp_path)], env=env, stdout=log, stderr=log, start_new_session=True))
     state = {"store": store, "port": port, "agents": agents, "out": tmp_path}
     yield state
@@ -100,3 +101,19 @@ def test_the_agents_ride_out_a_lost_store_and_restart_their_workers_in_place(job
     (out / "stop").touch()
     codes = [a.wait(timeout=60) for a in agents]
     assert codes == [0, 0], logs(out)[-3000:]
+
+
+@pytest.mark.parametrize("job", [("1:3", 4)], indirect=True)
+def test_agents_that_lose_the_store_while_they_join_a_round_wait_for_it_and_join_there(job):
+    """1..3 nodes and a 4 s last call: both agents sit in their first round's last call when the store goes."""
+    out, agents = job["out"], job["agents"]
+    wait_for(lambda: logs(out).count("Rendezvous'ing worker group") >= 2 or None, 90, "both agents joining")
+    job["store"].kill()
+    job["store"].wait()
+    wait_for(lambda: logs(out).count("stopped answering") >= 1 or None, 15, "an agent to see the store go")
+    job["store"] = start_store(job["port"])
+    first = wait_for(lambda: starts(out) if len(starts(out)) >= 2 else None, 30, "the workers of the first round")
+    assert {ws for _, _, ws in first} == {"2"}, first
+    assert all(a.poll() is None for a in agents), f"an agent left with the store:\n{logs(out)[-3000:]}"
+    (out / "stop").touch()
+    assert [a.wait(timeout=60) for a in agents] == [0, 0], logs(out)[-3000:]
