@@ -60,6 +60,8 @@ class PodView:
     restarted_at: datetime | None = None  # when the container last ended and the kubelet started it again
     # The kubelet holds the container back (CrashLoopBackOff) after a signal ended it: a kill, not a bad start.
     killed_and_backed_off: bool = False
+    # Why a container (an init container included: the kit's) cannot start, in the kubelet's words; None: none.
+    cannot_start: str | None = None
     generation: int | None = None
     owner_uid: str | None = None
     ip: str | None = None
@@ -230,6 +232,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         finished_at=parse_time(terminated.get("finishedAt")),
         restarted_at=parse_time(((main.get("lastState") or {}).get("terminated") or {}).get("finishedAt")),
         killed_and_backed_off=_killed_and_backed_off(main),
+        cannot_start=_cannot_start(status),
         generation=_int((meta.get("annotations") or {}).get(naming.RESTART_GENERATION_ANNOTATION)),
         owner_uid=controller_uid(meta),
         ip=status.get("podIP"),
@@ -237,6 +240,20 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         serial=_int((meta.get("annotations") or {}).get(naming.SERIAL_ANNOTATION)),
         mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "",
     )
+
+
+# Waiting reasons of a container that will not start by waiting: the image, its configuration, the runtime.
+CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+
+
+def _cannot_start(status: Mapping[str, Any]) -> str | None:
+    for each in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (each.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START:
+            message = (waiting.get("message") or "")[:300]
+            return f"container {each.get('name')}: {waiting['reason']}{': ' + message if message else ''}"
+    return None
 
 
 def _killed_and_backed_off(main: Mapping[str, Any]) -> bool:

@@ -138,3 +138,13 @@ def test_a_container_held_back_after_a_kill_is_told_from_one_that_cannot_start(l
         "lastState": {"terminated": {"exitCode": last_exit, "finishedAt": "2026-01-01T12:00:00Z"}}})
     assert observe_pod(body).killed_and_backed_off is backed_off
     assert not observe_pod(pod()).killed_and_backed_off
+
+
+def test_a_container_that_cannot_start_is_named_with_the_kubelets_words():
+    body = pod(phase="Pending")
+    body["status"]["initContainerStatuses"] = [{"name": "elasticjob-kit", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "elasticjob-operator:0.1.0"'}}}]
+    body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
+    assert observe_pod(body).cannot_start == ('container elasticjob-kit: ImagePullBackOff: Back-off pulling image '
+                                              '"elasticjob-operator:0.1.0"')
+    assert observe_pod(pod()).cannot_start is None

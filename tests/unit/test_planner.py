@@ -469,3 +469,21 @@ def test_a_store_held_back_by_the_kubelet_after_kills_is_replaced_by_a_new_pod()
     assert deletes[0].event is not None and deletes[0].event.reason == "RendezvousRecreated"  # once it is gone
     crashing = planner.plan(job(running_status()), observed([rdzv(ready=False), worker(0), worker(1)]), NOW)
     assert not [a for a in crashing.actions if isinstance(a, planner.DeletePod)]
+
+
+def test_a_worker_that_cannot_start_is_named_in_the_jobs_message():
+    from tests.unit.factory import NOW, job, observed, rdzv, running_status, worker
+
+    stuck = worker(1, phase="Pending", ready=False,
+                   cannot_start="container elasticjob-kit: ImagePullBackOff: Back-off pulling image")
+    result = planner.plan(job(running_status()), observed([rdzv(), worker(0), stuck]), NOW)
+    assert "1 cannot start: pod train-worker-1, container elasticjob-kit: ImagePullBackOff" in result.status.message
+
+
+def test_a_store_that_cannot_start_is_named_in_the_jobs_message():
+    from tests.unit.factory import NOW, job, observed, rdzv, worker
+
+    stuck = rdzv(ready=False, phase="Pending", cannot_start="container elasticjob-kit: ErrImagePull: no such host")
+    result = planner.plan(job(), observed([stuck, worker(0), worker(1)]), NOW)
+    assert ("waiting for the rendezvous store (pod train-rdzv cannot start: container elasticjob-kit: ErrImagePull"
+            in result.status.message)

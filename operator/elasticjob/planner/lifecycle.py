@@ -99,7 +99,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     placement = gang.worker_placement(job.ref).merge(admitted.worker)
     scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token,
           kit_image=settings.kit_image)
-    derive_running_phase(plan, job, observed.workers, now)
+    derive_running_phase(plan, job, observed.workers, now, observed.store_pod)
     show_refusal(plan, job, observed, now)
 
 
@@ -169,7 +169,8 @@ def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> Non
     enter_phase(plan, job, Phase.SUCCEEDED, "Succeeded", f"{done} worker pod(s) completed with exit code 0", now)
 
 
-def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
+def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: datetime,
+                         store: PodView | None = None) -> None:
     status, spec = plan.status, job.ref.spec
     live = [p for p in workers if p.active]
     ready = status.ready_replicas
@@ -181,6 +182,9 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
                    f"start when the job is admitted again")
     if pending:
         detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
+    stuck = [p for p in live if p.cannot_start]
+    if stuck:
+        detail += f"; {len(stuck)} cannot start: pod {stuck[0].name}, {stuck[0].cannot_start}"
     recent = since(status.last_restart_time, now)
     if recent is not None and recent < RESTARTING_WINDOW and ready < desired:
         plan.soon((RESTARTING_WINDOW - recent).total_seconds())
@@ -196,6 +200,8 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     else:
         waiting = "the rendezvous store" if not status.rendezvous.ready else \
             f"at least {spec.min_replicas} ready worker{'s' if spec.min_replicas != 1 else ''}"
+        if not status.rendezvous.ready and store is not None and store.cannot_start:
+            waiting += f" (pod {store.name} cannot start: {store.cannot_start})"
         enter_phase(plan, job, Phase.PENDING, "Waiting", f"waiting for {waiting}; {detail}", now)
         plan.soon(5)
 
