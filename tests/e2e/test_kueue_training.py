@@ -114,7 +114,11 @@ def test_the_second_job_waits_queued_until_the_first_finishes(kueue_operator, jo
     step = first_step_at(second, done_at, START_TIMEOUT, "the second job's first step")
     record_timing("first finished -> second admitted", admitted - done_at)
     record_timing("second admitted -> its first training step", step["time"] - admitted)
-    assert step["world_size"] == 3
+    # Admitted whole, all 3 train. Not necessarily from the first step: a worker that starts more than torch's
+    # last call (2 s) after the others joins the next round (seen in CI with the kit's init container).
+    assert (jobs.status("second").get("admission") or {}).get("workers") == 3, summary(jobs.status("second"))
+    wait_for(second, START_TIMEOUT, "a step of the second job at world size 3",
+             until=lambda p: p.first_after(done_at, 3))
     finished(jobs, second, "second", 12)
 
 
