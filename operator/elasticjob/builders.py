@@ -48,6 +48,9 @@ class Settings:
     # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
     kueue: bool = False
     kueue_mode: str = "auto"
+    # A job under Kueue grows past what Kueue admitted through a workload slice (Kueue's feature gate
+    # ElasticJobsViaWorkloadSlices, on by default since v0.18); off: replicas above the admitted count wait.
+    kueue_slices: bool = True
     # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
     # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
     kit_image: str | None = None

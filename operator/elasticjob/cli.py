@@ -64,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "Workloads and ResourceFlavors). auto (default): when Kueue's API is served, checked every "
                      "minute; on (or bare --kueue): always, Kueue's CRDs must be installed; off: never. Without "
                      "Kueue such jobs do not start and say why")
+    run.add_argument("--kueue-slices", default="on", choices=["on", "off"],
+                     help="a job under Kueue that scales up past what Kueue admitted asks for a workload slice, "
+                     "charged only the difference, and shrinks its Workload in place (needs Kueue's feature gate "
+                     "ElasticJobsViaWorkloadSlices, on by default since Kueue v0.18). off: replicas above the "
+                     "admitted count wait until the job is queued again")
     run.add_argument("--kit-image", default=os.environ.get("ELASTICJOB_KIT_IMAGE") or None, metavar="IMAGE",
                      help="image an init container copies the store and warm starts from into every job pod (the "
                      "operator's own; the chart sets it). Without it the worker image must carry elasticjob_store "
@@ -105,7 +110,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
-                        kueue_mode=args.kueue, kit_image=args.kit_image)
+                        kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, peers, args.concurrent_reconciles)
 

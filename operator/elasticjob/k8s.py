@@ -203,8 +203,11 @@ class Kube:
             return False
         return any(r.get("name") == plural for r in found.get("resources") or [])
 
-    async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str) -> bool:
-        body = {"preconditions": {"uid": uid}} if uid else None
+    async def delete_object(self, api_version: str, plural: str, namespace: str, name: str, uid: str,
+                            resource_version: str = "") -> bool:
+        """Deleted only while it is still that object (uid) and, when given, unchanged since it was read."""
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body = {"preconditions": preconditions} if preconditions else None
         return await self._delete(rest.resource(api_version, namespace, plural, name), body)
 
     async def patch_object(self, api_version: str, plural: str, namespace: str, name: str,

@@ -31,6 +31,12 @@ REQUEUED_AFTER = ("Preempted", "NodeFailures")
 # Status fields an admission patch copies as they are (pkg/workload/patching: admissionStatusPatch).
 COPIED_STATUS = ("accumulatedPastExecutionTimeSeconds", "clusterName", "nominatedClusterNames", "unhealthyNodes",
                  "preemptionGates")
+# Workload slices (Kueue's ElasticJobsViaWorkloadSlices, pkg/workloadslicing): a slice that replaces an admitted
+# one is charged only the difference, and once admitted Kueue marks the one it replaces Finished.
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+SLICE_NAME_ANNOTATION = "kueue.x-k8s.io/workload-slice-name"
+SLICE_REPLACED = "WorkloadSliceReplaced"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,9 @@ class WorkloadView:
     assignments: tuple[Assignment, ...] = ()
     deleting: bool = False
     status: Mapping[str, Any] = field(default_factory=dict)  # as the API server sent it (for patches)
+    replaces: str | None = None  # a slice: "namespace/name" of the Workload it replaces
+    created: str = ""  # creationTimestamp, then the uid: Kueue's order of a job's slices
+    spec_pod_sets: tuple[Mapping[str, Any], ...] = ()  # as the API server sent them (for a count's patch)
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         return next((c for c in self.status.get("conditions") or [] if c.get("type") == kind), None)
@@ -93,6 +102,10 @@ class WorkloadView:
     def pod_set(self, name: str) -> tuple[int, int | None] | None:
         return next(((count, minimum) for n, count, minimum in self.pod_sets if n == name), None)
 
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
 
 @dataclass(frozen=True)
 class FlavorView:
@@ -117,7 +130,10 @@ def observe_workload(body: Mapping[str, Any]) -> WorkloadView:
         namespace=meta.get("namespace", ""), queue_name=spec.get("queueName"),
         pod_sets=tuple((p.get("name", ""), p.get("count", 0), p.get("minCount")) for p in spec.get("podSets") or []),
         cluster_queue=admission.get("clusterQueue"), assignments=assignments,
-        deleting=meta.get("deletionTimestamp") is not None, status=copy.deepcopy(dict(status)))
+        deleting=meta.get("deletionTimestamp") is not None, status=copy.deepcopy(dict(status)),
+        replaces=(meta.get("annotations") or {}).get(REPLACES_ANNOTATION),
+        created=f"{meta.get('creationTimestamp', '')}/{meta.get('uid', '')}",
+        spec_pod_sets=tuple(copy.deepcopy(p) for p in spec.get("podSets") or []))
 
 
 def observe_flavor(body: Mapping[str, Any]) -> FlavorView:
@@ -165,6 +181,45 @@ def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str 
                      "ownerReferences": [owner_reference(job)]},
         "spec": spec,
     }
+
+
+def workload_slice(job: JobRef, queue: str, priority: Priority | None, kit_image: str | None, workers: int,
+                   replaced: WorkloadView, name: str) -> dict[str, Any]:
+    """A slice that replaces the admitted `replaced` with `workers` workers (jobframework prepareWorkloadSlice):
+    Kueue charges it only what `replaced` does not hold already. No minCount: Kueue refuses partial admission
+    of an elastic slice, so a slice is admitted whole or waits."""
+    body = workload(job, queue, priority, kit_image)
+    body["metadata"]["name"] = name
+    workers_set = next(p for p in body["spec"]["podSets"] if p["name"] == naming.PODSET_WORKERS)
+    workers_set["count"] = workers
+    workers_set.pop("minCount", None)
+    body["metadata"]["annotations"] = {ELASTIC_ANNOTATION: "true", REPLACES_ANNOTATION: replaced.key,
+                                       SLICE_NAME_ANNOTATION: naming.workload_name(job.name, job.uid)}
+    return body
+
+
+def current_slice(workloads: list[WorkloadView] | tuple[WorkloadView, ...]) -> WorkloadView | None:
+    """The job's Workload that counts (as pkg/workloadslicing normalizeActiveSlices): of those not finished, the
+    newest holding quota that no slice holding quota replaces (an evicted one too: its pods must stop first);
+    else the newest that replaces none of them (a slice waiting to replace one is not the job's admission)."""
+    live = sorted((w for w in workloads if not w.finished), key=lambda w: w.created)
+    replaced = {w.replaces for w in live if w.replaces and w.quota_reserved and not w.evicted}
+    holding = [w for w in live if w.quota_reserved and w.key not in replaced]
+    if holding:
+        return holding[-1]
+    keys = {w.key for w in live}
+    heads = [w for w in live if w.replaces not in keys]
+    return heads[-1] if heads else live[-1] if live else None
+
+
+def with_workers(view: WorkloadView, workers: int) -> list[dict[str, Any]]:
+    """The Workload's pod sets as stored, the workers' count changed: Kueue lets an admitted slice shrink in
+    place (every other field of an admitted pod set is immutable)."""
+    sets = [copy.deepcopy(dict(p)) for p in view.spec_pod_sets]
+    for pod_set in sets:
+        if pod_set.get("name") == naming.PODSET_WORKERS:
+            pod_set["count"] = workers
+    return sets
 
 
 def pod_sets_match(view: WorkloadView, job: JobRef, queue: str) -> bool:
@@ -257,9 +312,11 @@ def release_quota(view: WorkloadView, now: datetime) -> dict[str, Any]:
     return _admission_patch(view, conditions, None)
 
 
-def finish(view: WorkloadView, succeeded: bool, message: str, now: datetime) -> dict[str, Any]:
-    """Finished=True (Succeeded or Failed), the admission kept: pkg/workload/finish.Finish. Kueue then releases
-    the quota of a finished workload itself."""
+def finish(view: WorkloadView, succeeded: bool, message: str, now: datetime,
+           reason: str | None = None) -> dict[str, Any]:
+    """Finished=True (Succeeded or Failed, or `reason`: a replaced slice), the admission kept:
+    pkg/workload/finish.Finish. Kueue then releases the quota of a finished workload itself."""
     conditions = copy.deepcopy(list(view.status.get("conditions") or []))
-    _set(conditions, "Finished", "True", "Succeeded" if succeeded else "Failed", message, view.generation, now)
+    reason = reason or ("Succeeded" if succeeded else "Failed")
+    _set(conditions, "Finished", "True", reason, message, view.generation, now)
     return _admission_patch(view, conditions, copy.deepcopy(view.status.get("admission")))

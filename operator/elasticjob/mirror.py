@@ -257,5 +257,6 @@ class Mirror:
         return found + [Leftover("Service", s.name, s.uid, s.owner_uid) for s in self.services.of(key)
                         if s.owner_uid not in (None, uid)]
 
-    def owned_workload(self, key: JobKey, uid: str) -> WorkloadView | None:
-        return next((w for w in self.workloads.of(key) if w.owner_uid == uid), None)
+    def owned_workloads(self, key: JobKey, uid: str) -> tuple[WorkloadView, ...]:
+        """The job's Workloads: one, or its slices (kueue.current_slice picks the one that counts)."""
+        return tuple(w for w in self.workloads.of(key) if w.owner_uid == uid)

@@ -222,6 +222,8 @@ class AdmissionStatus(Model):
     workers: int | None = Field(None, description="Workers admitted (podSetAssignments count): the most "
                                 "that run until the job is queued again.")
     flavors: dict[str, str] | None = Field(None, description="Resource flavor per resource of the workers.")
+    requested: int | None = Field(None, description="Workers asked of Kueue in a workload slice it has not "
+                                  "admitted yet; the job runs `workers` until it does.")
     last_transition_time: str | None = None
 
 

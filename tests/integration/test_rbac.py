@@ -62,15 +62,15 @@ GANG_NEEDS = [
 KUEUE_NEEDS = [
     ("list", "kueue.x-k8s.io", "workloads", ""), ("watch", "kueue.x-k8s.io", "workloads", ""),
     ("create", "kueue.x-k8s.io", "workloads", ""), ("patch", "kueue.x-k8s.io", "workloads", ""),
-    ("patch", "kueue.x-k8s.io", "workloads", "status"),
+    ("patch", "kueue.x-k8s.io", "workloads", "status"), ("delete", "kueue.x-k8s.io", "workloads", ""),
 ]
 KUEUE_CLUSTER_NEEDS = [
     ("list", "kueue.x-k8s.io", "resourceflavors", ""), ("watch", "kueue.x-k8s.io", "resourceflavors", ""),
     ("get", "kueue.x-k8s.io", "workloadpriorityclasses", ""), ("get", "scheduling.k8s.io", "priorityclasses", ""),
 ]
-# Never, even with those values on: the garbage collector deletes Workloads, Kueue owns its queues.
+# Never, even with those values on: Kueue owns its queues and the Workloads' status beyond what a job integration writes.
 NEVER_WITH_GANGS_AND_KUEUE = [
-    ("delete", "kueue.x-k8s.io", "workloads", ""), ("update", "kueue.x-k8s.io", "workloads", ""),
+    ("update", "kueue.x-k8s.io", "workloads", ""),
     ("update", "kueue.x-k8s.io", "workloads", "status"), ("create", "kueue.x-k8s.io", "clusterqueues", ""),
     ("patch", "kueue.x-k8s.io", "localqueues", ""), ("list", "scheduling.k8s.io", "podgroups", ""),
     ("patch", "scheduling.k8s.io", "podgroups", ""), ("delete", "scheduling.x-k8s.io", "podgroups", ""),

@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kueue-off": {"kueue": {"mode": "off"}},
     "kueue-namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
     "kueue-no-policy": {"kueue": {"suspendOnCreate": False}},
+    "kueue-no-slices": {"kueue": {"workloadSlices": False}},
     "no-kit": {"kit": {"enabled": False}},
     "kit-image": {"kit": {"image": "mirror.example/elasticjob-operator:0.1.0"}},
 }
@@ -57,7 +58,7 @@ NODES_GRANT = {("", "nodes"): {"get"}}  # nothing for kopf: its scanning is off
 # Only with gangScheduling.workloadAPI / gangScheduling.coscheduling; Kueue's unless kueue.mode is off.
 WORKLOAD_API_GRANTS = {("scheduling.k8s.io", "podgroups"): {"get", "create", "delete"}}
 COSCHEDULING_GRANTS = {("scheduling.x-k8s.io", "podgroups"): {"get", "create", "patch"}}
-KUEUE_GRANTS = {("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch"},
+KUEUE_GRANTS = {("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "patch", "delete"},
                 ("kueue.x-k8s.io", "workloads/status"): {"patch"}}
 KUEUE_CLUSTER_GRANTS = {("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
                         ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
@@ -215,6 +216,9 @@ KIT = ["--kit-image", "elasticjob-operator:0.1.0"]
                            "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", *KIT, "--operator-selector", SELECTOR]),
     ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "on", *KIT, "--operator-selector", SELECTOR]),
+    ("kueue-no-slices", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                         "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue-slices", "off", *KIT,
+                         "--operator-selector", SELECTOR]),
     ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("no-kit", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",

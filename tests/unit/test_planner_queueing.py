@@ -14,6 +14,7 @@ from elasticjob.builders import Settings
 from elasticjob.kueue import FlavorView, Priority
 
 KUEUE = Settings(kueue=True)
+CLAMPED = Settings(kueue=True, kueue_slices=False)  # Kueue without workload slices: the admitted count is a cap
 QUEUED = {naming.QUEUE_LABEL: "lq"}
 WL = "elasticjob-train-e0019"  # what Kueue's GetWorkloadNameForOwnerWithGVK makes of (train, UID), run in Go
 FLAVORS = {"gpu-a": FlavorView("gpu-a", (("pool", "a100"),), ({"key": "gpu", "operator": "Exists",
@@ -206,7 +207,8 @@ def test_admitted_pods_get_the_flavors_node_labels_and_tolerations():
 ])
 def test_workers_are_capped_at_the_admitted_count(replicas, assigned, want):
     j = kueue_job(running_status(), minReplicas=1, maxReplicas=3, replicas=replicas)
-    result = plan(j, [rdzv()], workload=workload(ADMITTED, admission(assigned), workers=(assigned, 1)))
+    result = plan(j, [rdzv()], workload=workload(ADMITTED, admission(assigned), workers=(assigned, 1)),
+                  settings=CLAMPED)
     assert creates(result) == want
     assert result.status.desired_replicas == min(replicas, assigned)
     if replicas > assigned:

@@ -29,7 +29,8 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job) -> dict[str
         return found
     # Read without the label too: a job whose Workload exists keeps its gate (planner/queueing.py).
     key = naming.job_key(ref.namespace, ref.name)
-    found["workload"] = workload = ctx.mirror.owned_workload(key, ref.uid)
+    found["workloads"] = workloads = ctx.mirror.owned_workloads(key, ref.uid)
+    found["workload"] = workload = kueue.current_slice(workloads)
     found["flavors"] = ctx.mirror.flavors.by_name
     if workload is None and ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made
         found["priority"] = await priority(ctx, memory, ref)
@@ -90,7 +91,8 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[st
     """DeleteObject, PatchObject, PatchWorkload, ApplyWorkloadStatus."""
     kube = ctx.kube
     if isinstance(action, planner.DeleteObject):
-        if await kube.delete_object(action.api_version, action.plural, ref.namespace, action.name, action.uid):
+        if await kube.delete_object(action.api_version, action.plural, ref.namespace, action.name, action.uid,
+                                    action.resource_version):
             if action.event:
                 ctx.post(body, action.event, log)
     elif isinstance(action, planner.PatchObject):
@@ -108,6 +110,8 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[st
         except k8s.Conflict:
             return workload_changed(action.name, log)
         log.info(f"Workload {action.name} asks for the spec's counts again (queue {action.queue_name})")
+        if action.event:
+            ctx.post(body, action.event, log)
     elif isinstance(action, planner.ApplyWorkloadStatus):
         try:
             await kube.apply_status(kueue.API_VERSION, kueue.WORKLOADS, action.body, kueue.FIELD_MANAGER)

@@ -65,6 +65,7 @@ class DeleteObject:
     name: str
     uid: str = ""
     event: Event | None = None  # posted only when it was really deleted
+    resource_version: str = ""  # deleted only if unchanged since (a pending Kueue slice Kueue may admit meanwhile)
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,10 @@ class Observed:
     retry_at: datetime | None = None
     # The job's gang as the handler last read or made it (no watch on PodGroups).
     pod_group: PodGroupView | None = None
-    # Kueue: the job's Workload (watched), the flavors by name, the priority its class gives (read once).
+    # Kueue: the job's Workload that counts (kueue.current_slice), all of its Workloads (watched: its slices),
+    # the flavors by name, the priority its class gives (read once).
     workload: WorkloadView | None = None
+    workloads: tuple[WorkloadView, ...] = ()
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
     priority: Priority | None = None
     # Pods and Services under this job's name that an earlier job of that name left behind.

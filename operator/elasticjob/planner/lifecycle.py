@@ -178,8 +178,12 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     pending = [p for p in live if p.unschedulable]
     detail = f"{ready}/{desired} workers ready (min {spec.min_replicas}, max {spec.max_replicas})"
     if desired < spec.desired_replicas:
-        detail += (f"; replicas {spec.desired_replicas} exceeds the {desired} workers Kueue admitted: the rest "
-                   f"start when the job is admitted again")
+        admission = status.admission
+        if admission is not None and admission.requested:
+            detail += f"; {admission.message}"
+        else:
+            detail += (f"; replicas {spec.desired_replicas} exceeds the {desired} workers Kueue admitted: the "
+                       f"rest start when the job is admitted again")
     if pending:
         detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
     stuck = [p for p in live if p.cannot_start]

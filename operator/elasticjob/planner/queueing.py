@@ -22,6 +22,7 @@ from elasticjob import kueue, naming
 from elasticjob.builders import NO_PLACEMENT, Placement, Settings
 from elasticjob.kueue import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
+from elasticjob.planner import slices
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -89,13 +90,14 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
                                             f"({evicted.get('reason')}): stopping every pod")))
             return None
         stop(plan, observed, now)
+        slices.drop_pending(plan, observed)
         if wl.quota_reserved and not observed.pods:
             plan.act(ApplyWorkloadStatus(wl.name, kueue.release_quota(wl, now), Event(
                 "Normal", "QuotaReleased", f"every pod stopped: released the quota of Workload {wl.name}")))
         queued(plan, job, state, evicted.get("message") or f"evicted by Kueue ({evicted.get('reason')})", now)
         return None
     if wl.admitted:
-        return admitted(plan, job, observed, wl, suspended, now)
+        return admitted(plan, job, observed, wl, suspended, now, settings)
     if not suspended:
         plan.act(SetSuspend(True, Event("Normal", "Stopping", f"Workload {wl.name} is not admitted: suspending "
                                         f"the job until Kueue admits it")))
@@ -154,15 +156,16 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
 
 
 def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspended: bool,
-             now: datetime) -> Admitted | None:
+             now: datetime, settings: Settings) -> Admitted | None:
     missing = kueue.missing_flavors(wl, observed.flavors)
     if missing:  # its node labels are what the pods need: wait for the flavors' watch
         queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
         plan.soon(2)
         return None
-    workers = (wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).count
-    if workers is None:
-        workers = (wl.pod_set(naming.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
+    asked = (wl.pod_set(naming.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
+    granted = (wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).count
+    # Kueue counts the lesser: a slice shrunk in place keeps its admission's count (pkg/workload usage).
+    workers = asked if granted is None else min(granted, asked)
     if suspended:
         flavors = ", ".join(sorted({f for a in wl.assignments for _, f in a.flavors})) or "no flavor"
         plan.act(SetSuspend(False, Event("Normal", "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}: "
@@ -170,9 +173,11 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         return None
     status = plan.status.admission
     status.cluster_queue = wl.cluster_queue
-    status.workers = workers
     status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).flavors) or None
     transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
+    if settings.kueue_slices:
+        workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
+    status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message, now, job.generation)
     return Admitted(workers=workers, worker=kueue.placement(wl, naming.PODSET_WORKERS, observed.flavors),
                     store=kueue.placement(wl, naming.PODSET_STORE, observed.flavors))
@@ -203,7 +208,7 @@ def queued(plan: Plan, job: Job, reason: str, message: str, now: datetime) -> No
     state = reason if reason in ("Preempted", "Evicted") else "Queued"
     admission = plan.status.admission
     transition(plan, state, message, now)
-    admission.cluster_queue = admission.workers = admission.flavors = None
+    admission.cluster_queue = admission.workers = admission.flavors = admission.requested = None
     plan.status.start_time = None  # a deadline counts from the last start
     set_condition(plan.status, "Admitted", False, reason, message, now, job.generation)
     enter_phase(plan, job, Phase.QUEUED, reason, message, now)
@@ -216,6 +221,7 @@ def finish(plan: Plan, job: Job, observed: Observed, settings: Settings, now: da
     wl = own_workload(job, observed)
     if wl is None or wl.deleting:
         return
+    slices.drop_pending(plan, observed)
     if not wl.finished:
         succeeded = plan.status.phase == Phase.SUCCEEDED
         plan.act(ApplyWorkloadStatus(wl.name, kueue.finish(wl, succeeded, plan.status.message or "", now), Event(

@@ -1,0 +1,132 @@
+"""A job under the real Kueue (the local cluster's add-on, v0.19.2, ElasticJobsViaWorkloadSlices on by default)
+grows and shrinks through workload slices: scaled 2 -> 4 in a queue with room for 3 it asks for a slice and runs
+its 2 admitted workers; once quota frees Kueue admits the slice, marks the old one Finished, and the job runs 4;
+scaled down, its Workload shrinks in place and the quota is released. All along, the pods that hold resources never
+ask for more than the ClusterQueue has.
+
+Cheap workers (sleep); the operator with its defaults (--kueue, slices on).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_phase
+from kubernetes.utils import parse_quantity
+
+from helpers import wait_for
+from kueue_support import Queues, conditions, kueue, queued, queues  # noqa: F401 (fixtures)
+
+WORKER = {"requests": {"cpu": "400m", "memory": "64Mi"}}
+QUOTA = "1800m"  # 2 workers and a store (0.9) beside the blocker (0.5) leaves room for 3 workers, not 4
+SLEEP = ["python", "-c", "import time; time.sleep(3600)"]
+
+
+@pytest.fixture
+def operator(operator_factory):
+    return operator_factory(extra_args=["--kueue"])
+
+
+class QuotaWatch:
+    """Samples, until stopped, the CPU the namespace's live pods request (scheduled or not): never above the quota."""
+
+    def __init__(self, api, namespace: str, quota: str):
+        self.api, self.namespace, self.quota = api, namespace, parse_quantity(quota)
+        self.worst, self.samples, self.stop = parse_quantity("0"), 0, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def requested(self):
+        total = parse_quantity("0")
+        for pod in self.api[1].list_namespaced_pod(self.namespace).items:
+            if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running"):
+                for c in pod.spec.containers:
+                    total += parse_quantity(((c.resources and c.resources.requests) or {}).get("cpu", "0"))
+        return total
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.worst = max(self.worst, self.requested())
+            self.samples += 1
+
+
+@pytest.fixture
+def quota_watch(api, namespace) -> Iterator[QuotaWatch]:
+    watch = QuotaWatch(api, namespace, QUOTA)
+    watch.thread.start()
+    yield watch
+    watch.stop.set()
+    watch.thread.join()
+
+
+def scale(api, namespace, name, replicas) -> None:
+    api[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}})
+
+
+def workloads(queues: Queues) -> list[dict]:
+    found = queues.custom.list_namespaced_custom_object(GROUP_KUEUE, "v1beta2", queues.namespace, "workloads")
+    return sorted(found["items"], key=lambda w: w["metadata"]["creationTimestamp"])
+
+
+GROUP_KUEUE = "kueue.x-k8s.io"
+
+
+def running_workers(api, namespace, job, count):
+    return wait_for(lambda: [p for p in pods(api, namespace) if p.metadata.name.startswith(f"{job}-")
+                             and p.status.phase == "Running"], 90, f"{count} running workers of {job}",
+                    until=lambda ps: len(ps) == count)
+
+
+def test_a_job_grows_through_a_workload_slice_once_kueue_admits_it_and_shrinks_in_place(
+        api, namespace, operator, queues: Queues, quota_watch: QuotaWatch):
+    queues.make(cpu=QUOTA)
+    create(api, namespace, queued(job_manifest("blocker", SLEEP, minReplicas=1, maxReplicas=1, replicas=1,
+                                               resources=WORKER)))
+    wait_phase(api, namespace, "blocker", "Running", timeout=90)
+    create(api, namespace, queued(job_manifest("grow", SLEEP, minReplicas=1, maxReplicas=4, replicas=2,
+                                               resources=WORKER)))
+    wait_phase(api, namespace, "grow", "Running", timeout=90)
+    first = running_workers(api, namespace, "grow", 2)
+    first_workload = status_of(api, namespace, "grow")["admission"]["workload"]
+
+    # 2 -> 4 with room for 3: a slice is asked for and waits; the two admitted workers run on, untouched.
+    scale(api, namespace, "grow", 4)
+    slice_name = f"{first_workload}-s1"
+    waiting = wait_for(lambda: status_of(api, namespace, "grow"), 60, "the job to say its slice waits",
+                       until=lambda s: "insufficient unused quota" in ((s.get("admission") or {}).get("message") or ""))
+    assert waiting["admission"]["requested"] == 4 and waiting["admission"]["workers"] == 2, waiting
+    assert slice_name in waiting["message"] and waiting["phase"] == "Running", waiting
+    made = queues.workload(slice_name)
+    annotations = made["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/workload-slice-replacement-for"] == f"{namespace}/{first_workload}"
+    assert annotations["kueue.x-k8s.io/elastic-job"] == "true"
+    assert [(p["name"], p["count"]) for p in made["spec"]["podSets"]] == [("workers", 4), ("store", 1)]
+    assert {p.metadata.uid for p in running_workers(api, namespace, "grow", 2)} == {p.metadata.uid for p in first}
+
+    # The blocker goes: Kueue admits the slice (charged the difference), finishes the old one; the job runs 4.
+    api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "blocker")
+    grown = running_workers(api, namespace, "grow", 4)
+    assert {p.metadata.uid for p in first} <= {p.metadata.uid for p in grown}  # the running pods are kept
+    old = wait_for(lambda: queues.workload(first_workload), 30, "the old slice Finished",
+                   until=lambda w: conditions(w).get("Finished", {}).get("status") == "True")
+    assert conditions(old)["Finished"]["reason"] == "WorkloadSliceReplaced"
+    status = status_of(api, namespace, "grow")
+    assert (status["admission"]["workload"], status["admission"]["workers"]) == (slice_name, 4), status
+    assert not status["admission"].get("requested") and status.get("restarts", 0) == 0
+
+    # 4 -> 2: the admitted slice shrinks in place and Kueue releases the rest.
+    scale(api, namespace, "grow", 2)
+    running_workers(api, namespace, "grow", 2)
+    shrunk = wait_for(lambda: queues.workload(slice_name), 30, "the slice shrunk in place",
+                      until=lambda w: w["spec"]["podSets"][0]["count"] == 2)
+    assert conditions(shrunk)["Admitted"]["status"] == "True"
+    assert [w["metadata"]["name"] for w in workloads(queues)
+            if conditions(w).get("Finished", {}).get("status") != "True"] == [slice_name]
+    create(api, namespace, queued(job_manifest("after", SLEEP, minReplicas=2, maxReplicas=2, replicas=2,
+                                               resources=WORKER)))
+    wait_phase(api, namespace, "after", "Running", timeout=90)  # fits only in the quota the shrink gave back
+
+    quota_watch.stop.set()
+    quota_watch.thread.join()
+    assert quota_watch.samples > 10 and quota_watch.worst <= quota_watch.quota, quota_watch.worst
