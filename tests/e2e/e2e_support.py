@@ -113,6 +113,9 @@ class Jobs:
     def status(self, name: str = JOB_NAME) -> dict:
         return self.get(name).get("status") or {}
 
+    def delete(self, name: str = JOB_NAME) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
     def scale(self, replicas: int, name: str = JOB_NAME) -> None:
         """Through the scale subresource, as `kubectl scale` and HPAs do."""
         self.custom.patch_namespaced_custom_object_scale(

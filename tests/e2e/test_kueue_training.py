@@ -6,14 +6,19 @@ A ClusterQueue holds 4 workers of 1 cpu (and the two stores' 100m each); the job
 - A higher-priority job preempts a running one: the preempted job is suspended (its workers checkpoint on
   SIGTERM), the quota is released, the preemptor trains; then the preempted job is admitted again, resumes from
   its checkpoint, and its restarts stay 0 (`make e2e`).
+- A training job scaled 2 -> 4 with room for 3 asks Kueue for a workload slice and trains on at world size 2,
+  untouched, until quota frees; then Kueue admits the slice and it trains at world size 4, its live pods never
+  asking for more CPU than the ClusterQueue has (`make test`).
 Measured intervals are printed at the end of the session.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from kubernetes.utils import parse_quantity
 
 from e2e_support import (
     HOST_ROOT,
@@ -157,3 +162,74 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_uncharged(
         jobs.namespace, field_selector="involvedObject.name=low").items]
     assert reasons.count("Preempted") == 1 and reasons.count("Admitted") == 2, reasons
     assert 3 in done.world_sizes()
+
+
+def requested_cpu(jobs: Jobs) -> float:
+    """CPU the namespace's live pods ask for (each pod: the larger of its containers' sum and any init container)."""
+    total = 0.0
+    for pod in jobs.core.list_namespaced_pod(jobs.namespace).items:
+        if pod.metadata.deletion_timestamp is not None or pod.status.phase not in ("Pending", "Running"):
+            continue
+        total += max([sum(cpu(c) for c in pod.spec.containers), *(cpu(c) for c in pod.spec.init_containers or [])])
+    return total
+
+
+def cpu(container) -> float:
+    return float(parse_quantity(((container.resources and container.resources.requests) or {}).get("cpu", "0")))
+
+
+# Workers of 500m, so that 5 and 2 stores fit the local cluster's nodes: the blocker (0.6) and 3 of grow's (1.6)
+# fit in 2.2, 4 of grow's (2.1) beside the blocker do not.
+SLICE_QUOTA_CPU = "2.2"
+
+
+def half_cpu(manifest: dict, minimum: int, maximum: int, replicas: int) -> dict:
+    manifest["spec"].update(minReplicas=minimum, maxReplicas=maximum, replicas=replicas)
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "500m"}}
+    return manifest
+
+
+def test_a_training_job_grows_through_a_workload_slice_once_kueue_admits_it(kueue_operator, jobs, queues: Queues,
+                                                                          trainings, record_timing):
+    queues.make(cpu=SLICE_QUOTA_CPU)  # the blocker (1 worker) and 3 of grow's fit, not 4
+    worst, stop = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            worst[0] = max(worst[0], requested_cpu(jobs))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        blocker = half_cpu(kueue_job(jobs, "blocker", steps=2000), 1, 1, 1)
+        jobs.create(blocker)
+        grow, training = half_cpu(kueue_job(jobs, "grow", steps=2000), 1, 4, 2), trainings("grow")
+        created = time.time()
+        jobs.create(grow)
+        first_step_at(training, created, START_TIMEOUT, "grow's first step at world size 2")
+        wait_for(training, START_TIMEOUT, "grow at world size 2", until=lambda p: p.first_after(created, 2))
+
+        scaled = time.time()
+        jobs.scale(4, name="grow")
+        waiting = wait_for(lambda: jobs.status("grow"), 60, "grow to say its slice waits for quota",
+                           until=lambda s: "insufficient unused quota" in ((s.get("admission") or {}).get("message")
+                                                                           or ""))
+        assert waiting["admission"]["requested"] == 4 and waiting["phase"] == "Running", summary(waiting)
+        pods_before = {p.metadata.uid for p in jobs.live_workers("grow")}
+        seen = wait_for(training, 30, "grow training on at world size 2 while its slice waits",
+                        until=lambda p: len([r for r in p.after(scaled) if r["world_size"] == 2]) >= 10)
+        assert {r["world_size"] for r in seen.after(scaled)} == {2}, "the running world was stopped for a slice"
+        assert len({r["restart_count"] for r in seen.records}) == 1 and len(pods_before) == 2
+
+        freed = time.time()
+        jobs.delete("blocker")
+        grown = wait_for(training, START_TIMEOUT, "grow at world size 4",
+                         until=lambda p: p.first_after(freed, 4)).first_after(freed, 4)
+        record_timing("quota freed -> first step at world size 4 (slice admitted)", grown["time"] - freed)
+        status = jobs.status("grow")
+        assert status["admission"]["workers"] == 4 and not status["admission"].get("requested"), summary(status)
+        assert pods_before <= {p.metadata.uid for p in jobs.live_workers("grow")}
+    finally:
+        stop.set()
+        sampler.join()
+    assert worst[0] <= float(parse_quantity(SLICE_QUOTA_CPU)), f"pods asked for {worst[0]} cpu, quota {SLICE_QUOTA_CPU}"
