@@ -14,11 +14,11 @@ Standard library only (about 0.1 s to start, 15 MB).
 
 Jobs opt in with `spec.rendezvous.image: elasticjob-store-standin`; the node agent maps that image to this
 program (images.py). Not for jobs whose workers run torchrun: the c10d port accepts and closes connections.
+The HTTP shell and every check on a request are the real store's own (elasticjob_store/wire.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -26,16 +26,13 @@ import socket
 import sys
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
+from elasticjob_store import wire
 from elasticjob_store.auth import Credential
+from elasticjob_store.capped import CappedHTTPServer
 
 IMAGE = "elasticjob-store-standin"
-MAX_WAIT = 60.0  # as elasticjob_store.server
-ACTIONS = ("/v1/remove", "/v1/complete", "/v1/restart")
 
 
 def state_body(epoch: str, run_id: str, min_nodes: int, max_nodes: int) -> dict[str, Any]:
@@ -46,78 +43,24 @@ def state_body(epoch: str, run_id: str, min_nodes: int, max_nodes: int) -> dict[
             "lastFailureRoundAt": None, "rounds": [], "waiterActive": False}
 
 
-def _number(query: dict[str, list[str]], name: str, default: float, low: float, high: float) -> float:
-    value = query.get(name, [None])[0]
-    if value is None:
-        return default
-    number = float(value)  # ValueError: 400
-    if not low <= number <= high:
-        raise ValueError(f"{name} must be from {low:g} to {high:g}")
-    return number
-
-
 def make_server(host: str, port: int, credential: Credential, run_id: str = "", min_nodes: int = 1,
-                max_nodes: int = 1, epoch: str | None = None) -> ThreadingHTTPServer:
+                max_nodes: int = 1, epoch: str | None = None) -> CappedHTTPServer:
     epoch = epoch or secrets.token_hex(8)
     version = 0
     stop = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 10
-        server_version = "elasticjob-rendezvous-standin"
-        sys_version = ""
+    def state_view(_body: Any, query: wire.Query) -> dict[str, Any]:
+        after, wait = wire.query_int(query, "after", -1), wire.query_float(query, "wait", 0.0)
+        if query.get("epoch", [epoch])[0] == epoch and after >= version and wait > 0:
+            stop.wait(wait)  # nothing changes here: the long-poll runs its full course
+        return state_body(epoch, run_id, min_nodes, max_nodes)
 
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._send(HTTPStatus.OK, b"ok", "text/plain")
-            elif self._authorized():
-                url = urlsplit(self.path)
-                if url.path != "/v1/state":
-                    self._json(HTTPStatus.NOT_FOUND, {"error": f"no GET {url.path}"})
-                    return
-                query = parse_qs(url.query)
-                try:
-                    after = _number(query, "after", -1, -1, 2**31 - 1)
-                    wait = _number(query, "wait", 0.0, 0.0, MAX_WAIT)
-                except ValueError as err:
-                    self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
-                    return
-                if query.get("epoch", [epoch])[0] == epoch and after >= version and wait > 0:
-                    stop.wait(wait)  # nothing changes here: the long-poll runs its full course
-                self._json(HTTPStatus.OK, state_body(epoch, run_id, min_nodes, max_nodes))
+    def unchanged(_body: Any, _query: wire.Query) -> dict[str, Any]:
+        return {"changed": False, "reason": "stand-in store: no rendezvous here"}
 
-        def do_POST(self) -> None:
-            if not self._authorized():
-                return
-            path = urlsplit(self.path).path
-            if path not in ACTIONS:
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no POST {path}"})
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(min(length, 4096))
-            self._json(HTTPStatus.OK, {"changed": False, "reason": "stand-in store: no rendezvous here"})
-
-        def _authorized(self) -> bool:
-            if credential.accepts(self.headers.get("Authorization", "")):
-                return True
-            self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
-            return False
-
-        def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-            self._send(status, json.dumps(body).encode(), "application/json")
-
-        def _send(self, status: HTTPStatus, data: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    routes: dict[tuple[str, str], wire.Route] = {("GET", "/v1/state"): state_view,
+                                                  **{("POST", path): unchanged for path in wire.ACTIONS}}
+    server = wire.make_server(routes, host, port, credential, name="elasticjob-rendezvous-standin")
     server.epoch = epoch  # type: ignore[attr-defined]
     return server
 
