@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-RETRY_SECONDS = 5.0
+from elasticjob import backoff
+
 # Reconciles in flight at once, as controller-runtime's MaxConcurrentReconciles: a fleet created at once would
 # otherwise build every job's manifests and hold every reply together, and the allocator keeps that peak.
 CONCURRENT_RECONCILES = 32
@@ -82,8 +83,8 @@ class JobLoops:
             except asyncio.CancelledError:
                 raise
             except Exception:  # one job's surprise must not end its loop, nor touch the others
-                self._log.exception(f"reconcile of {loop.key} failed; retrying in {RETRY_SECONDS:.0f} s")
-                delay = RETRY_SECONDS
+                self._log.exception(f"reconcile of {loop.key} failed; retrying in {backoff.LOOP_CRASH:.0f} s")
+                delay = backoff.LOOP_CRASH
             try:
                 await asyncio.wait_for(loop.wake.wait(), delay)
             except TimeoutError:

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from elasticjob import backoff
 from elasticjob.observe import StoreNode, StoreView
 
 TIMEOUT_SECONDS = 2.0
@@ -29,7 +30,6 @@ MAX_REPLY_BYTES = 1 << 20
 MAX_NODES = 4096
 # A long-poll is held this long by the store when nothing changes; the operator gives up a little later.
 LONG_POLL_SECONDS = 25.0
-RETRY_SECONDS = (0.5, 1, 2, 5)
 
 
 class _Strict(BaseModel):
@@ -172,7 +172,7 @@ async def watch(client: StoreClient, host: str, port: int, job_uid: str,
         view = await client.state(host, port, job_uid, after=last.version if last else -1,
                                   epoch=last.epoch if last else "", wait=LONG_POLL_SECONDS if last else 0.0)
         if view is None:
-            await asyncio.sleep(RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)])
+            await asyncio.sleep(backoff.step(backoff.STORE_POLL, failures))
             failures += 1
             continue
         failures = 0

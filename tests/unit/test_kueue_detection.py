@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from elasticjob import k8s
+from elasticjob import backoff, k8s
 from elasticjob.builders import Settings
 from elasticjob.handlers import kueue
 
@@ -36,7 +36,7 @@ def resolve(discovery: Discovery, mode: str = "auto") -> Settings:
 
 @pytest.fixture(autouse=True)
 def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kueue, "START_RETRY_SECONDS", 0)
+    monkeypatch.setattr(backoff, "KUEUE_DISCOVERY", 0)
 
 
 @pytest.mark.parametrize("answers, expected", [

@@ -14,13 +14,10 @@ import dataclasses
 import os
 import signal
 
-from elasticjob import k8s, kueue
+from elasticjob import backoff, k8s, kueue
 from elasticjob.handlers.context import Context
 
 RECHECK_SECONDS = 60.0
-# At start the operator waits for a definite answer: taking "no answer" for "no Kueue" would hold, and stop, every
-# running queue-labelled job until the next check.
-START_RETRY_SECONDS = 2.0
 
 
 async def served(ctx: Context) -> bool | None:
@@ -38,7 +35,9 @@ async def resolve(ctx: Context) -> None:
     if mode == "auto":
         here = await served(ctx)
         while here is None:
-            await asyncio.sleep(START_RETRY_SECONDS)
+            # A definite answer first: taking "no answer" for "no Kueue" would hold, and stop, every running
+            # queue-labelled job until the next check.
+            await asyncio.sleep(backoff.KUEUE_DISCOVERY)
             here = await served(ctx)
         ctx.settings = dataclasses.replace(ctx.settings, kueue=here)
         said = "served: queue-labelled jobs wait for its admission" if here else \

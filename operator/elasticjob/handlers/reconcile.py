@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from elasticjob import k8s, metrics, planner
+from elasticjob import backoff, k8s, metrics, planner
 from elasticjob.builders import JobRef
 from elasticjob.handlers import observing, scheduling, telemetry
 from elasticjob.handlers.apply import apply, remember_applied, unapplied
@@ -26,8 +26,6 @@ from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
 
 CONFLICT_RETRIES = 3
-ERROR_RETRY_SECONDS = 5.0
-REFUSAL_BACKOFF = (2, 4, 8, 15, 30, 60, 120, 300)
 STATUS_BATCH = 2.0
 STATUS_INTERVAL = 2.0
 # Status fields the planner derives afresh from the cluster at every reconcile (see status_deferral): counts,
@@ -66,9 +64,9 @@ async def reconcile(ctx: Context, loop: JobLoop) -> float:
     except k8s.NotFound:
         delay = planner.RESYNC_SECONDS  # deleted meanwhile; the mirror ends this loop
     except k8s.KubeError as exc:
-        log.warning(f"reconcile failed, retrying in {ERROR_RETRY_SECONDS:.0f}s: {exc}")
+        log.warning(f"reconcile failed, retrying in {backoff.RECONCILE_ERROR:.0f}s: {exc}")
         metrics.RECONCILES.labels("error").inc()
-        delay = ERROR_RETRY_SECONDS
+        delay = backoff.RECONCILE_ERROR
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     return delay
 
@@ -140,7 +138,7 @@ def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refuse
     create goes through."""
     if refused is not None:
         count = memory.refusal.count + 1 if memory.refusal else 1
-        wait = REFUSAL_BACKOFF[min(count, len(REFUSAL_BACKOFF)) - 1]
+        wait = backoff.step(backoff.REFUSED_CREATE, count - 1)
         memory.refusal = Refusal(refused, count, now + timedelta(seconds=wait))
         ctx.post(body, planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)"), log)
         return 0.0

@@ -1,0 +1,22 @@
+"""How long the operator waits before trying again, every kind of retry in one place (as controller-runtime's
+reconcile.Result and its rate limiter keep them together). Seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# A reconcile that failed on an API error (handlers/reconcile.py), or raised something unexpected (loops.py).
+RECONCILE_ERROR = 5.0
+LOOP_CRASH = 5.0
+# Creating a job's objects again after the API server refused them (quota, Pod Security, a webhook): the Nth
+# refusal in a row waits the Nth step, the last one thereafter.
+REFUSED_CREATE = (2, 4, 8, 15, 30, 60, 120, 300)
+# The long-poll on a job's store after the Nth failure in a row (rendezvous_client.py).
+STORE_POLL = (0.5, 1, 2, 5)
+# Asking discovery again at start until it answers whether Kueue is there (handlers/kueue.py).
+KUEUE_DISCOVERY = 2.0
+
+
+def step(schedule: Sequence[float], attempt: int) -> float:
+    """The wait before attempt `attempt` (0: the first retry); past the end of the schedule, its last step."""
+    return schedule[min(max(attempt, 0), len(schedule) - 1)]
