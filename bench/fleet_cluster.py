@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
-from elasticjob import builders
+from elasticjob import builders, domain
 from elasticjob.models import ElasticJobSpec
 from harness import GROUP, PLURAL, VERSION, Api, wait
 from localcluster import kwok_addon, storestandin
@@ -175,7 +175,7 @@ class BareClient:
 
     def _job(self, job: dict) -> None:
         meta, core = job["metadata"], self.api.core
-        ref = builders.JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+        ref = domain.JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
                               spec=ElasticJobSpec.model_validate(job["spec"]))
         ns = ref.namespace
         service = json.loads(core.create_namespaced_service(ns, builders.rendezvous_service(ref),

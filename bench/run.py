@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from elasticjob import builders, planner  # noqa: E402
-from elasticjob.builders import JobRef  # noqa: E402
+from elasticjob.domain import JobRef  # noqa: E402
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus  # noqa: E402
 from elasticjob.observe import ServiceView, observe_pod  # noqa: E402
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import secrets
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from elasticjob import kit, naming, torchrun
-from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
+from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
+from elasticjob.models import API_VERSION, KIND
 
 # A lost node's pods are evicted this long after the node stops answering (Kubernetes' default is 300 s).
 NODE_LOST_TOLERATION_SECONDS = 30
@@ -34,47 +34,6 @@ SCHEDULING_FIELDS = ("nodeSelector", "affinity", "priorityClassName", "imagePull
 STORE_AFFINITY = ("nodeAffinity",)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """How this operator installation builds objects (from its command line)."""
-
-    network_policy: bool = True
-    # Drive each job's rendezvous on evidence (planner/recovery.py); off: torch's own timing alone.
-    nudges: bool = True
-    # Who may reach the store's control port besides the job's pods: the operator's pods.
-    operator_namespace: str | None = None
-    operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
-    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission: Kueue's API is served (auto) or
-    # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
-    kueue: bool = False
-    kueue_mode: str = "auto"
-    # A job under Kueue grows past what Kueue admitted through a workload slice (Kueue's feature gate
-    # ElasticJobsViaWorkloadSlices, on by default since v0.18); off: replicas above the admitted count wait.
-    kueue_slices: bool = True
-    # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
-    # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
-    kit_image: str | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What a pod gets beyond its template to be scheduled as the job must: membership in a gang
-    (gang.py), Kueue's resource flavor (kueue.py)."""
-
-    labels: tuple[tuple[str, str], ...] = ()
-    node_selector: tuple[tuple[str, str], ...] = ()
-    tolerations: tuple[dict[str, Any], ...] = ()
-    scheduler_name: str | None = None
-    scheduling_group: str | None = None  # spec.schedulingGroup.podGroupName (the Workload API)
-
-    def merge(self, other: Placement) -> Placement:
-        return Placement(self.labels + other.labels, self.node_selector + other.node_selector,
-                         self.tolerations + other.tolerations, other.scheduler_name or self.scheduler_name,
-                         other.scheduling_group or self.scheduling_group)
-
-
-NO_PLACEMENT = Placement()
-
 
 def place(pod: dict[str, Any], placement: Placement) -> dict[str, Any]:
     """Adds the placement to a pod manifest (in place) and returns it."""
@@ -90,20 +49,6 @@ def place(pod: dict[str, Any], placement: Placement) -> dict[str, Any]:
     if placement.scheduling_group:
         spec["schedulingGroup"] = {"podGroupName": placement.scheduling_group}
     return pod
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """What every owned object needs to know about its job."""
-
-    namespace: str
-    name: str
-    uid: str
-    spec: ElasticJobSpec
-    labels: tuple[tuple[str, str], ...] = ()  # the job's own (Kueue's queue-name and priority-class)
-
-    def label(self, key: str) -> str | None:
-        return dict(self.labels).get(key) or None
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticjob import crd
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.loops import CONCURRENT_RECONCILES
 from elasticjob.peering import Peering
 

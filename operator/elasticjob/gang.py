@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticjob import naming
-from elasticjob.builders import JobRef, Placement, owner_reference
+from elasticjob.builders import owner_reference
+from elasticjob.domain import JobRef, Placement
 from elasticjob.models import ElasticJobSpec, GangMode
 
 WORKLOAD_API = "scheduling.k8s.io/v1alpha2"

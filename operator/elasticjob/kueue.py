@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from elasticjob import kit, naming
-from elasticjob.builders import JobRef, Placement, owner_reference, rendezvous_pod, worker_container
+from elasticjob.builders import owner_reference, rendezvous_pod, worker_container
+from elasticjob.domain import JobRef, Placement
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"

@@ -18,7 +18,7 @@ import pytest
 from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
 from elasticjob import k8s
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.handlers.context import Context, JobMemory, job_logger
 from elasticjob.handlers.reconcile import reconcile_fresh
 from elasticjob.handlers.stores import StoreWatches

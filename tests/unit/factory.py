@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elasticjob import naming, planner
-from elasticjob.builders import JobRef
+from elasticjob.domain import JobRef
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView, StoreNode, StoreView
 

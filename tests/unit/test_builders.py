@@ -7,8 +7,8 @@ import json
 
 from factory import UID, spec, template
 
-from elasticjob import builders
-from elasticjob.builders import JobRef
+from elasticjob import builders, domain
+from elasticjob.domain import JobRef
 
 
 def ref(**fields):
@@ -113,7 +113,7 @@ def test_rendezvous_pod_leaves_the_workers_pod_affinity_behind():
 
 
 def test_one_network_policy_fences_every_store_of_a_namespace():
-    policy = builders.network_policy("ml", builders.Settings(operator_namespace="elasticjob-system"))
+    policy = builders.network_policy("ml", domain.Settings(operator_namespace="elasticjob-system"))
     assert policy["metadata"] == {"name": "elasticjob-rendezvous", "namespace": "ml",
                                   "labels": {"app.kubernetes.io/managed-by": "elasticjob-operator"}}
     store_port, control = policy["spec"]["ingress"]

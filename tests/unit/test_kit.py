@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tests.unit.factory import NOW, UID, job, observed, rdzv, spec, template, worker
 
-from elasticjob import builders, kit, planner
-from elasticjob.builders import JobRef
+from elasticjob import builders, domain, kit, planner
+from elasticjob.domain import JobRef
 
 IMAGE = "elasticjob-operator:1.0"
 L = kit.LAUNCH
@@ -89,7 +89,7 @@ def warm_condition(result):
 
 
 def test_the_job_says_whether_its_workers_start_warm_and_warns_once_when_its_command_keeps_them_cold():
-    settings = builders.Settings(kit_image=IMAGE)
+    settings = domain.Settings(kit_image=IMAGE)
     warm = planner.plan(job(), observed([rdzv(), worker(0), worker(1)]), NOW, settings)
     assert (warm_condition(warm).status, warm_condition(warm).reason) == ("True", "KitLauncher")
     assert not [e for e in warm.events if e.reason == "WarmStartsOff"]
@@ -101,7 +101,7 @@ def test_the_job_says_whether_its_workers_start_warm_and_warns_once_when_its_com
     again = planner.plan(job(status, template=template(command=["python", "train.py"])),
                          observed([rdzv(), worker(0), worker(1)]), NOW, settings)
     assert not [e for e in again.events if e.reason == "WarmStartsOff"]
-    no_kit = planner.plan(job(), observed([rdzv(), worker(0), worker(1)]), NOW, builders.Settings())
+    no_kit = planner.plan(job(), observed([rdzv(), worker(0), worker(1)]), NOW, domain.Settings())
     assert warm_condition(no_kit).reason == "NoKit" and not no_kit.events
 
 

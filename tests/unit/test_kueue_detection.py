@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from elasticjob import backoff, k8s
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.handlers import kueue
 
 

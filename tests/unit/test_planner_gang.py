@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from factory import NOW, SERVICE, UID, creates, job, observed, rdzv, running_status, worker
 
-from elasticjob import builders, gang, planner
+from elasticjob import builders, domain, gang, planner
 from elasticjob.gang import COSCHEDULING_API, WORKLOAD_API, PodGroupView
 
 
@@ -162,7 +162,7 @@ def test_placement_adds_to_the_template_without_dropping_its_own():
     tpl = {"spec": {"nodeSelector": {"pool": "a"}, "containers": [{"name": "worker", "image": "t",
                                                                       "command": ["torchrun"]}]}}
     ref = job(template=tpl).ref
-    placement = builders.Placement(labels=(("x", "1"),), node_selector=(("gpu", "h100"),),
+    placement = domain.Placement(labels=(("x", "1"),), node_selector=(("gpu", "h100"),),
                                    tolerations=({"key": "gpu", "operator": "Exists"},))
     pod = builders.worker_pod(ref, 0, "e:1", 0, placement)
     assert pod["spec"]["nodeSelector"] == {"pool": "a", "gpu": "h100"}

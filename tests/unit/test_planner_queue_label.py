@@ -8,7 +8,7 @@ from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 from elasticjob import naming, planner
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.models import Phase
 
 QUEUED = {naming.QUEUE_LABEL: "lq"}

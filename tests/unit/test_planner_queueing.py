@@ -10,7 +10,7 @@ import pytest
 from factory import NOW, SERVICE, UID, condition, creates, deletes, failed, job, observed, rdzv, running_status, worker
 
 from elasticjob import kueue, naming, planner
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.kueue import FlavorView, Priority
 
 KUEUE = Settings(kueue=True)

@@ -8,7 +8,7 @@ import pytest
 from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, running_status, worker
 
 from elasticjob import kueue, naming, planner
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.kueue import FlavorView
 
 KUEUE = Settings(kueue=True)

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from elasticjob import k8s, naming
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.handlers.context import Context, Gate, JobMemory
 from elasticjob.handlers.reconcile import reconcile
 from elasticjob.loops import JobLoop

@@ -36,7 +36,7 @@ import json, sys
 from kubernetes.client import ApiClient, Configuration
 from elasticjob import k8s
 from elasticjob.handlers import watch
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.handlers.context import Context
 from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient

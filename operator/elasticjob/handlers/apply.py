@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticjob import k8s, metrics, planner
-from elasticjob.builders import JobRef
+from elasticjob.domain import JobRef
 from elasticjob.handlers import scheduling
 from elasticjob.handlers.context import Context
 

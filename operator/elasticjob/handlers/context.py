@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from elasticjob import builders, k8s, naming
-from elasticjob.builders import Settings
+from elasticjob.domain import Settings
 from elasticjob.gang import PodGroupView
 from elasticjob.kueue import Priority
 from elasticjob.loops import JobLoops

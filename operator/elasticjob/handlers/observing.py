@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from elasticjob import builders, k8s, naming, planner
+from elasticjob import builders, domain, k8s, naming, planner
 from elasticjob.handlers import scheduling
 from elasticjob.handlers.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
@@ -67,7 +67,7 @@ async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job,
     return memory.round_failures
 
 
-async def agent_failures(ctx: Context, ref: builders.JobRef, pods: list[PodView]) -> list[planner.RoundFailure]:
+async def agent_failures(ctx: Context, ref: domain.JobRef, pods: list[PodView]) -> list[planner.RoundFailure]:
     container = (builders.worker_container(ref.spec.template) or {}).get("name", naming.WORKER_CONTAINER)
     workers = [p for p in pods if p.role == naming.ROLE_WORKER and p.active and p.started][:LOG_PODS]
     logs = await asyncio.gather(*(ctx.kube.pod_log_tail(ref.namespace, p.name, container, LOG_LINES)

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from elasticjob import backoff, k8s, metrics, planner
-from elasticjob.builders import JobRef
+from elasticjob.domain import JobRef
 from elasticjob.handlers import observing, scheduling, telemetry
 from elasticjob.handlers.apply import apply, remember_applied, unapplied
 from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest

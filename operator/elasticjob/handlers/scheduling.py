@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from elasticjob import gang, k8s, kueue, naming, planner
-from elasticjob.builders import JobRef
+from elasticjob.domain import JobRef
 from elasticjob.handlers.context import Context, JobMemory
 
 # A PodGroup the operator knows is read again after this long (someone may have deleted it).

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from elasticjob import naming
-from elasticjob.builders import JobRef
+from elasticjob.domain import JobRef
 from elasticjob.gang import PodGroupView
 from elasticjob.kueue import FlavorView, Priority, WorkloadView
 from elasticjob.models import Condition, ElasticJobStatus, Phase

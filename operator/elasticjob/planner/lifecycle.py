@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elasticjob import builders, gang, naming, torchrun
-from elasticjob.builders import JobRef, Settings
+from elasticjob.domain import JobRef, Settings
 from elasticjob.models import CleanPodPolicy, ElasticJobStatus, Phase
 from elasticjob.observe import PodView
 from elasticjob.planner import ownership, queueing

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from elasticjob import kueue, naming
-from elasticjob.builders import NO_PLACEMENT, Placement, Settings
+from elasticjob.domain import NO_PLACEMENT, Placement, Settings
 from elasticjob.kueue import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
 from elasticjob.planner import slices

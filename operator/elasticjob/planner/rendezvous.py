@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from elasticjob import builders, naming
-from elasticjob.builders import NO_PLACEMENT, Placement, Settings
+from elasticjob.domain import NO_PLACEMENT, Placement, Settings
 from elasticjob.observe import PodView, ServiceView
 from elasticjob.planner import ownership
 from elasticjob.planner.base import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elasticjob import builders, naming
-from elasticjob.builders import NO_PLACEMENT, Placement
+from elasticjob.domain import NO_PLACEMENT, Placement
 from elasticjob.observe import PodView
 from elasticjob.planner import ownership
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan

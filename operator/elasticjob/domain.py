@@ -1,0 +1,65 @@
+"""The operator's own types, used by every layer above the models: a job as the builders and the planner see it
+(JobRef), how this installation builds objects (Settings), and where a pod must go (Placement)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from elasticjob.models import ElasticJobSpec
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How this operator installation builds objects (from its command line)."""
+
+    network_policy: bool = True
+    # Drive each job's rendezvous on evidence (planner/recovery.py); off: torch's own timing alone.
+    nudges: bool = True
+    # Who may reach the store's control port besides the job's pods: the operator's pods.
+    operator_namespace: str | None = None
+    operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
+    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission: Kueue's API is served (auto) or
+    # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
+    kueue: bool = False
+    kueue_mode: str = "auto"
+    # A job under Kueue grows past what Kueue admitted through a workload slice (Kueue's feature gate
+    # ElasticJobsViaWorkloadSlices, on by default since v0.18); off: replicas above the admitted count wait.
+    kueue_slices: bool = True
+    # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
+    # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
+    kit_image: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a pod gets beyond its template to be scheduled as the job must: membership in a gang
+    (gang.py), Kueue's resource flavor (kueue.py)."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+    scheduler_name: str | None = None
+    scheduling_group: str | None = None  # spec.schedulingGroup.podGroupName (the Workload API)
+
+    def merge(self, other: Placement) -> Placement:
+        return Placement(self.labels + other.labels, self.node_selector + other.node_selector,
+                         self.tolerations + other.tolerations, other.scheduler_name or self.scheduler_name,
+                         other.scheduling_group or self.scheduling_group)
+
+
+NO_PLACEMENT = Placement()
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What every owned object needs to know about its job."""
+
+    namespace: str
+    name: str
+    uid: str
+    spec: ElasticJobSpec
+    labels: tuple[tuple[str, str], ...] = ()  # the job's own (Kueue's queue-name and priority-class)
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key) or None
