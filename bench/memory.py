@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
 from elasticjob import planner  # noqa: E402
+from elasticjob.controller.context import JobMemory  # noqa: E402
+from elasticjob.controller.loops import JobLoop  # noqa: E402
+from elasticjob.controller.mirror import Mirror, without_managed_fields  # noqa: E402
 from elasticjob.domain import JobRef  # noqa: E402
-from elasticjob.handlers.context import JobMemory  # noqa: E402
-from elasticjob.loops import JobLoop  # noqa: E402
-from elasticjob.mirror import Mirror, without_managed_fields  # noqa: E402
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus  # noqa: E402
 from elasticjob.rendezvous_client import StoreClient, watch  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# A reconcile that failed on an API error (handlers/reconcile.py), or raised something unexpected (loops.py).
+# A reconcile that failed on an API error (controller/reconcile.py), or raised something unexpected (loops.py).
 RECONCILE_ERROR = 5.0
 LOOP_CRASH = 5.0
 # Creating a job's objects again after the API server refused them (quota, Pod Security, a webhook): the Nth
@@ -13,7 +13,7 @@ LOOP_CRASH = 5.0
 REFUSED_CREATE = (2, 4, 8, 15, 30, 60, 120, 300)
 # The long-poll on a job's store after the Nth failure in a row (rendezvous_client.py).
 STORE_POLL = (0.5, 1, 2, 5)
-# Asking discovery again at start until it answers whether Kueue is there (handlers/kueue.py).
+# Asking discovery again at start until it answers whether Kueue is there (controller/kueue.py).
 KUEUE_DISCOVERY = 2.0
 
 

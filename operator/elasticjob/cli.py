@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticjob import crd
+from elasticjob.controller.loops import CONCURRENT_RECONCILES
 from elasticjob.domain import Settings
-from elasticjob.loops import CONCURRENT_RECONCILES
 from elasticjob.peering import Peering
 
 log = logging.getLogger("elasticjob")
@@ -116,22 +116,14 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def run_operator(args: argparse.Namespace) -> None:
-    import kopf
-
-    import elasticjob.handlers  # noqa: F401  (registers the handlers)
     from elasticjob import metrics
+    from elasticjob.controller import kopf_app
 
-    # kopf's formatter prefixes every line about a job with [namespace/name].
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=True)
     if not args.verbose:
         logging.getLogger("kubernetes").setLevel(logging.WARNING)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    config = run_config(args)
-    kopf.run(clusterwide=config.namespaces is None, namespaces=config.namespaces or [],
-             liveness_endpoint=args.liveness, standalone=config.peering is None, peering_name=args.peering,
-             priority=config.peering.priority if config.peering else 0, identity=config.identity,
-             memo=kopf.Memo(config=config))
+    kopf_app.run(run_config(args), verbose=args.verbose, log_format=args.log_format, liveness=args.liveness)
 
 
 def main(argv: list[str] | None = None) -> int:

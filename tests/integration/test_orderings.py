@@ -18,11 +18,11 @@ import pytest
 from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
 
 from elasticjob import k8s
+from elasticjob.controller.context import Context, JobMemory, job_logger
+from elasticjob.controller.mirror import Mirror
+from elasticjob.controller.reconcile import reconcile_fresh
+from elasticjob.controller.stores import StoreWatches
 from elasticjob.domain import Settings
-from elasticjob.handlers.context import Context, JobMemory, job_logger
-from elasticjob.handlers.reconcile import reconcile_fresh
-from elasticjob.handlers.stores import StoreWatches
-from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 from helpers import wait_for
 

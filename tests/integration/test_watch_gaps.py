@@ -15,8 +15,8 @@ import pytest
 from jobapi import GROUP, PLURAL, ROOT, VERSION, create, job_manifest
 from kubernetes import client
 
-from elasticjob import reflector
-from elasticjob.mirror import Mirror
+from elasticjob.controller import reflector
+from elasticjob.controller.mirror import Mirror
 from helpers import until, wait_for
 
 LOG = logging.getLogger("test")

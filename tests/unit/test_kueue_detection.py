@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from elasticjob import backoff, k8s
+from elasticjob.controller import kueue
 from elasticjob.domain import Settings
-from elasticjob.handlers import kueue
 
 
 class Discovery:

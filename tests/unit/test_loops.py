@@ -7,7 +7,7 @@ import functools
 import logging
 
 import helpers
-from elasticjob.loops import JobLoops
+from elasticjob.controller.loops import JobLoops
 
 LOG = logging.getLogger("test")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticjob.mirror import Mirror
+from elasticjob.controller.mirror import Mirror
 
 
 def pod(name: str, job: str = "train", ns: str = "ml", uid: str | None = None, owner: str = "job-uid-1",

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from elasticjob import k8s
-from elasticjob.handlers.context import NamespaceObjects
+from elasticjob.controller.context import NamespaceObjects
 
 POLICY = {"kind": "NetworkPolicy", "metadata": {"name": "elasticjob-rendezvous", "namespace": "ml"}}
 

@@ -45,7 +45,7 @@ def test_a_gang_job_gets_its_pod_group_at_min_replicas_with_its_first_workers(sc
 
 
 def builders_first(result):
-    from elasticjob.handlers.apply import waves
+    from elasticjob.controller.apply import waves
 
     early, late = waves(result.actions)
     return [a for a in early if isinstance(a, planner.CreateObject)] + late

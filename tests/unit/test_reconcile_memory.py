@@ -9,11 +9,11 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from elasticjob import k8s, naming
+from elasticjob.controller.context import Context, Gate, JobMemory
+from elasticjob.controller.loops import JobLoop
+from elasticjob.controller.mirror import Mirror
+from elasticjob.controller.reconcile import reconcile
 from elasticjob.domain import Settings
-from elasticjob.handlers.context import Context, Gate, JobMemory
-from elasticjob.handlers.reconcile import reconcile
-from elasticjob.loops import JobLoop
-from elasticjob.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 
 KEY = naming.job_key("ns", "train")

@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from elasticjob.reflector import Reflector, Source
+from elasticjob.controller.reflector import Reflector, Source
 from helpers import until
 
 LOG = logging.getLogger("test")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from factory import NOW, job, observed, rdzv, running_status, worker
 
 from elasticjob import planner
-from elasticjob.handlers.apply import remember_applied, unapplied
+from elasticjob.controller.apply import remember_applied, unapplied
 
 
 def endpoints(result: planner.Plan) -> list[list[str]] | None:

@@ -35,10 +35,10 @@ LOADED = """
 import json, sys
 from kubernetes.client import ApiClient, Configuration
 from elasticjob import k8s
-from elasticjob.handlers import watch
+from elasticjob.controller import watch
 from elasticjob.domain import Settings
-from elasticjob.handlers.context import Context
-from elasticjob.mirror import Mirror
+from elasticjob.controller.context import Context
+from elasticjob.controller.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 import logging
 kube = k8s.Kube(ApiClient(Configuration()))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from elasticjob import planner
-from elasticjob.handlers.apply import merged
-from elasticjob.handlers.context import JobMemory
-from elasticjob.handlers.reconcile import STATUS_BATCH, STATUS_INTERVAL, status_deferral
+from elasticjob.controller.apply import merged
+from elasticjob.controller.context import JobMemory
+from elasticjob.controller.reconcile import STATUS_BATCH, STATUS_INTERVAL, status_deferral
 from elasticjob.models import Condition, ElasticJobStatus, FailureRecord, Phase
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import REGISTRY
 
-from elasticjob.handlers import telemetry
+from elasticjob.controller import telemetry
 from elasticjob.models import ElasticJobStatus
 from elasticjob.observe import StoreView
 

@@ -80,7 +80,7 @@ class Leftover:
 
 @dataclass(frozen=True)
 class CollectLeftover:
-    """Delete a leftover by uid, once the job is read afresh (see handlers.apply.collect)."""
+    """Delete a leftover by uid, once the job is read afresh (see controller/apply.py collect)."""
 
     leftover: Leftover
     event: Event | None = None  # posted only when it was really deleted

@@ -6,7 +6,7 @@ collector's discovery failed and the restarted server still refused it by RBAC):
 that name waits on a store and workers it cannot make, since their names are taken. After a grace period the
 operator removes them itself, as the collector would have: only objects whose controlling owner is another
 ElasticJob uid, and only once a fresh read shows this job holds the name (so that uid is gone; see
-handlers.apply).
+controller/apply.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """From a job and what was observed, the next status and the actions that get there. Pure.
 
 Level-based: every call recomputes from the whole observed state, whatever woke the operator, and every
-action is idempotent (deterministic names; the handlers treat 'already exists' / 'already gone' as done).
+action is idempotent (deterministic names; the controller treats 'already exists' / 'already gone' as done).
 The phase is derived here and nowhere else.
 """
 

@@ -2,7 +2,7 @@
 
 Discovery rather than a watch on CustomResourceDefinitions: every authenticated user may read it, so no
 install (a namespace-scoped one included) needs a cluster-wide grant over every CRD. The watches are chosen once
-at start and all list before any job's loop runs (handlers/watch.py); when Kueue appears or goes, the operator
+at start and all list before any job's loop runs (controller/watch.py); when Kueue appears or goes, the operator
 stops (SIGTERM to itself, kopf's graceful stop) and its Deployment starts it again on the same path, now with
 or without Kueue's watches.
 """
@@ -15,7 +15,7 @@ import os
 import signal
 
 from elasticjob import backoff, k8s, kueue
-from elasticjob.handlers.context import Context
+from elasticjob.controller.context import Context
 
 RECHECK_SECONDS = 60.0
 

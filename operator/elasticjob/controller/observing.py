@@ -7,8 +7,8 @@ import asyncio
 from datetime import datetime
 
 from elasticjob import builders, domain, k8s, naming, planner
-from elasticjob.handlers import scheduling
-from elasticjob.handlers.context import Context, JobMemory
+from elasticjob.controller import scheduling
+from elasticjob.controller.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
 
 # Agents' logs are read only when the store reports a new in-place restart, from at most this many pods.

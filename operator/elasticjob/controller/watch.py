@@ -10,10 +10,10 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import kueue, metrics, naming, reflector, rest
-from elasticjob.handlers import telemetry
-from elasticjob.handlers.context import Context
-from elasticjob.mirror import JobKey
+from elasticjob import kueue, metrics, naming, rest
+from elasticjob.controller import reflector, telemetry
+from elasticjob.controller.context import Context
+from elasticjob.controller.mirror import JobKey
 from elasticjob.models import API_VERSION, PLURAL
 
 # Pods and Services of every job carry this label: the API server sends the operator only those.

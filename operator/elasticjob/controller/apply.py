@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticjob import k8s, metrics, planner
+from elasticjob.controller import scheduling
+from elasticjob.controller.context import Context
 from elasticjob.domain import JobRef
-from elasticjob.handlers import scheduling
-from elasticjob.handlers.context import Context
 
 MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are read through it
 

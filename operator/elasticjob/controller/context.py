@@ -1,4 +1,4 @@
-"""What the handlers share: clients, the mirror, the loops, and what each job's loop remembers between runs."""
+"""What the controller shares: clients, the mirror, the loops, and what each job's loop remembers between runs."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from elasticjob import builders, k8s, naming
+from elasticjob.controller.loops import JobLoops
+from elasticjob.controller.mirror import JobKey, Mirror
 from elasticjob.domain import Settings
 from elasticjob.gang import PodGroupView
 from elasticjob.kueue import Priority
-from elasticjob.loops import JobLoops
-from elasticjob.mirror import JobKey, Mirror
 from elasticjob.planner import Event, RoundFailure
 from elasticjob.rendezvous_client import StoreClient
 
 if TYPE_CHECKING:
-    from elasticjob.handlers.stores import StoreWatches
+    from elasticjob.controller.stores import StoreWatches
 
 COMPONENT = "elasticjob-operator"  # the "From" of `kubectl describe ej`
 

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from elasticjob import backoff, k8s, metrics, planner
+from elasticjob.controller import observing, scheduling, telemetry
+from elasticjob.controller.apply import apply, remember_applied, unapplied
+from elasticjob.controller.context import Context, JobMemory, Refusal, job_logger, newest
+from elasticjob.controller.loops import JobLoop
+from elasticjob.controller.mirror import without_managed_fields
 from elasticjob.domain import JobRef
-from elasticjob.handlers import observing, scheduling, telemetry
-from elasticjob.handlers.apply import apply, remember_applied, unapplied
-from elasticjob.handlers.context import Context, JobMemory, Refusal, job_logger, newest
-from elasticjob.loops import JobLoop
-from elasticjob.mirror import without_managed_fields
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
 

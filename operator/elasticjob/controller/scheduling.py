@@ -1,4 +1,4 @@
-"""Gangs and queues, for the handlers: what a reconcile reads of a job's PodGroup, Kueue Workload, flavors
+"""Gangs and queues, for the controller: what a reconcile reads of a job's PodGroup, Kueue Workload, flavors
 and priority, and how it carries out the actions on them.
 
 PodGroups have no watch: the group is read (GET) the first time a loop needs it, again after the operator
@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from elasticjob import gang, k8s, kueue, naming, planner
+from elasticjob.controller.context import Context, JobMemory
 from elasticjob.domain import JobRef
-from elasticjob.handlers.context import Context, JobMemory
 
 # A PodGroup the operator knows is read again after this long (someone may have deleted it).
 POD_GROUP_RECHECK_SECONDS = 300.0

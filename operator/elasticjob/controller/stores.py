@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from elasticjob import rendezvous_client
-from elasticjob.mirror import JobKey
+from elasticjob.controller.mirror import JobKey
 from elasticjob.observe import StoreView
 from elasticjob.rendezvous_client import StoreClient
 

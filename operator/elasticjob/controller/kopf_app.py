@@ -1,4 +1,6 @@
-"""All process-wide settings in one place: the clients, the watches and the loops, kept in memo."""
+"""The one module that imports kopf: it runs the operator's process (start-up, the liveness probe, clean-up,
+peering) and holds every process-wide setting in one place: the clients, the watches and the loops, kept in
+kopf's memo. The reconciling itself is this package's own (watch.py, reconcile.py): kopf serves no resource."""
 
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ from typing import Any
 import kopf
 
 from elasticjob import k8s, peering
-from elasticjob.handlers import kueue, watch
-from elasticjob.handlers.context import Context
-from elasticjob.handlers.reconcile import reconcile
-from elasticjob.handlers.stores import StoreWatches
-from elasticjob.loops import JobLoops
-from elasticjob.mirror import Mirror
+from elasticjob.controller import kueue, watch
+from elasticjob.controller.context import Context
+from elasticjob.controller.loops import JobLoops
+from elasticjob.controller.mirror import Mirror
+from elasticjob.controller.reconcile import reconcile
+from elasticjob.controller.stores import StoreWatches
 from elasticjob.rendezvous_client import StoreClient
 
 API_THREADS = 32
@@ -26,6 +28,16 @@ PEERING_CHECK_SECONDS = 5.0
 # A watch silent this long (bookmarks arrive about every minute) means the operator lost the API server.
 SILENT_LIMIT_SECONDS = 600.0
 CLOSE_STEP_SECONDS = 5.0
+
+
+def run(config: Any, verbose: bool, log_format: str, liveness: str | None) -> None:
+    """kopf's loop until SIGTERM; `config` is cli.RunConfig."""
+    # kopf's formatter prefixes every line about a job with [namespace/name].
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat[log_format.upper()], log_prefix=True)
+    peers = config.peering
+    kopf.run(clusterwide=config.namespaces is None, namespaces=config.namespaces or [], liveness_endpoint=liveness,
+             standalone=peers is None, peering_name=peers.name if peers else None,
+             priority=peers.priority if peers else 0, identity=config.identity, memo=kopf.Memo(config=config))
 
 
 @kopf.on.startup()
