@@ -32,14 +32,15 @@ class Applied:
     created: list[str] = field(default_factory=list)  # kinds of the objects created and now in the mirror
 
 
-async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], body: dict[str, Any],
+async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox: list[planner.Event],
                 log: logging.LoggerAdapter) -> Applied:
     """Apply the actions; what was created, and the API server's message when it refused to create something.
     Created Pods and Services go into the mirror at once (the next plan sees them without waiting for the
-    watch, and never creates them twice). Events of one kind go out as one (four CreatedWorker: one Event)."""
+    watch, and never creates them twice). The Events of the actions that took effect go to `outbox`, those of
+    one kind as one (four CreatedWorker: one Event), also when another action failed."""
     applied, errors, events = Applied(), [], []
     for wave in waves(actions):
-        results = await asyncio.gather(*(apply_one(ctx, ref, a, body, log) for a in wave), return_exceptions=True)
+        results = await asyncio.gather(*(apply_one(ctx, ref, a, log) for a in wave), return_exceptions=True)
         for action, result in zip(wave, results):
             if isinstance(result, k8s.Forbidden):
                 applied.refusal = applied.refusal or result.message
@@ -49,8 +50,7 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], body: 
                 events += [action.event] if getattr(action, "event", None) else []
                 if isinstance(result, dict) and ctx.mirror.add_created(result):
                     applied.created.append(result.get("kind", ""))
-    for event in merged(events):
-        ctx.post(body, event, log)
+    outbox += merged(events)
     invalid = next((e for e in errors if isinstance(e, k8s.Invalid)), None)
     if invalid or errors:
         raise invalid or errors[0]
@@ -84,7 +84,7 @@ def merged(events: list[planner.Event]) -> list[planner.Event]:
             for (kind, reason), messages in by_reason.items()]
 
 
-async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dict[str, Any],
+async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
                     log: logging.LoggerAdapter) -> dict[str, Any] | bool | None:
     """The created object, True for another action that took effect, None for one that found it done."""
     metrics.ACTIONS.labels(type(action).__name__).inc()
@@ -113,24 +113,22 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, body: dic
         log.info("ttlSecondsAfterFinished passed: deleting the job")
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
-        await nudge(ctx, ref, action, body, log)
+        return await nudge(ctx, ref, action, log) or None
     elif isinstance(action, scheduling.HANDLED):
-        await scheduling.apply(ctx, ref, action, body, log)
+        return await scheduling.apply(ctx, ref, action, log) or None
     return None
 
 
-async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, body: dict[str, Any],
-                log: logging.LoggerAdapter) -> None:
-    """One control request to the job's store; its Event only when the store changed the rendezvous (a repeat
-    finds it done), its answer in the log."""
+async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, log: logging.LoggerAdapter) -> bool:
+    """One control request to the job's store: whether the store changed the rendezvous (a repeat finds it
+    done; only then is its Event posted), its answer in the log."""
     host, port = action.endpoint.rsplit(":", 1)
     reply = await ctx.stores.act(host, int(port), ref.uid, action.kind, action.body)
     done = reply.get("changed") is True
     metrics.STORE_ACTIONS.labels(action.kind, "done" if done else "noop").inc()
-    if done and action.event:
-        ctx.post(body, action.event, log)
-    elif reply.get("refused") or reply.get("error"):
+    if not done and (reply.get("refused") or reply.get("error")):
         log.info(f"store {action.kind} {action.body}: {reply.get('refused') or reply.get('error')}")
+    return done
 
 
 async def collect(ctx: Context, ref: JobRef, action: planner.CollectLeftover) -> bool:

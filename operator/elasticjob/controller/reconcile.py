@@ -103,33 +103,38 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
         # The spec first (the replicas default, Kueue's suspend): the status planned here was planned without it.
         memory.written = without_managed_fields(
             await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"]))
-        for event in spec_events:
-            ctx.post(memory.written, event, log)
+        post_all(ctx, memory.written, spec_events, log)
         return 0.0
     defer = status_deferral(memory, job.status, plan.status)
     if defer is None:
         body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, observed.store, now)
-    for event in plan.events:
-        ctx.post(body, event, log)
     scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens
     actions = unapplied(memory.applied, plan.actions)
+    outbox = list(plan.events)  # posted once, after the status write and the actions, whatever happens
     try:
-        applied = await apply(ctx, ref, actions, body, log)
+        applied = await apply(ctx, ref, actions, outbox, log)
         if applied.refusal is None:
             remember_applied(memory.applied, actions)
     except k8s.Invalid as exc:
         rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
                                                     f"template: {exc.message}", now)
         body = await write_status(ctx, memory, ref, plan.status, rejected.status, body, log)
-        for event in rejected.events:
-            ctx.post(body, event, log)
+        outbox += rejected.events
         return planner.RESYNC_SECONDS
+    finally:
+        post_all(ctx, body, outbox, log)
     metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
     delay = remember_refusal(ctx, memory, plan, applied.refusal, body, now, log)
     if "Service" in applied.created:
         return 0.0  # the workers wait for its ClusterIP, which the mirror now holds
     return delay if defer is None else min(delay, defer)
+
+
+def post_all(ctx: Context, body: dict[str, Any], events: list[planner.Event], log: logging.LoggerAdapter) -> None:
+    """Every Event of a reconcile goes out here, against the job as last written."""
+    for event in events:
+        ctx.post(body, event, log)
 
 
 def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refused: str | None,
@@ -140,7 +145,7 @@ def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refuse
         count = memory.refusal.count + 1 if memory.refusal else 1
         wait = backoff.step(backoff.REFUSED_CREATE, count - 1)
         memory.refusal = Refusal(refused, count, now + timedelta(seconds=wait))
-        ctx.post(body, planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)"), log)
+        post_all(ctx, body, [planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)")], log)
         return 0.0
     if memory.refusal is not None and any(isinstance(a, planner.CreateObject) for a in plan.actions):
         memory.refusal = None

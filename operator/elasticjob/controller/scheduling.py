@@ -86,23 +86,20 @@ def after_apply(memory: JobMemory, actions: list[planner.Action]) -> None:
             memory.pod_groups.pop(action.api_version, None)
 
 
-async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[str, Any],
-                log: logging.LoggerAdapter) -> None:
-    """DeleteObject, PatchObject, PatchWorkload, ApplyWorkloadStatus."""
+async def apply(ctx: Context, ref: JobRef, action: planner.Action, log: logging.LoggerAdapter) -> bool:
+    """DeleteObject, PatchObject, PatchWorkload, ApplyWorkloadStatus: whether it took effect (its Event is then
+    posted with the reconcile's others)."""
     kube = ctx.kube
     if isinstance(action, planner.DeleteObject):
-        if await kube.delete_object(action.api_version, action.plural, ref.namespace, action.name, action.uid,
-                                    action.resource_version):
-            if action.event:
-                ctx.post(body, action.event, log)
-    elif isinstance(action, planner.PatchObject):
+        return await kube.delete_object(action.api_version, action.plural, ref.namespace, action.name, action.uid,
+                                        action.resource_version)
+    if isinstance(action, planner.PatchObject):
         try:
             await kube.patch_object(action.api_version, action.plural, ref.namespace, action.name, action.patch)
         except k8s.NotFound:
-            return  # gone meanwhile: read again and made anew
-        if action.event:
-            ctx.post(body, action.event, log)
-    elif isinstance(action, planner.PatchWorkload):
+            return False  # gone meanwhile: read again and made anew
+        return True
+    if isinstance(action, planner.PatchWorkload):
         patch = {"metadata": {"resourceVersion": action.resource_version},
                  "spec": {"queueName": action.queue_name, "podSets": action.pod_sets}}
         try:
@@ -110,24 +107,24 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, body: dict[st
         except k8s.Conflict:
             return workload_changed(action.name, log)
         log.info(f"Workload {action.name} asks for the spec's counts again (queue {action.queue_name})")
-        if action.event:
-            ctx.post(body, action.event, log)
-    elif isinstance(action, planner.ApplyWorkloadStatus):
+        return True
+    if isinstance(action, planner.ApplyWorkloadStatus):
         try:
             await kube.apply_status(kueue.API_VERSION, kueue.WORKLOADS, action.body, kueue.FIELD_MANAGER)
         except k8s.NotFound:
-            return  # the Workload is gone (the job is being deleted)
+            return False  # the Workload is gone (the job is being deleted)
         except k8s.Conflict:
             return workload_changed(action.body["metadata"]["name"], log)
-        if action.event:
-            ctx.post(body, action.event, log)
+        return True
+    return False
 
 
-def workload_changed(name: str, log: logging.LoggerAdapter) -> None:
+def workload_changed(name: str, log: logging.LoggerAdapter) -> bool:
     """A write conditional on the Workload's resourceVersion lost to Kueue's own: the Workload's watch brings the
     newer version and wakes the job, which then plans from it. Reading the job again would change nothing (the
     Workload in the mirror is what was stale) and only spin until the watch caught up."""
     log.debug(f"Workload {name} changed since it was read: planning again once its watch brings the change")
+    return False
 
 
 HANDLED = (planner.DeleteObject, planner.PatchObject, planner.PatchWorkload, planner.ApplyWorkloadStatus)
