@@ -31,8 +31,9 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 	$(VENV)/bin/elasticjob crd > crds/elasticjob.dev_elasticjobs.yaml
 	cp crds/elasticjob.dev_elasticjobs.yaml charts/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml
 
-lint: $(VENV)/.installed ## ruff (pyproject.toml's rules) and the import layers (handlers -> planner -> models)
+lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the operator) and the import layers (controller -> planner -> models)
 	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
+	$(VENV)/bin/mypy -p elasticjob
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from elasticjob.models import (
     GROUP,
@@ -112,9 +113,10 @@ def _collapse_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, An
     raise ValueError(f"cannot express {node} as a structural schema")
 
 
-def _schema_of(model: type) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _resolve(raw, raw.get("$defs", {}))
+    resolved: dict[str, Any] = _resolve(raw, raw.get("$defs", {}))
+    return resolved
 
 
 def _default_nested_objects(schema: dict[str, Any]) -> None:
@@ -183,4 +185,4 @@ def crd() -> dict[str, Any]:
 
 def crd_yaml() -> str:
     header = "# Generated from operator/elasticjob/models.py by `elasticjob crd` (make crds). Do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return header + str(yaml.safe_dump(crd(), sort_keys=False, width=120))

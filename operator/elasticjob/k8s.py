@@ -102,7 +102,8 @@ async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _json(response: Any) -> dict[str, Any]:
-    return json.loads(response.data)
+    body: dict[str, Any] = json.loads(response.data)
+    return body
 
 
 class Kube:
@@ -172,7 +173,7 @@ class Kube:
                                         query=query)
         except KubeError:
             return ""
-        return response.data.decode(errors="replace")
+        return str(response.data.decode(errors="replace"))
 
     async def node_ready(self, name: str) -> bool | None | Unknown:
         """True/False from the node's Ready condition; None when the node no longer exists; UNKNOWN when the
@@ -188,7 +189,8 @@ class Kube:
 
     # --- objects of other APIs (PodGroups, Kueue) ----------------------------------------------------------
 
-    async def get_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+    async def get_object(self, api_version: str, plural: str, namespace: str | None,
+                         name: str) -> dict[str, Any] | None:
         """A namespaced (or, without namespace, cluster-scoped) custom object; None when there is none."""
         try:
             return await self._get(rest.resource(api_version, namespace, plural, name))

@@ -33,12 +33,12 @@ class Applied:
 
 
 async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox: list[planner.Event],
-                log: logging.LoggerAdapter) -> Applied:
+                log: logging.LoggerAdapter[logging.Logger]) -> Applied:
     """Apply the actions; what was created, and the API server's message when it refused to create something.
     Created Pods and Services go into the mirror at once (the next plan sees them without waiting for the
     watch, and never creates them twice). The Events of the actions that took effect go to `outbox`, those of
     one kind as one (four CreatedWorker: one Event), also when another action failed."""
-    applied, errors, events = Applied(), [], []
+    applied, errors, events = Applied(), [], list[planner.Event]()
     for wave in waves(actions):
         results = await asyncio.gather(*(apply_one(ctx, ref, a, log) for a in wave), return_exceptions=True)
         for action, result in zip(wave, results):
@@ -47,7 +47,9 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox
             elif isinstance(result, BaseException):
                 errors.append(result)
             elif result is not None:
-                events += [action.event] if getattr(action, "event", None) else []
+                event = getattr(action, "event", None)
+                if isinstance(event, planner.Event):
+                    events.append(event)
                 if isinstance(result, dict) and ctx.mirror.add_created(result):
                     applied.created.append(result.get("kind", ""))
     outbox += merged(events)
@@ -85,7 +87,7 @@ def merged(events: list[planner.Event]) -> list[planner.Event]:
 
 
 async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
-                    log: logging.LoggerAdapter) -> dict[str, Any] | bool | None:
+                    log: logging.LoggerAdapter[logging.Logger]) -> dict[str, Any] | bool | None:
     """The created object, True for another action that took effect, None for one that found it done."""
     metrics.ACTIONS.labels(type(action).__name__).inc()
     kube = ctx.kube
@@ -119,7 +121,8 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
     return None
 
 
-async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction, log: logging.LoggerAdapter) -> bool:
+async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction,
+                log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """One control request to the job's store: whether the store changed the rendezvous (a repeat finds it
     done; only then is its Event posted), its answer in the log."""
     host, port = action.endpoint.rsplit(":", 1)

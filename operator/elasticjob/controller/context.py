@@ -46,7 +46,7 @@ class JobMemory:
     # The job's PodGroup per API, as last read or left by the operator, and when (no watch on PodGroups).
     pod_groups: dict[str, tuple[PodGroupView | None, float]] = field(default_factory=dict)
     # The priority for Kueue, per (WorkloadPriorityClass label, pod priorityClassName) it was read for.
-    priority: tuple[tuple, Priority | None] | None = None
+    priority: tuple[tuple[str | None, str | None], Priority | None] | None = None
     # What this operator last applied, per kind and name (the rendezvous EndpointSlice): sent again only changed.
     applied: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
@@ -58,7 +58,7 @@ class NamespaceObjects:
     deleted and made again gets its objects again."""
 
     def __init__(self) -> None:
-        self._creates: dict[tuple[str, str], asyncio.Task] = {}
+        self._creates: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
     async def create(self, manifest: dict[str, Any],
                      create: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
@@ -96,7 +96,7 @@ class Context:
     loops: JobLoops | None = None
     watches: StoreWatches | None = None
     synced: bool = False
-    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, coro: Any) -> None:
         """Fire and forget, keeping a reference until done (events must not slow a reconcile)."""
@@ -104,20 +104,20 @@ class Context:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def post(self, body: dict[str, Any], event: Event, log: logging.LoggerAdapter) -> None:
+    def post(self, body: dict[str, Any], event: Event, log: logging.LoggerAdapter[logging.Logger]) -> None:
         (log.warning if event.type == "Warning" else log.info)(f"{event.reason}: {event.message}")
         manifest = builders.event(body, event.type, event.reason, event.message, datetime.now().astimezone(),
                                   COMPONENT, self.instance)
         self.spawn(self._post(manifest, log))
 
-    async def _post(self, manifest: dict[str, Any], log: logging.LoggerAdapter) -> None:
+    async def _post(self, manifest: dict[str, Any], log: logging.LoggerAdapter[logging.Logger]) -> None:
         try:
             await self.kube.post_event(manifest)
         except k8s.KubeError as exc:
             log.warning(f"could not post event {manifest['reason']}: {exc}")
 
 
-def job_logger(logger: logging.Logger, key: JobKey, uid: str = "") -> logging.LoggerAdapter:
+def job_logger(logger: logging.Logger, key: JobKey, uid: str = "") -> logging.LoggerAdapter[logging.Logger]:
     """Lines prefixed [namespace/name] by kopf's formatter (text) or carrying the object (JSON)."""
     namespace, name = key
     ref = {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "name": name, "uid": uid,

@@ -40,7 +40,7 @@ def run(config: Any, verbose: bool, log_format: str, liveness: str | None) -> No
              priority=peers.priority if peers else 0, identity=config.identity, memo=kopf.Memo(config=config))
 
 
-@kopf.on.startup()
+@kopf.on.startup()  # type: ignore[arg-type]  # kopf types handlers as taking **kwargs only
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     settings.posting.enabled = False  # the loops post their own Events, exactly one per transition
     # An API server restarting for a minute must not end the operator (kopf escalates once these run out).
@@ -73,7 +73,8 @@ async def follow_peering(ctx: Context, peers: peering.Peering) -> None:
             if active and not ctx.gate.active:
                 ctx.logger.info("this replica is now the active one (kopf peering)")
                 for key in ctx.mirror.jobs.keys():
-                    ctx.loops.wake(key)
+                    if ctx.loops is not None:
+                        ctx.loops.wake(key)
             ctx.gate.active = active
         except k8s.KubeError as exc:
             ctx.logger.warning(f"could not read the peering object: {exc}")
@@ -91,7 +92,7 @@ def watches(memo: kopf.Memo, **_: Any) -> float:
     return round(silent, 1)
 
 
-@kopf.on.cleanup()
+@kopf.on.cleanup()  # type: ignore[arg-type]
 async def close(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Each step bounded: a shutdown that hangs is SIGKILLed by the kubelet after the grace period, losing
     whatever the remaining steps would have closed; the log names the step that overran."""
@@ -101,8 +102,10 @@ async def close(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
                                                                      return_exceptions=True), logger)
     ctx: Context | None = getattr(memo, "ctx", None)
     if ctx is not None:
-        ctx.watches.stop_all()
-        await bounded("the job loops", ctx.loops.stop_all(), logger)
+        if ctx.watches is not None:
+            ctx.watches.stop_all()
+        if ctx.loops is not None:
+            await bounded("the job loops", ctx.loops.stop_all(), logger)
         await bounded("the store connections", ctx.stores.close(), logger)
         ctx.kube.close()
 

@@ -26,7 +26,7 @@ CONCURRENT_RECONCILES = 32
 class JobLoop:
     key: Hashable
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
+    task: asyncio.Task[Any] | None = None
     memory: Any = None  # what the reconcile keeps between runs
 
 

@@ -192,7 +192,8 @@ class StoredJob:
     raw: bytes
 
     def body(self) -> dict[str, Any]:
-        return json.loads(self.raw)
+        body: dict[str, Any] = json.loads(self.raw)
+        return body
 
 
 def _job(body: Mapping[str, Any]) -> tuple[str, Entry[StoredJob]] | None:
@@ -220,12 +221,15 @@ class Mirror:
         self.flavors = Flavors()
 
     def cache(self, kind: str) -> KindCache[Any] | Flavors:
-        return {"elasticjobs": self.jobs, "pods": self.pods, "services": self.services,
-                "workloads": self.workloads, "resourceflavors": self.flavors}[kind]
+        caches: dict[str, KindCache[Any] | Flavors] = {
+            "elasticjobs": self.jobs, "pods": self.pods, "services": self.services, "workloads": self.workloads,
+            "resourceflavors": self.flavors}
+        return caches[kind]
 
     def add_created(self, body: Mapping[str, Any]) -> bool:
         """A Pod or Service this operator created (see KindCache.add_created); other kinds are not mirrored."""
-        cache = {"Pod": self.pods, "Service": self.services}.get(body.get("kind", ""))
+        caches: dict[str, KindCache[Any]] = {"Pod": self.pods, "Service": self.services}
+        cache = caches.get(body.get("kind", ""))
         return cache is not None and cache.add_created(body)
 
     def has_job(self, key: JobKey) -> bool:

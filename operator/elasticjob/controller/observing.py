@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from elasticjob import builders, domain, k8s, naming, planner
+from elasticjob import builders, domain, naming, planner
 from elasticjob.controller import scheduling
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
@@ -38,13 +38,15 @@ async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None
     """Ready per node (None: gone); a node the API server would not tell about is left out, as if unasked."""
     asked = sorted(names)
     answers = await asyncio.gather(*(ctx.kube.node_ready(n) for n in asked))
-    return {name: ready for name, ready in zip(asked, answers) if ready is not k8s.UNKNOWN}
+    return {name: ready for name, ready in zip(asked, answers) if ready is None or isinstance(ready, bool)}
 
 
 def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: ServiceView | None) -> StoreView | None:
     """The store's latest state from its long-poll; the watch starts when the store serves, stops when not."""
     key = naming.job_key(job.ref.namespace, job.ref.name)
     serving = any(p.role == naming.ROLE_RENDEZVOUS and p.serving for p in pods)
+    if ctx.watches is None:
+        return None
     if service is None or not service.cluster_ip or not serving or job.status.phase.finished:
         ctx.watches.stop(key)
         return None

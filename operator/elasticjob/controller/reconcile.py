@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -20,7 +20,7 @@ from elasticjob.controller import observing, scheduling, telemetry
 from elasticjob.controller.apply import apply, remember_applied, unapplied
 from elasticjob.controller.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.controller.loops import JobLoop
-from elasticjob.controller.mirror import without_managed_fields
+from elasticjob.controller.mirror import JobKey, without_managed_fields
 from elasticjob.domain import JobRef
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
@@ -45,15 +45,16 @@ NEVER = float("inf")
 async def reconcile(ctx: Context, loop: JobLoop) -> float:
     memory: JobMemory = loop.memory or JobMemory()
     loop.memory = memory
-    current = ctx.mirror.job(loop.key)
+    key = cast(JobKey, loop.key)
+    current = ctx.mirror.job(key)
     if current is None:
         return planner.RESYNC_SECONDS  # gone: the mirror's next dispatch ends this loop
     uid = current["metadata"]["uid"]
     written = memory.written if memory.written and memory.written["metadata"].get("uid") == uid else None
-    body = newest(current, written)
+    body = newest(current, written) or current
     if body is current:
         memory.written = None  # the watch has caught up; 4.5 KB a job less to hold at fleet size
-    log = job_logger(ctx.logger, loop.key, uid)
+    log = job_logger(ctx.logger, key, uid)
     if not ctx.gate.active:
         log.debug("another operator replica is active (kopf peering); not reconciling")
         return planner.RESYNC_SECONDS
@@ -71,7 +72,8 @@ async def reconcile(ctx: Context, loop: JobLoop) -> float:
     return delay
 
 
-async def reconcile_fresh(ctx: Context, memory: JobMemory, body: dict[str, Any], log: logging.LoggerAdapter) -> float:
+async def reconcile_fresh(ctx: Context, memory: JobMemory, body: dict[str, Any],
+                          log: logging.LoggerAdapter[logging.Logger]) -> float:
     """Reconcile; on a lost write race, read the job again and plan anew."""
     for _ in range(CONFLICT_RETRIES):
         try:
@@ -83,7 +85,8 @@ async def reconcile_fresh(ctx: Context, memory: JobMemory, body: dict[str, Any],
     return 1.0
 
 
-async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], log: logging.LoggerAdapter) -> float:
+async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
+                         log: logging.LoggerAdapter[logging.Logger]) -> float:
     meta = body["metadata"]
     try:
         spec = ElasticJobSpec.model_validate(body.get("spec") or {})
@@ -131,14 +134,15 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any], 
     return delay if defer is None else min(delay, defer)
 
 
-def post_all(ctx: Context, body: dict[str, Any], events: list[planner.Event], log: logging.LoggerAdapter) -> None:
+def post_all(ctx: Context, body: dict[str, Any], events: list[planner.Event],
+             log: logging.LoggerAdapter[logging.Logger]) -> None:
     """Every Event of a reconcile goes out here, against the job as last written."""
     for event in events:
         ctx.post(body, event, log)
 
 
 def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refused: str | None,
-                     body: dict[str, Any], now: datetime, log: logging.LoggerAdapter) -> float:
+                     body: dict[str, Any], now: datetime, log: logging.LoggerAdapter[logging.Logger]) -> float:
     """Put a refusal on the job at once (re-plan now), back off before creating again, clear it once a
     create goes through."""
     if refused is not None:
@@ -185,7 +189,8 @@ def _durable(status: ElasticJobStatus) -> dict[str, Any]:
 
 
 async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: ElasticJobStatus,
-                       new: ElasticJobStatus, body: dict[str, Any], log: logging.LoggerAdapter) -> dict[str, Any]:
+                       new: ElasticJobStatus, body: dict[str, Any],
+                       log: logging.LoggerAdapter[logging.Logger]) -> dict[str, Any]:
     wire = new.model_dump(by_alias=True, mode="json")
     if wire == old.model_dump(by_alias=True, mode="json"):
         memory.status_held_since = None

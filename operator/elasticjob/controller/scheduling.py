@@ -86,7 +86,7 @@ def after_apply(memory: JobMemory, actions: list[planner.Action]) -> None:
             memory.pod_groups.pop(action.api_version, None)
 
 
-async def apply(ctx: Context, ref: JobRef, action: planner.Action, log: logging.LoggerAdapter) -> bool:
+async def apply(ctx: Context, ref: JobRef, action: planner.Action, log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """DeleteObject, PatchObject, PatchWorkload, ApplyWorkloadStatus: whether it took effect (its Event is then
     posted with the reconcile's others)."""
     kube = ctx.kube
@@ -119,7 +119,7 @@ async def apply(ctx: Context, ref: JobRef, action: planner.Action, log: logging.
     return False
 
 
-def workload_changed(name: str, log: logging.LoggerAdapter) -> bool:
+def workload_changed(name: str, log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """A write conditional on the Workload's resourceVersion lost to Kueue's own: the Workload's watch brings the
     newer version and wakes the job, which then plans from it. Reading the job again would change nothing (the
     Workload in the mirror is what was stale) and only spin until the watch caught up."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from elasticjob import rendezvous_client
 from elasticjob.controller.mirror import JobKey
@@ -19,7 +20,7 @@ Target = tuple[str, str, int]
 class StoreWatches:
     def __init__(self, client: StoreClient, wake: Callable[[JobKey], None]):
         self._client, self._wake = client, wake
-        self._watches: dict[JobKey, tuple[Target, asyncio.Task]] = {}
+        self._watches: dict[JobKey, tuple[Target, asyncio.Task[Any]]] = {}
         self._views: dict[JobKey, tuple[Target, StoreView]] = {}
 
     def __len__(self) -> int:

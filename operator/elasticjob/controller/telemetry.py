@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from elasticjob import metrics
 from elasticjob.models import ElasticJobStatus, Phase
@@ -21,7 +22,8 @@ class Disruption:
 _open: dict[tuple[str, str], Disruption] = {}  # job key -> the disruption not yet recovered from
 
 
-def record(meta: dict, old: ElasticJobStatus, new: ElasticJobStatus, store: StoreView | None, now: datetime) -> None:
+def record(meta: dict[str, Any], old: ElasticJobStatus, new: ElasticJobStatus, store: StoreView | None,
+           now: datetime) -> None:
     key = (meta["namespace"], meta["name"])
     if new.restarts > old.restarts:
         metrics.RESTARTS.inc(new.restarts - old.restarts)

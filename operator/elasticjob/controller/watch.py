@@ -22,7 +22,8 @@ OWNED_SELECTOR = naming.JOB_LABEL
 
 def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
     kube, found = ctx.kube, []
-    for ns in namespaces or [None]:
+    targets: list[str | None] = list(namespaces) if namespaces else [None]
+    for ns in targets:
         found += [reflector.Source("elasticjobs", ns, None, kube.lister(rest.resource(API_VERSION, ns, PLURAL))),
                   reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "pods"))),
                   reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services")))]
@@ -35,7 +36,7 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
     return found
 
 
-def start(ctx: Context, namespaces: list[str] | None) -> tuple[list[reflector.Reflector], list[asyncio.Task]]:
+def start(ctx: Context, namespaces: list[str] | None) -> tuple[list[reflector.Reflector], list[asyncio.Task[Any]]]:
     """Start the watches; the loops of the jobs found start once all have listed."""
     chosen = sources(ctx, namespaces)
     threads = reflector.watch_threads(len(chosen))
@@ -73,7 +74,8 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             ctx.loops.observe(key)
         elif key in ctx.loops:
             ctx.spawn(ctx.loops.forget(key))
-            ctx.watches.stop(key)
+            if ctx.watches is not None:
+                ctx.watches.stop(key)
             metrics.forget_job(*key)
             telemetry.forget(key)
             if not ctx.mirror.has_jobs_in(key[0]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from elasticjob import naming
 from elasticjob.domain import JobRef
@@ -25,7 +26,7 @@ class Event:
 
 @dataclass(frozen=True)
 class CreateObject:
-    manifest: dict
+    manifest: dict[str, Any]
     event: Event | None = None  # posted only when the object was really created
     # One per namespace, shared by its jobs (the NetworkPolicy around its stores): created once, not per job.
     per_namespace: bool = False
@@ -50,7 +51,7 @@ class StoreAction:
     """A nudge to the job's store through its control endpoint: remove, complete or restart."""
 
     kind: str
-    body: dict
+    body: dict[str, Any]
     endpoint: str  # host:port of the control endpoint
     event: Event | None = None  # posted only when the store did it
 
@@ -94,7 +95,7 @@ class PatchObject:
     kind: str
     plural: str
     name: str
-    patch: dict
+    patch: dict[str, Any]
     event: Event | None = None
 
 
@@ -117,7 +118,7 @@ class PatchWorkload:
 
     name: str
     resource_version: str
-    pod_sets: list
+    pod_sets: list[dict[str, Any]]
     queue_name: str
     event: Event | None = None
 
@@ -129,7 +130,7 @@ class ApplyWorkloadStatus:
     Finished."""
 
     name: str
-    body: dict
+    body: dict[str, Any]
     event: Event | None = None
 
 
@@ -143,17 +144,17 @@ class ApplyObject:
     """Server-side apply of an object the job owns and the operator keeps as planned (the rendezvous Service's
     EndpointSlice); sent only when it differs from what this operator last applied."""
 
-    manifest: dict
+    manifest: dict[str, Any]
 
 
 Action = (CreateObject | DeletePod | DeleteService | DefaultReplicas | DeleteJob | StoreAction | DeleteObject
           | PatchObject | SetSuspend | PatchWorkload | ApplyWorkloadStatus | CollectLeftover | ApplyObject)
 
 
-def spec_changes(actions: list[Action]) -> tuple[dict, list[Event]]:
+def spec_changes(actions: list[Action]) -> tuple[dict[str, Any], list[Event]]:
     """The spec fields a plan sets (the replicas default, Kueue's suspend), and their Events: written before
     anything else, since the rest of the plan was made without them."""
-    patch: dict = {}
+    patch: dict[str, Any] = {}
     events = []
     for action in actions:
         if isinstance(action, DefaultReplicas):
@@ -253,7 +254,7 @@ def condition(status: ElasticJobStatus, kind: str) -> Condition | None:
 
 def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str, message: str,
                   now: datetime, generation: int) -> None:
-    wanted = "True" if value else "False"
+    wanted: Literal["True", "False"] = "True" if value else "False"
     if cond := condition(status, kind):
         if cond.status != wanted:
             cond.last_transition_time = stamp(now)

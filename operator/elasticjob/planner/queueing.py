@@ -73,7 +73,8 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     name = queue(job, settings, observed)
     label = job.ref.label(naming.QUEUE_LABEL)
     if name is None and label is not None:
-        return without_kueue(plan, job, observed, label, settings, now)
+        without_kueue(plan, job, observed, label, settings, now)
+        return None
     if name is None:
         plan.status.admission = None
         return NOT_QUEUED
@@ -81,7 +82,8 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     suspended = job.ref.spec.run_policy.suspend
     record(plan, job, wl)
     if wl is None:
-        return create_workload(plan, job, observed, name, suspended, now, settings.kit_image)
+        create_workload(plan, job, observed, name, suspended, now, settings.kit_image)
+        return None
     evicted = wl.evicted
     if evicted is not None:
         state = "Preempted" if evicted.get("reason") == "Preempted" else "Evicted"
@@ -171,16 +173,23 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         plan.act(SetSuspend(False, Event("Normal", "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}: "
                                          f"{workers} workers ({flavors}); starting")))
         return None
-    status = plan.status.admission
+    status = admission_of(plan)
     status.cluster_queue = wl.cluster_queue
     status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).flavors) or None
     transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
     if settings.kueue_slices:
         workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
     status.workers = workers
-    set_condition(plan.status, "Admitted", True, "Admitted", status.message, now, job.generation)
+    set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
     return Admitted(workers=workers, worker=kueue.placement(wl, naming.PODSET_WORKERS, observed.flavors),
                     store=kueue.placement(wl, naming.PODSET_STORE, observed.flavors))
+
+
+def admission_of(plan: Plan) -> AdmissionStatus:
+    """The plan's status.admission, made empty where there is none yet."""
+    if plan.status.admission is None:
+        plan.status.admission = AdmissionStatus()
+    return plan.status.admission
 
 
 def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
@@ -190,7 +199,7 @@ def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
 
 
 def transition(plan: Plan, state: str, message: str, now: datetime) -> None:
-    status = plan.status.admission
+    status = admission_of(plan)
     if status.state != state:
         status.last_transition_time = stamp(now)
     status.state, status.message = state, message
@@ -206,7 +215,7 @@ def stop(plan: Plan, observed: Observed, now: datetime) -> None:
 
 def queued(plan: Plan, job: Job, reason: str, message: str, now: datetime) -> None:
     state = reason if reason in ("Preempted", "Evicted") else "Queued"
-    admission = plan.status.admission
+    admission = admission_of(plan)
     transition(plan, state, message, now)
     admission.cluster_queue = admission.workers = admission.flavors = admission.requested = None
     plan.status.start_time = None  # a deadline counts from the last start

@@ -121,10 +121,10 @@ def remove_dead(plan: Plan, job: Job, observed: Observed, store: StoreView, endp
 
 def death(node: StoreNode, pods: list[PodView], job: Job, now: datetime) -> tuple[datetime, str] | None:
     """(heartbeats before this moment are a dead agent's, why) — or None without evidence."""
-    ended = [p for p in pods if p.finished_at is not None]
+    ended = [(p.finished_at, p.name) for p in pods if p.finished_at is not None]
     if ended:
-        last = max(ended, key=lambda p: p.finished_at)
-        return last.finished_at, f"the container of pod {last.name} terminated at {stamp(last.finished_at)}"
+        when, name = max(ended)
+        return when, f"the container of pod {name} terminated at {stamp(when)}"
     if not pods and node.stale:
         return now - timedelta(seconds=stale_after(job)), "no pod has its address any more"
     return None

@@ -35,10 +35,13 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
         plan.soon(1)
         return
     endpoint = plan.status.rendezvous.endpoint  # set from this Service's ClusterIP by ensure_rendezvous
+    if endpoint is None:
+        plan.soon(1)
+        return
     for index, name in names.items():
-        pod = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement, kit_image)
-        pod["metadata"]["name"] = name
-        plan.act(CreateObject(ownership.sign(pod, plan.status, token),
+        manifest = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement, kit_image)
+        manifest["metadata"]["name"] = name
+        plan.act(CreateObject(ownership.sign(manifest, plan.status, token),
                               Event("Normal", "CreatedWorker", f"created worker pod {name}")))
 
 

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from elasticjob import kueue, naming
 from elasticjob.kueue import WorkloadView
+from elasticjob.models import AdmissionStatus
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -43,7 +44,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
         if extra is not keep:
             plan.act(DeleteObject(kueue.API_VERSION, "Workload", kueue.WORKLOADS, extra.name, extra.uid,
                                   resource_version=extra.resource_version))
-    admission = plan.status.admission
+    admission = queueing_admission(plan)
     admission.requested = None
     if desired < admitted:
         if (active.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
@@ -71,6 +72,12 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
         admission.message = (f"{admitted} workers admitted; {desired} asked of Kueue in Workload {keep.name}, "
                              f"not admitted: {why}")
     return admitted
+
+
+def queueing_admission(plan: Plan) -> AdmissionStatus:
+    if plan.status.admission is None:
+        plan.status.admission = AdmissionStatus()
+    return plan.status.admission
 
 
 def own(observed: Observed) -> list[WorkloadView]:
