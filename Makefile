@@ -34,6 +34,7 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the operator) and the import layers (controller -> planner -> models)
 	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
 	$(VENV)/bin/mypy -p elasticjob
+	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes

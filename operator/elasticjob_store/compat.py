@@ -13,7 +13,8 @@ import base64
 import pickle
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 # The torch minors the nudges were run against (`make compat`; docs/behaviour.md, "Torch versions"). Inclusive.
 SUPPORTED = ((2, 6), (2, 13))
@@ -32,7 +33,7 @@ class Verdict:
     nudges: bool
     why: str  # on: what was checked; off: what failed
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         """The `torch` object of GET /v1/state."""
         return {"version": self.torch, "nudges": self.nudges, "why": self.why}
 
@@ -75,10 +76,10 @@ def probe() -> Verdict:
                                   f"is seen")
 
 
-def _sample_state():
+def _sample_state() -> Any:
     from elasticjob_store.state import NodeDesc, RendezvousState
 
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     alive, waiting = NodeDesc("10.0.0.1", 7, 0), NodeDesc("10.0.0.2", 8, 0)
     state = RendezvousState()
     state.round, state.complete, state.deadline = 3, True, now - timedelta(seconds=1)
@@ -88,10 +89,11 @@ def _sample_state():
     return state
 
 
-def _backend():
-    import torch.distributed as dist
+def _backend() -> tuple[Any, Any]:
+    import torch.distributed
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
+    dist: Any = torch.distributed  # HashStore is not in its stubs
     store = dist.HashStore()
     return store, C10dRendezvousBackend(store, _PROBE_RUN)
 
@@ -109,7 +111,10 @@ def _round_trip() -> None:
     sent = _sample_state()
     backend.set_state(pickle.dumps(sent))
     raw = store.get(key)
-    ours = encode(decode(raw))
+    decoded = decode(raw)
+    if decoded is None:
+        raise AssertionError("the backend wrote no state")
+    ours = encode(decoded)
     if store.compare_set(key, raw, ours) != ours:
         raise AssertionError("compare_set did not take our write")
     got, _token = backend.get_state()
@@ -128,8 +133,10 @@ def _waiter_is_seen() -> None:
     from elasticjob_store.state import encode, state_key
 
     store, backend = _backend()
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     state = actions.add_waiter(_sample_state(), 3, now).state
+    if state is None:
+        raise AssertionError("adding the waiter changed nothing")
     state.wait_list.clear()
     state.wait_list.add(actions.WAITER)
     store.set(state_key(_PROBE_RUN), encode(state))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Protocol
+from datetime import datetime, timezone
+from typing import Any, Protocol
 
 from elasticjob_store import actions, compat
 from elasticjob_store.actions import Outcome
@@ -51,7 +51,7 @@ class Control:
         # Bumped whenever the summary the operator decides on changes; long-polls wait on `changed`.
         self.version = 0
         self.changed = threading.Condition()
-        self._summary: tuple | None = None
+        self._summary: tuple[Any, ...] | None = None
         self.key = state_key(run_id)
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
@@ -68,7 +68,7 @@ class Control:
         self._waiter_added_at = 0.0
 
     def log(self, message: str) -> None:
-        when = datetime.fromtimestamp(self._clock(), UTC).isoformat(timespec="milliseconds")
+        when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
         self._log(f"{when} [rendezvous {self.run_id}] {message}")
 
     def now(self) -> float:
@@ -113,12 +113,12 @@ class Control:
         raise ConflictError(f"lost {WRITE_ATTEMPTS} races with the agents writing the rendezvous state")
 
     def _utc(self, unix: float) -> datetime:
-        return datetime.fromtimestamp(unix, UTC)
+        return datetime.fromtimestamp(unix, timezone.utc)
 
-    def torch_report(self) -> dict:
+    def torch_report(self) -> dict[str, Any]:
         return {**self.verdict.report(), "plainTorchrun": self._plain_torchrun()}
 
-    def _plain_torchrun(self) -> dict | None:
+    def _plain_torchrun(self) -> dict[str, Any] | None:
         """Whether an agent's warm wrapper ran plain torchrun instead (it says so in this store)."""
         with self._store_lock:
             if not self._store.check([compat.PLAIN_KEY, compat.PLAIN_WHY_KEY]):  # get() would wait for both
@@ -199,7 +199,7 @@ class Control:
             outcome = self.apply(lambda current: actions.remove_waiter(current)
                                  if self._waiter_finished(current, now) else Outcome(None, False, "still needed"))
             if outcome.done:
-                self.log(f"waiter removed (round now {state.round})")
+                self.log(f"waiter removed (round now {state.round if state else None})")
 
     def _waiter_finished(self, state: RendezvousState | None, now: float) -> bool:
         with self.lock:

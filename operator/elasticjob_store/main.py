@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+from typing import Any
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 NO_LIMIT = 2**31 - 1
@@ -60,7 +61,9 @@ def main() -> None:
         print(f"elasticjob rendezvous store: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
-    import torch.distributed as dist
+    import torch.distributed
+
+    dist: Any = torch.distributed  # TCPStore is not in its stubs
 
     from elasticjob_store import compat
     from elasticjob_store.auth import Credential

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -21,12 +22,13 @@ def _node(state: RendezvousState, node: NodeDesc, now: float, stale_after: float
             "stale": age is not None and age > stale_after}
 
 
-def summary(state: RendezvousState | None, tracker: RoundTracker, now: float, stale_after: float) -> tuple:
+def summary(state: RendezvousState | None, tracker: RoundTracker, now: float,
+            stale_after: float) -> tuple[Any, ...]:
     """What the operator decides on; a change of it is worth waking the operator for (a long-poll answers).
     Heartbeat ages are not in it, only whether each is stale: they change every second."""
     if state is None:
         return (tracker.failure_rounds,)
-    def nodes(found) -> tuple:
+    def nodes(found: Iterable[NodeDesc]) -> tuple[Any, ...]:
         return tuple(sorted((n.addr, n.pid, n.local_id, (_age(state, n, now) or 0) > stale_after) for n in found))
     return (state.round, state.complete, state.closed, nodes(state.participants),
             nodes(n for n in state.wait_list if n != WAITER), tracker.failure_rounds, has_waiter(state))

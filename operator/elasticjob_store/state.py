@@ -20,6 +20,7 @@ import io
 import pickle
 import pickletools
 from datetime import datetime, timedelta, timezone
+from typing import Any, cast
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as NodeDesc
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState as RendezvousState
@@ -80,8 +81,8 @@ def _check_structure(data: bytes) -> None:
     (dicts are memoised empty, then filled) raises the depth seen through every reference to it, and a class
     fetched back from the memo is still a class.
     """
-    stack: list = []
-    memo: dict[int, list] = {}
+    stack: list[Any] = []
+    memo: dict[int, list[Any]] = {}
     try:
         for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
             if count >= MAX_OPCODES:
@@ -95,7 +96,7 @@ def _check_structure(data: bytes) -> None:
         raise StateError(f"malformed pickle: {err}") from None
 
 
-def _step(name: str, arg, stack: list, memo: dict[int, list]) -> None:
+def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, list[Any]]) -> None:
     if name in _NO_STACK:
         return
     if name in _LEAVES:
@@ -133,13 +134,13 @@ def _step(name: str, arg, stack: list, memo: dict[int, list]) -> None:
         raise StateError(f"pickle opcode {name} never appears in a rendezvous state")
 
 
-def _expect(entry: list, kind: str, op: str) -> list:
+def _expect(entry: list[Any], kind: str, op: str) -> list[Any]:
     if entry[1] != kind:
         raise StateError(f"pickle applies {op} to a {entry[1]}, which a rendezvous state never does")
     return entry
 
 
-def _pop(stack: list, n: int) -> list:
+def _pop(stack: list[Any], n: int) -> list[Any]:
     if len(stack) < n or any(item is _MARK for item in stack[len(stack) - n:]):
         raise StateError("malformed pickle: stack underflow")
     items = stack[len(stack) - n:]
@@ -147,7 +148,7 @@ def _pop(stack: list, n: int) -> list:
     return items
 
 
-def _pop_to_mark(stack: list) -> list:
+def _pop_to_mark(stack: list[Any]) -> list[Any]:
     items = []
     while stack and stack[-1] is not _MARK:
         items.append(stack.pop())
@@ -157,29 +158,30 @@ def _pop_to_mark(stack: list) -> list:
     return items
 
 
-def _top(stack: list, below: int) -> list:
+def _top(stack: list[Any], below: int) -> list[Any]:
     # The object `below` entries under the top (before they are popped).
     if len(stack) <= below or stack[-1 - below] is _MARK:
         raise StateError("malformed pickle: stack underflow")
-    return stack[-1 - below]
+    top: list[Any] = stack[-1 - below]
+    return top
 
 
-def _deepest(items: list) -> int:
+def _deepest(items: list[Any]) -> int:
     return max((item[0] for item in items), default=0)
 
 
-def _fill(target: list, items: list) -> None:
+def _fill(target: list[Any], items: list[Any]) -> None:
     target[0] = max(target[0], 1 + _deepest(items))
 
 
 class _StateUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         try:
             return ALLOWED_GLOBALS[(module, name)]
         except KeyError:
             raise StateError(f"pickle names {module}.{name}, which a rendezvous state never contains") from None
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> Any:
         raise StateError("pickle uses persistent ids, which a rendezvous state never contains")
 
 
@@ -203,7 +205,7 @@ def decode(raw: bytes) -> RendezvousState | None:
     except Exception as err:  # anything the allowed constructors or hashing raise on hostile arguments
         raise StateError(f"state does not unpickle: {type(err).__name__}: {err}") from None
     validate(state)
-    return state
+    return cast(RendezvousState, state)
 
 
 def encode(state: RendezvousState) -> bytes:

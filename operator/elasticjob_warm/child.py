@@ -6,15 +6,17 @@ Never returns: the caller is the server's loop, which must not go on in the chil
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import sys
 import threading
+from typing import Any, cast
 
 from elasticjob_warm import runner
 from elasticjob_warm.protocol import Request, close_all
 
 
-def become(request: Request, fds: list[int], closeables: list) -> None:
+def become(request: Request, fds: list[int], closeables: list[Any]) -> None:
     code = 1
     try:
         close_all(closeables)
@@ -25,8 +27,8 @@ def become(request: Request, fds: list[int], closeables: list) -> None:
         os.environ.clear()
         os.environ.update(request.env)
         if request.unbuffered:
-            sys.stdout.reconfigure(write_through=True)
-            sys.stderr.reconfigure(write_through=True)
+            cast(io.TextIOWrapper, sys.stdout).reconfigure(write_through=True)
+            cast(io.TextIOWrapper, sys.stderr).reconfigure(write_through=True)
         _apply_thread_count(request.env)
         code = runner.run(request.argv)
     finally:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import IO, Any
 
 from elasticjob_warm import protocol, runner
 
@@ -61,7 +62,7 @@ def connect_or_start(path: str, agent_pid: int) -> socket.socket:
         return _connect(path) or _start(path, agent_pid)
 
 
-def _lock(lock, path: str) -> None:
+def _lock(lock: IO[Any], path: str) -> None:
     # Whoever holds the lock for ever (a wedged or hostile process) costs each worker a cold start, not a hang.
     deadline = time.monotonic() + LOCK_TIMEOUT
     while True:
@@ -120,14 +121,14 @@ def _command(pid: int) -> list[str]:
         return []
 
 
-def _first_answer(reply) -> int:
+def _first_answer(reply: IO[bytes]) -> int:
     message = _read(reply)
     if "error" in message:
         raise Unavailable(message["error"])
     return int(message["pid"])
 
 
-def _last_answer(reply, pid: int) -> int:
+def _last_answer(reply: IO[bytes], pid: int) -> int:
     try:
         return int(_read(reply)["status"])
     except (OSError, protocol.ProtocolError, KeyError, ValueError) as error:
@@ -140,12 +141,13 @@ def _last_answer(reply, pid: int) -> int:
         return 1
 
 
-def _read(reply) -> dict:
+def _read(reply: IO[bytes]) -> dict[str, Any]:
     line = reply.readline()
     if not line:
         raise protocol.ProtocolError("the warm server closed the connection")
     try:
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
     except ValueError as error:
         raise protocol.ProtocolError(f"unreadable answer {line[:80]!r}") from error
 
@@ -165,7 +167,7 @@ def mirror(status: int) -> int:
 class Forwarder:
     """torchrun signals this process's group; the forked worker has a group of its own."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.pid: int | None = None
         self.pending: list[int] = []
         self.previous = {sig: signal.signal(sig, self._handle) for sig in FORWARDED}
@@ -179,16 +181,18 @@ class Forwarder:
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        for sig in self.pending:
-            os.kill(os.getpid(), sig)  # what arrived before the fallback is not lost
+        for pending in self.pending:
+            os.kill(os.getpid(), pending)  # what arrived before the fallback is not lost
 
-    def _handle(self, sig: int, _frame) -> None:
+    def _handle(self, sig: int, _frame: Any) -> None:
         if self.pid is None:
             self.pending.append(sig)
         else:
             self._send(sig)
 
     def _send(self, sig: int) -> None:
+        if self.pid is None:
+            return
         try:
             os.killpg(self.pid, sig)
         except ProcessLookupError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import re
+from typing import Any
 
 # Keep equal to elasticjob_store.compat.SUPPORTED (a unit test checks): one range for the worker image.
 SUPPORTED = ((2, 6), (2, 13))
@@ -42,7 +43,7 @@ def version_problem(version: str) -> str | None:
     return None
 
 
-def agent_problem(run) -> str | None:
+def agent_problem(run: Any) -> str | None:
     """Why torchrun's module (torch.distributed.run) is not the one the wrapper drives; None when it is."""
     for name in ("parse_args", "run"):
         if not callable(getattr(run, name, None)):
@@ -59,7 +60,7 @@ def agent_problem(run) -> str | None:
     return None
 
 
-def polling_problem(rdzv) -> str | None:
+def polling_problem(rdzv: Any) -> str | None:
     """Why polling.py cannot patch this rendezvous module (dynamic_rendezvous); None when it can."""
     delay = getattr(rdzv, "_delay", None)
     if delay is None or "seconds" not in inspect.signature(delay).parameters:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
+from typing import Any
 
 PLAIN_KEY = "elasticjob.warm.plain"
 WHY_KEY = "elasticjob.warm.plain.why"
@@ -34,8 +35,9 @@ def endpoint(argv: list[str], environ: dict[str, str]) -> str | None:
 def main(argv: list[str]) -> int:
     address, why = argv
     host, _, port = address.rpartition(":")
-    import torch.distributed as dist
+    import torch.distributed
 
+    dist: Any = torch.distributed  # TCPStore is not in its stubs
     store = dist.TCPStore(host.strip("[]") or address, int(port or 29400), is_master=False,
                           timeout=timedelta(seconds=WAIT_SECONDS))
     store.set(WHY_KEY, why[:MAX_WHY])

@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 # How long a connect to a store that is still gone may hold up the agent's monitoring loop.
 CONNECT_SECONDS = 1.0
@@ -47,7 +48,7 @@ class Outage:
     def __init__(self) -> None:
         self.since: float | None = None
 
-    def lost(self, handler, error: BaseException) -> int:
+    def lost(self, handler: Any, error: BaseException) -> int:
         """Called with the error the check raised: 0 (nobody waits) while the store is gone, 1 once a new one
         answers; re-raises past the store's read timeout, or when this torch's handler is not the known one."""
         old = _stores(handler)
@@ -75,14 +76,14 @@ class Outage:
         return 1  # a waiting node, as torch's agent understands it: stop the workers, join the new round
 
 
-    def wait(self, handler, error: BaseException) -> None:
+    def wait(self, handler: Any, error: BaseException) -> None:
         """Blocks until a store answers again and is the handler's (for an agent between rounds: its workers
         are stopped, so there is nothing to train on meanwhile); re-raises as lost() does."""
         while not self.lost(handler, error):
             time.sleep(RETRY_SECONDS)
 
 
-def _stores(handler):
+def _stores(handler: Any) -> Any:
     """The handler's store when it and its backend's are the one TCPStore this was written against."""
     store = getattr(handler, "_store", None)
     backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
@@ -93,8 +94,10 @@ def _stores(handler):
     return store
 
 
-def _connect(host: str, port: int, timeout: float):
-    from torch.distributed import TCPStore
+def _connect(host: str, port: int, timeout: float) -> Any:
+    import torch.distributed as dist
+
+    TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]  # noqa: N806 - not in torch's stubs
 
     try:
         store = TCPStore(host, port, is_master=False, multi_tenant=True,
@@ -111,21 +114,21 @@ def apply() -> bool:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    handler = getattr(rdzv, "DynamicRendezvousHandler", None)
+    handler: Any = getattr(rdzv, "DynamicRendezvousHandler", None)
     torch_check = getattr(handler, "num_nodes_waiting", None)
     if torch_check is None or getattr(torch_check, "_elasticjob_outage", False):
         return torch_check is not None
 
-    def num_nodes_waiting(self) -> int:
+    def num_nodes_waiting(self: Any) -> int:
         outage = self.__dict__.setdefault("_elasticjob_outage", Outage())
         try:
-            return torch_check(self)
+            return int(torch_check(self))
         except RendezvousConnectionError as error:
-            return outage.lost(self, error)
+            return int(outage.lost(self, error))
 
     torch_next = handler.next_rendezvous
 
-    def next_rendezvous(self):
+    def next_rendezvous(self: Any) -> Any:
         """The store lost while the agent joins a round (its workers already stopped): wait for it, join there."""
         outage = self.__dict__.setdefault("_elasticjob_outage", Outage())
         while True:
@@ -134,7 +137,7 @@ def apply() -> bool:
             except RendezvousConnectionError as error:
                 outage.wait(self, error)
 
-    num_nodes_waiting._elasticjob_outage = True
+    num_nodes_waiting._elasticjob_outage = True  # type: ignore[attr-defined]
     handler.num_nodes_waiting = num_nodes_waiting
     handler.next_rendezvous = next_rendezvous
     return True

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from elasticjob_warm import compat
 
@@ -28,7 +29,7 @@ POLL_FLOOR = 0.1
 READS_PER_SECOND = 100
 
 
-def poll_seconds(max_nodes: int, environ: dict[str, str] = os.environ) -> float:
+def poll_seconds(max_nodes: int, environ: Mapping[str, str] = os.environ) -> float:
     if value := environ.get(POLL_ENV):
         try:
             seconds = float(value)
@@ -43,8 +44,9 @@ def poll_seconds(max_nodes: int, environ: dict[str, str] = os.environ) -> float:
 def quicken(poll: float) -> Callable[[], None] | None:
     """Makes the agents' rendezvous poll every `poll` seconds; returns how to undo it, or None when this torch's
     rendezvous is not the one this was written against (it is then left as it is)."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
+    rdzv: Any = dynamic_rendezvous  # its private _delay is patched below
     if compat.polling_problem(rdzv) is not None:
         return None
     holder = rdzv._BackendRendezvousStateHolder
@@ -54,7 +56,7 @@ def quicken(poll: float) -> Callable[[], None] | None:
         # The op executor's poll is the only caller that asks for exactly TORCH_POLL.
         torch_delay(poll if seconds == TORCH_POLL else seconds)
 
-    def init(self, backend, settings, cache_duration: float = TORCH_POLL) -> None:
+    def init(self: Any, backend: Any, settings: Any, cache_duration: float = TORCH_POLL) -> None:
         torch_init(self, backend, settings, min(cache_duration, poll))
 
     rdzv._delay, holder.__init__ = delay, init

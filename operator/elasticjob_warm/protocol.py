@@ -14,7 +14,9 @@ import socket
 import stat
 import struct
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 SOCKET_ENV = "ELASTICJOB_WARM_SOCKET"
 PRELOAD_ENV = "ELASTICJOB_WARM_PRELOAD"
@@ -35,7 +37,7 @@ class Request:
     unbuffered: bool = False
 
 
-def socket_path(agent_pid: int, environ: dict[str, str] | None = None) -> str:
+def socket_path(agent_pid: int, environ: Mapping[str, str] | None = None) -> str:
     """One server per torchrun agent. elasticjob_warm.torchrun passes its workers a random path (SOCKET_ENV);
     under plain torchrun the workers find it by the agent's pid and PID namespace (pods on one node may share
     /tmp, and in a container every agent may have the same pid). Either way the socket sits in a directory
@@ -119,7 +121,7 @@ def _read_request(sock: socket.socket, marker: bytes, fds: list[int]) -> Request
     return request
 
 
-def close_all(items: list) -> None:
+def close_all(items: list[Any]) -> None:
     """Close descriptors (ints) and objects with close(), whatever state each is in."""
     for item in items:
         try:

@@ -151,8 +151,9 @@ class Server:
         # A client says nothing after its request: readable means it died (torchrun SIGKILLed it, say), and its
         # worker must not train on alone.
         conn, pidfd = self.children[pid]
-        self.selector.unregister(conn)
-        conn.close()
+        if conn is not None:
+            self.selector.unregister(conn)
+            conn.close()
         self.children[pid] = (None, pidfd)
         _kill_group(pid)
 
