@@ -130,3 +130,38 @@ def test_a_job_grows_through_a_workload_slice_once_kueue_admits_it_and_shrinks_i
     quota_watch.stop.set()
     quota_watch.thread.join()
     assert quota_watch.samples > 10 and quota_watch.worst <= quota_watch.quota, quota_watch.worst
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_an_operator_killed_as_it_asks_for_a_slice_leaves_one_slice_and_the_world_alone(
+        api, namespace, operator_factory, queues: Queues, delay):
+    """SIGKILL while the scale-up is planned or the slice is being created: the next operator finds the slice (or
+    makes it), asks for it once, and leaves the running pods alone; scaled back, the slice Kueue never admitted
+    is deleted and the first Workload alone holds quota."""
+    import signal
+    import time as clock
+
+    queues.make(cpu="1")  # 2 workers and the store: room for nothing more
+    first = operator_factory(extra_args=["--kueue"])
+    create(api, namespace, queued(job_manifest("grow", SLEEP, minReplicas=1, maxReplicas=4, replicas=2,
+                                               resources=WORKER)))
+    wait_phase(api, namespace, "grow", "Running", timeout=90)
+    before = {p.metadata.uid for p in running_workers(api, namespace, "grow", 2)}
+    scale(api, namespace, "grow", 4)
+    started = clock.monotonic()
+    wait_for(lambda: clock.monotonic() - started, 5, f"{delay}s into the scale-up", until=lambda t: t >= delay)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    first.check_log, first.exit_code = False, 0
+    operator_factory(extra_args=["--kueue"]).wait_for_log("watches synced", timeout=60)
+    wait_for(lambda: status_of(api, namespace, "grow"), 60, "the slice asked for and waiting",
+             until=lambda s: (s.get("admission") or {}).get("requested") == 4)
+    live = [w for w in workloads(queues) if conditions(w).get("Finished", {}).get("status") != "True"]
+    assert len(live) == 2 and sum(1 for w in live if "kueue.x-k8s.io/workload-slice-replacement-for"
+                                  in (w["metadata"].get("annotations") or {})) == 1, live
+    assert {p.metadata.uid for p in running_workers(api, namespace, "grow", 2)} == before
+
+    scale(api, namespace, "grow", 2)
+    left = wait_for(lambda: workloads(queues), 30, "the unadmitted slice deleted", until=lambda ws: len(ws) == 1)
+    assert conditions(left[0])["Admitted"]["status"] == "True"
+    assert not (status_of(api, namespace, "grow").get("admission") or {}).get("requested")
