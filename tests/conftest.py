@@ -15,17 +15,16 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from helpers import wait_for
+from helpers import OPERATOR_LOG_FAILURES, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-# Lines that mean the operator hit an error it did not handle.
-OPERATOR_LOG_FAILURES = re.compile(r"Traceback \(most recent call last\)|\bunhandled\b", re.IGNORECASE)
 OPERATOR_STOP_SECONDS = 30
 
 
@@ -214,16 +213,33 @@ def _operator_python() -> str:
     return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
 
+def _from_the_chart(cluster: ClusterHandle, request: pytest.FixtureRequest, env: dict[str, str] | None) -> bool:
+    """The e2e tests on real nodes run the operator from its image through its chart (E2E_OPERATOR=host: as a
+    process on the host instead); so does nothing else: the soak and the integration tests kill, restart and
+    read the operator as a process, a test that hands it its own credentials (env) wants the process, and one
+    marked host_operator cuts off or loses a node, which might be the operator's own."""
+    wanted = os.environ.get("E2E_OPERATOR", "chart" if cluster.node_kind == "real" else "host")
+    in_e2e = ROOT / "tests" / "e2e" in Path(str(request.node.path)).parents
+    on_host = request.node.get_closest_marker("host_operator") is not None
+    return wanted == "chart" and in_e2e and env is None and not on_host and cluster.kind == "local"
+
+
 @pytest.fixture
 def operator_factory(
-    cluster: ClusterHandle, crds_installed: list[str], namespace: str, tmp_path: Path,
-) -> Iterator[Callable[..., OperatorProcess]]:
+    cluster: ClusterHandle, crds_installed: list[str], namespace: str, tmp_path: Path, kube: Any,
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[..., Any]]:
     """Starts operators (default: watching this test's namespace); all are stopped and checked at teardown."""
-    started: list[OperatorProcess] = []
+    started: list[Any] = []
 
     def start(namespaces: Sequence[str] | None = None, extra_args: Sequence[str] = (),
-              env: dict[str, str] | None = None) -> OperatorProcess:
+              env: dict[str, str] | None = None) -> Any:
         namespaces = [namespace] if namespaces is None else list(namespaces)
+        if _from_the_chart(cluster, request, env):
+            import chart_operator
+
+            started.append(chart_operator.install(cluster.kubeconfig, kube, namespace, namespaces, extra_args))
+            return started[-1]
         kit = ["--kit-image", cluster.kit_image] if cluster.kit_image else []
         argv = [_operator_python(), "-m", "elasticjob", "run", "--verbose", *kit, *extra_args]
         argv += [arg for ns in namespaces for arg in ("--namespace", ns)]

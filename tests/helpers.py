@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -10,6 +11,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _UNSEEN = object()
+# Lines that mean the operator hit an error it did not handle (its log, as a process or as a pod).
+OPERATOR_LOG_FAILURES = re.compile(r"Traceback \(most recent call last\)|\bunhandled\b", re.IGNORECASE)
 
 
 def wait_for(

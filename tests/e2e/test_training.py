@@ -168,6 +168,7 @@ def test_scale_downs_cost_nothing_and_lose_no_step(operator, jobs, progress, rec
 
 
 @pytest.mark.slow
+@pytest.mark.host_operator
 def test_partition_of_a_worker_is_cut_off_and_the_survivors_go_on(cluster, operator, jobs, progress, faults,
                                                                   record_recovery):
     """No process dies and no TCP reset is sent: without the operator the survivors hang in the collective
@@ -230,6 +231,7 @@ def test_rendezvous_pod_killed_costs_no_worker_pod(operator, jobs, progress, fau
 
 
 @pytest.mark.slow
+@pytest.mark.host_operator
 def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
     if cluster.kind != "local":
         pytest.skip("node loss is injected through the local cluster's faults API")
