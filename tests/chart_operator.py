@@ -28,8 +28,10 @@ def chart_values(namespaces: Sequence[str], extra_args: Sequence[str]) -> dict[s
     unknown = [a for a in extra_args if a not in VALUES_OF_ARGS]
     if unknown:
         raise ValueError(f"no chart value for operator argument(s) {unknown}: add them to VALUES_OF_ARGS")
+    # Both gang APIs granted: a platform team grants those its cluster runs, and the tests use both.
     values: dict[str, Any] = {"watch": {"allNamespaces": False, "namespaces": list(namespaces)},
-                              "image": {"tag": "dev", "pullPolicy": "Never"}, "logLevel": "debug"}
+                              "image": {"tag": "dev", "pullPolicy": "Never"}, "logLevel": "debug",
+                              "gangScheduling": {"workloadAPI": True, "coscheduling": True}}
     for arg in extra_args:
         values.update(VALUES_OF_ARGS[arg])
     return values
