@@ -61,6 +61,10 @@ def store(epoch: str = "e1", round: int = 1, failure_rounds: int = 0, nodes: int
 
 
 def observed(pods: list[PodView], service: ServiceView | None = SERVICE, **fields: Any) -> planner.Observed:
+    """`workload=W` is the one Workload of the job (Observed holds all of them, `workloads`)."""
+    if "workload" in fields:
+        workload = fields.pop("workload")
+        fields["workloads"] = (workload,) if workload is not None else ()
     return planner.Observed(pods=pods, service=service, **fields)
 
 

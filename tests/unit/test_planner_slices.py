@@ -47,7 +47,7 @@ def slice_(name=WL, count=2, conditions=ADMITTED, granted=None, replaces=None, c
 def plan(replicas, pods, *workloads, settings=KUEUE):
     j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=replicas,
             runPolicy={"suspend": False})
-    seen = observed(pods, SERVICE, workloads=workloads, workload=kueue.current_slice(workloads), flavors=FLAVORS)
+    seen = observed(pods, SERVICE, workloads=workloads, flavors=FLAVORS)
     return planner.plan(j, seen, NOW, settings)
 
 
@@ -156,8 +156,7 @@ def test_an_evicted_job_drops_its_pending_slice():
     j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
             runPolicy={"suspend": True})
     seen = (slice_(conditions=evicted), pending)
-    result = planner.plan(j, observed([rdzv()], SERVICE, workloads=seen, workload=kueue.current_slice(seen),
-                                      flavors=FLAVORS), NOW, KUEUE)
+    result = planner.plan(j, observed([rdzv()], SERVICE, workloads=seen, flavors=FLAVORS), NOW, KUEUE)
     assert [a.name for a in actions(result, planner.DeleteObject)] == [pending.name]
 
 

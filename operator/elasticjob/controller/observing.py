@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from elasticjob import builders, domain, naming, planner
+from elasticjob import builders, domain, k8s, naming, planner
 from elasticjob.controller import scheduling
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
@@ -38,7 +38,7 @@ async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None
     """Ready per node (None: gone); a node the API server would not tell about is left out, as if unasked."""
     asked = sorted(names)
     answers = await asyncio.gather(*(ctx.kube.node_ready(n) for n in asked))
-    return {name: ready for name, ready in zip(asked, answers) if ready is None or isinstance(ready, bool)}
+    return {name: ready for name, ready in zip(asked, answers) if not isinstance(ready, k8s.Unknown)}
 
 
 def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: ServiceView | None) -> StoreView | None:

@@ -29,10 +29,9 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job) -> dict[str
         return found
     # Read without the label too: a job whose Workload exists keeps its gate (planner/queueing.py).
     key = naming.job_key(ref.namespace, ref.name)
-    found["workloads"] = workloads = ctx.mirror.owned_workloads(key, ref.uid)
-    found["workload"] = workload = kueue.current_slice(workloads)
+    found["workloads"] = ctx.mirror.owned_workloads(key, ref.uid)
     found["flavors"] = ctx.mirror.flavors.by_name
-    if workload is None and ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made
+    if kueue.current_slice(found["workloads"]) is None and ref.label(naming.QUEUE_LABEL) is not None:
         found["priority"] = await priority(ctx, memory, ref)
     return found
 

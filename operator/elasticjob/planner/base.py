@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from elasticjob import naming
+from elasticjob import kueue, naming
 from elasticjob.domain import JobRef
 from elasticjob.gang import PodGroupView
 from elasticjob.kueue import FlavorView, Priority, WorkloadView
-from elasticjob.models import Condition, ElasticJobStatus, Phase
+from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, StoreView
 
 RESYNC_SECONDS = 300.0
@@ -198,9 +198,8 @@ class Observed:
     retry_at: datetime | None = None
     # The job's gang as the handler last read or made it (no watch on PodGroups).
     pod_group: PodGroupView | None = None
-    # Kueue: the job's Workload that counts (kueue.current_slice), all of its Workloads (watched: its slices),
-    # the flavors by name, the priority its class gives (read once).
-    workload: WorkloadView | None = None
+    # Kueue: the job's Workloads (watched: one, or its slices), the flavors by name, the priority its class
+    # gives (read once).
     workloads: tuple[WorkloadView, ...] = ()
     flavors: Mapping[str, FlavorView] = field(default_factory=dict)
     priority: Priority | None = None
@@ -208,6 +207,11 @@ class Observed:
     leftovers: list[Leftover] = field(default_factory=list)
     # Names of pods under this job's name that are not its own (an earlier job's, still terminating).
     taken: frozenset[str] = frozenset()
+
+    @property
+    def workload(self) -> WorkloadView | None:
+        """The one of the job's Workloads that counts (kueue.current_slice)."""
+        return kueue.current_slice(self.workloads)
 
     @property
     def workers(self) -> list[PodView]:
@@ -250,6 +254,13 @@ def since(value: str | None, now: datetime) -> timedelta | None:
 
 def condition(status: ElasticJobStatus, kind: str) -> Condition | None:
     return next((cond for cond in status.conditions if cond.type == kind), None)
+
+
+def admission_of(plan: Plan) -> AdmissionStatus:
+    """The plan's status.admission, made empty where there is none yet."""
+    if plan.status.admission is None:
+        plan.status.admission = AdmissionStatus()
+    return plan.status.admission
 
 
 def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str, message: str,

@@ -32,6 +32,7 @@ from elasticjob.planner.base import (
     PatchWorkload,
     Plan,
     SetSuspend,
+    admission_of,
     enter_phase,
     set_condition,
     stamp,
@@ -183,13 +184,6 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
     return Admitted(workers=workers, worker=kueue.placement(wl, naming.PODSET_WORKERS, observed.flavors),
                     store=kueue.placement(wl, naming.PODSET_STORE, observed.flavors))
-
-
-def admission_of(plan: Plan) -> AdmissionStatus:
-    """The plan's status.admission, made empty where there is none yet."""
-    if plan.status.admission is None:
-        plan.status.admission = AdmissionStatus()
-    return plan.status.admission
 
 
 def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:

@@ -19,7 +19,6 @@ from datetime import datetime
 
 from elasticjob import kueue, naming
 from elasticjob.kueue import WorkloadView
-from elasticjob.models import AdmissionStatus
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -29,6 +28,7 @@ from elasticjob.planner.base import (
     Observed,
     PatchWorkload,
     Plan,
+    admission_of,
 )
 
 
@@ -44,7 +44,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
         if extra is not keep:
             plan.act(DeleteObject(kueue.API_VERSION, "Workload", kueue.WORKLOADS, extra.name, extra.uid,
                                   resource_version=extra.resource_version))
-    admission = queueing_admission(plan)
+    admission = admission_of(plan)
     admission.requested = None
     if desired < admitted:
         if (active.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
@@ -74,16 +74,9 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
     return admitted
 
 
-def queueing_admission(plan: Plan) -> AdmissionStatus:
-    if plan.status.admission is None:
-        plan.status.admission = AdmissionStatus()
-    return plan.status.admission
-
-
 def own(observed: Observed) -> list[WorkloadView]:
-    """The job's Workloads, oldest first (the handler sees them all; a plan from one Workload sees that one)."""
-    seen = observed.workloads or ((observed.workload,) if observed.workload is not None else ())
-    return sorted(seen, key=lambda w: w.created)
+    """The job's Workloads, oldest first."""
+    return sorted(observed.workloads, key=lambda w: w.created)
 
 
 def finish_replaced(plan: Plan, observed: Observed, active: WorkloadView, now: datetime) -> None:
