@@ -81,11 +81,13 @@ def running_workers(api, namespace, job, count):
 def test_a_job_grows_through_a_workload_slice_once_kueue_admits_it_and_shrinks_in_place(
         api, namespace, operator, queues: Queues, quota_watch: QuotaWatch):
     queues.make(cpu=QUOTA)
+    priority = queues.priority("grow", 500)  # the slice carries it too, or Kueue would order it as priority 0
+    # The same for the blocker: a slice of higher priority would preempt it rather than wait.
     create(api, namespace, queued(job_manifest("blocker", SLEEP, minReplicas=1, maxReplicas=1, replicas=1,
-                                               resources=WORKER)))
+                                               resources=WORKER), priority=priority))
     wait_phase(api, namespace, "blocker", "Running", timeout=90)
     create(api, namespace, queued(job_manifest("grow", SLEEP, minReplicas=1, maxReplicas=4, replicas=2,
-                                               resources=WORKER)))
+                                               resources=WORKER), priority=priority))
     wait_phase(api, namespace, "grow", "Running", timeout=90)
     first = running_workers(api, namespace, "grow", 2)
     first_workload = status_of(api, namespace, "grow")["admission"]["workload"]
@@ -102,6 +104,7 @@ def test_a_job_grows_through_a_workload_slice_once_kueue_admits_it_and_shrinks_i
     assert annotations["kueue.x-k8s.io/workload-slice-replacement-for"] == f"{namespace}/{first_workload}"
     assert annotations["kueue.x-k8s.io/elastic-job"] == "true"
     assert [(p["name"], p["count"]) for p in made["spec"]["podSets"]] == [("workers", 4), ("store", 1)]
+    assert (made["spec"].get("priorityClassRef", {}).get("name"), made["spec"].get("priority")) == (priority, 500)
     assert {p.metadata.uid for p in running_workers(api, namespace, "grow", 2)} == {p.metadata.uid for p in first}
 
     # The blocker goes: Kueue admits the slice (charged the difference), finishes the old one; the job runs 4.

@@ -31,7 +31,7 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job) -> dict[str
     key = naming.job_key(ref.namespace, ref.name)
     found["workloads"] = ctx.mirror.owned_workloads(key, ref.uid)
     found["flavors"] = ctx.mirror.flavors.by_name
-    if kueue.current_slice(found["workloads"]) is None and ref.label(naming.QUEUE_LABEL) is not None:
+    if ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made: the first, or a slice
         found["priority"] = await priority(ctx, memory, ref)
     return found
 
