@@ -5,12 +5,14 @@ The objects are cluster-scoped: each test gets its own, named after its namespac
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -99,3 +101,41 @@ def conditions(obj: dict) -> dict[str, dict]:
 
 
 Check = Callable[[dict], bool]
+
+
+def requested_cpu(core: client.CoreV1Api, namespace: str) -> float:
+    """CPU the namespace's live pods ask for, scheduled or not: each pod the larger of its containers' sum and any
+    init container's (as the scheduler and Kueue count a pod)."""
+    def cpu(container) -> float:
+        return float(parse_quantity(((container.resources and container.resources.requests) or {}).get("cpu", "0")))
+
+    total = 0.0
+    for pod in core.list_namespaced_pod(namespace).items:
+        if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running"):
+            total += max([sum(cpu(c) for c in pod.spec.containers), *(cpu(c) for c in pod.spec.init_containers or [])])
+    return total
+
+
+class QuotaWatch:
+    """Samples, from start() to stop(), the CPU the namespace's live pods request: the most it saw is `worst`."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, quota: str, every: float = 0.2):
+        self.core, self.namespace, self.quota, self.every = core, namespace, float(parse_quantity(quota)), every
+        self.worst, self.samples, self._stop = 0.0, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> QuotaWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.worst = max(self.worst, requested_cpu(self.core, self.namespace))
+            self.samples += 1

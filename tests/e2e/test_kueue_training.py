@@ -14,11 +14,9 @@ Measured intervals are printed at the end of the session.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from kubernetes.utils import parse_quantity
 
 from e2e_support import (
     HOST_ROOT,
@@ -31,7 +29,7 @@ from e2e_support import (
     train_args,
 )
 from helpers import wait_for
-from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
+from kueue_support import Queues, QuotaWatch, kueue, queued, queues  # noqa: F401 (fixtures)
 
 CHECKPOINT_EVERY = 5
 START_TIMEOUT = 120
@@ -164,20 +162,6 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_uncharged(
     assert 3 in done.world_sizes()
 
 
-def requested_cpu(jobs: Jobs) -> float:
-    """CPU the namespace's live pods ask for (each pod: the larger of its containers' sum and any init container)."""
-    total = 0.0
-    for pod in jobs.core.list_namespaced_pod(jobs.namespace).items:
-        if pod.metadata.deletion_timestamp is not None or pod.status.phase not in ("Pending", "Running"):
-            continue
-        total += max([sum(cpu(c) for c in pod.spec.containers), *(cpu(c) for c in pod.spec.init_containers or [])])
-    return total
-
-
-def cpu(container) -> float:
-    return float(parse_quantity(((container.resources and container.resources.requests) or {}).get("cpu", "0")))
-
-
 # Workers of 500m, so that 5 and 2 stores fit the local cluster's nodes: the blocker (0.6) and 3 of grow's (1.6)
 # fit in 2.2, 4 of grow's (2.1) beside the blocker do not.
 SLICE_QUOTA_CPU = "2.2"
@@ -192,15 +176,7 @@ def half_cpu(manifest: dict, minimum: int, maximum: int, replicas: int) -> dict:
 def test_a_training_job_grows_through_a_workload_slice_once_kueue_admits_it(kueue_operator, jobs, queues: Queues,
                                                                           trainings, record_timing):
     queues.make(cpu=SLICE_QUOTA_CPU)  # the blocker (1 worker) and 3 of grow's fit, not 4
-    worst, stop = [0.0], threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.25):
-            worst[0] = max(worst[0], requested_cpu(jobs))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    with QuotaWatch(jobs.core, jobs.namespace, SLICE_QUOTA_CPU) as quota:
         blocker = half_cpu(kueue_job(jobs, "blocker", steps=2000), 1, 1, 1)
         jobs.create(blocker)
         grow, training = half_cpu(kueue_job(jobs, "grow", steps=2000), 1, 4, 2), trainings("grow")
@@ -229,7 +205,4 @@ def test_a_training_job_grows_through_a_workload_slice_once_kueue_admits_it(kueu
         status = jobs.status("grow")
         assert status["admission"]["workers"] == 4 and not status["admission"].get("requested"), summary(status)
         assert pods_before <= {p.metadata.uid for p in jobs.live_workers("grow")}
-    finally:
-        stop.set()
-        sampler.join()
-    assert worst[0] <= float(parse_quantity(SLICE_QUOTA_CPU)), f"pods asked for {worst[0]} cpu, quota {SLICE_QUOTA_CPU}"
+    assert quota.worst <= quota.quota, f"pods asked for {quota.worst} cpu, quota {SLICE_QUOTA_CPU}"

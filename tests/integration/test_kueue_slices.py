@@ -9,15 +9,13 @@ Cheap workers (sleep); the operator with its defaults (--kueue, slices on).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, status_of, wait_phase
-from kubernetes.utils import parse_quantity
 
 from helpers import wait_for
-from kueue_support import Queues, conditions, kueue, queued, queues  # noqa: F401 (fixtures)
+from kueue_support import Queues, QuotaWatch, conditions, kueue, queued, queues  # noqa: F401 (fixtures)
 
 WORKER = {"requests": {"cpu": "400m", "memory": "64Mi"}}
 QUOTA = "1800m"  # 2 workers and a store (0.9) beside the blocker (0.5) leaves room for 3 workers, not 4
@@ -29,35 +27,10 @@ def operator(operator_factory):
     return operator_factory(extra_args=["--kueue"])
 
 
-class QuotaWatch:
-    """Samples, until stopped, the CPU the namespace's live pods request (scheduled or not): never above the quota."""
-
-    def __init__(self, api, namespace: str, quota: str):
-        self.api, self.namespace, self.quota = api, namespace, parse_quantity(quota)
-        self.worst, self.samples, self.stop = parse_quantity("0"), 0, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def requested(self):
-        total = parse_quantity("0")
-        for pod in self.api[1].list_namespaced_pod(self.namespace).items:
-            if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running"):
-                for c in pod.spec.containers:
-                    total += parse_quantity(((c.resources and c.resources.requests) or {}).get("cpu", "0"))
-        return total
-
-    def run(self) -> None:
-        while not self.stop.wait(0.2):
-            self.worst = max(self.worst, self.requested())
-            self.samples += 1
-
-
 @pytest.fixture
 def quota_watch(api, namespace) -> Iterator[QuotaWatch]:
-    watch = QuotaWatch(api, namespace, QUOTA)
-    watch.thread.start()
-    yield watch
-    watch.stop.set()
-    watch.thread.join()
+    with QuotaWatch(api[1], namespace, QUOTA) as watch:
+        yield watch
 
 
 def scale(api, namespace, name, replicas) -> None:
@@ -130,8 +103,7 @@ def test_a_job_grows_through_a_workload_slice_once_kueue_admits_it_and_shrinks_i
                                                resources=WORKER)))
     wait_phase(api, namespace, "after", "Running", timeout=90)  # fits only in the quota the shrink gave back
 
-    quota_watch.stop.set()
-    quota_watch.thread.join()
+    quota_watch.stop()
     assert quota_watch.samples > 10 and quota_watch.worst <= quota_watch.quota, quota_watch.worst
 
 
