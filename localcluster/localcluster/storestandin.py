@@ -32,6 +32,7 @@ from elasticjob_store import wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 
+PROGRAM = "elasticjob rendezvous stand-in"
 IMAGE = "elasticjob-store-standin"
 
 
@@ -87,9 +88,9 @@ def main() -> None:
     port = int(os.environ.get("ELASTICJOB_RDZV_PORT", "29400"))
     min_nodes = int(os.environ.get("ELASTICJOB_RDZV_MIN_NODES") or 1)
     max_nodes = int(os.environ.get("ELASTICJOB_RDZV_MAX_NODES") or min_nodes)
-    accept_and_close(port)
-    server = make_server("", port + 1, Credential.from_env(), os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes,
-                         max_nodes)
+    wire.listen_or_exit(PROGRAM, port, lambda: accept_and_close(port))
+    server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_server(
+        "", port + 1, Credential.from_env(), os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes, max_nodes))
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     print(f"elasticjob rendezvous stand-in listening on port {port}, control on {port + 1}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

@@ -24,6 +24,7 @@ from typing import Any
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 NO_LIMIT = 2**31 - 1
+PROGRAM = "elasticjob rendezvous store"
 
 
 class ConfigError(ValueError):
@@ -58,22 +59,23 @@ def main() -> None:
         read_timeout = _int_env("ELASTICJOB_RDZV_READ_TIMEOUT", 60, 1)
         stale_ms = _int_env("ELASTICJOB_RDZV_STALE_MS", NO_LIMIT, 1)
     except ConfigError as err:
-        print(f"elasticjob rendezvous store: {err}", file=sys.stderr, flush=True)
+        print(f"{PROGRAM}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
     import torch.distributed
 
     dist: Any = torch.distributed  # TCPStore is not in its stubs
 
-    from elasticjob_store import compat
+    from elasticjob_store import compat, wire
     from elasticjob_store.auth import Credential
 
     verdict = compat.probe()
-    print(f"elasticjob rendezvous store: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
+    print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
     # Listens on every address whatever the host; the host is where the store's own client connects.
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
-    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                          timeout=timedelta(seconds=read_timeout))
+    store = wire.listen_or_exit(PROGRAM, port, lambda: dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
+        timeout=timedelta(seconds=read_timeout)))
     credential = Credential.from_env()
     try:
         from elasticjob_store.control import Control, start_poller
@@ -82,11 +84,11 @@ def main() -> None:
         from elasticjob_store.plain import make_plain_server
         if verdict.nudges:
             verdict = compat.Verdict(verdict.torch, False, str(err))
-        server = make_plain_server(verdict, "", port + 1, credential)
+        server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_plain_server(verdict, "", port + 1, credential))
     else:
         control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
                           stale_after=stale_ms / 1000, verdict=verdict)
-        server = make_server(control, "", port + 1, credential)
+        server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_server(control, "", port + 1, credential))
         start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     auth = "token required" if credential.configured() else "no token configured: control requests refused"

@@ -13,10 +13,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from elasticjob_store.auth import Credential
@@ -30,6 +31,7 @@ MAX_UNIX = 1e11
 MAX_WAIT = 60.0
 ACTIONS = ("/v1/remove", "/v1/complete", "/v1/restart")
 
+T = TypeVar("T")
 Query = dict[str, list[str]]
 Route = Callable[[Any, Query], dict[str, Any]]
 # An error a route may raise, the status it answers with, and the prefix of its message.
@@ -174,3 +176,17 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
             pass  # probes every few seconds would drown the action lines; actions log themselves
 
     return CappedHTTPServer((host, port), Handler)
+
+
+def listen_or_exit(program: str, port: int, bind: Callable[[], T]) -> T:
+    """Returns what `bind` made, or exits 1 with one line naming the port: a port taken on the pod's network is
+    for whoever runs the pod to fix, and a traceback hides which port it was."""
+    try:
+        return bind()
+    except (OSError, RuntimeError) as err:  # RuntimeError: torch's DistNetworkError for the store's own port
+        _cannot_listen(program, port, err)
+
+
+def _cannot_listen(program: str, port: int, err: BaseException) -> NoReturn:
+    print(f"{program}: cannot listen on port {port}: {err}", file=sys.stderr, flush=True)
+    sys.exit(1)

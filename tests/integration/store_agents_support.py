@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import psutil
 
 from helpers import wait_for
+from store_process import start_store_process
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "store_agents_train.py"
@@ -32,20 +32,6 @@ TOKEN = "integration-token"
 RDZV_CONF = "is_host=false,last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3"
 CAN_UNSHARE = os.geteuid() == 0 and shutil.which("unshare") is not None
 
-
-def free_port_pair() -> int:
-    """A port whose successor is free too (the store's control endpoint is on port + 1)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise AssertionError("no two consecutive free ports")
 
 
 def _stop_session(proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -133,18 +119,15 @@ class Cluster:
         self.progress.touch()
 
     def start_store(self) -> Store:
-        port = free_port_pair()
         token = self.tmp / "token"
         token.write_text(TOKEN)
-        env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": self.run_id,
+        env = {**os.environ, "ELASTICJOB_RDZV_RUN_ID": self.run_id,
                "ELASTICJOB_RDZV_MIN_NODES": str(self.min_nodes), "ELASTICJOB_RDZV_MAX_NODES": str(self.max_nodes),
                "ELASTICJOB_RDZV_TOKEN_FILE": str(token)}
         output = self.tmp / "store.log"
-        with open(output, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, output,
+                                         lambda port: Store(None, port, output).state(), start_new_session=True)
         self.store = Store(proc, port, output)
-        wait_for(self.store.state, 60, "the store's control endpoint", ignore=(OSError,))
         return self.store
 
     def start_agent(self, addr: str, **env: str) -> Agent:

@@ -4,7 +4,6 @@ with the real store's long-poll semantics, and the node maps its image to it."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from elasticjob import builders
 from elasticjob.rendezvous_client import StoreClient, parse_state
 from elasticjob_store.auth import Credential
 from localcluster import containers, images, storestandin
+from store_process import start_store_process
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = b"k" * 32
@@ -84,39 +84,18 @@ def test_its_image_runs_the_stand_in_whatever_the_container_names():
 
 
 def test_the_program_starts_light_and_serves(tmp_path):
-    """Without torch: it serves within a second (the real store takes about 2 s to import torch)."""
-    port = _free_port()
-    env = {"PATH": str(Path(sys.executable).parent), "ELASTICJOB_RDZV_PORT": str(port),
-           "ELASTICJOB_RDZV_TOKEN_SHA256": builders.token_digest("t")}
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "localcluster.storestandin"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """Without torch: the stand-in serves and its process never maps torch (the real store imports it)."""
+    env = {"PATH": str(Path(sys.executable).parent), "ELASTICJOB_RDZV_TOKEN_SHA256": builders.token_digest("t")}
+
+    def healthy(port: int) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1):
+            return True
+
+    proc, _ = start_store_process([sys.executable, "-m", "localcluster.storestandin"], env, tmp_path / "standin.log",
+                                  healthy, cwd=ROOT)
     try:
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1)
-                # Answered by this process, not by another that holds the port (then this one exited 1).
-                assert proc.poll() is None, proc.stdout.read()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.monotonic() - started < 5, "the stand-in did not serve within 5 s"
-                time.sleep(0.02)
-        assert "torch" not in subprocess.run(["cat", f"/proc/{proc.pid}/maps"], capture_output=True,
-                                             text=True).stdout
+        assert "torch" not in Path(f"/proc/{proc.pid}/maps").read_text()
     finally:
         proc.terminate()
-        assert proc.wait(timeout=5) == 0
+        assert proc.wait(timeout=30) == 0
 
-
-def _free_port() -> int:
-    import socket
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue

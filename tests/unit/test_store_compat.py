@@ -9,8 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +19,7 @@ import torch.distributed as dist
 from elasticjob_store import compat
 from elasticjob_store.control import Control
 from elasticjob_warm import notice
-from helpers import wait_for
+from store_process import start_store_process
 
 # Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
 in_range_only = pytest.mark.skipif(os.environ.get("COMPAT_EXPECT") == "off", reason="this torch is outside the range")
@@ -37,18 +35,6 @@ ALTERATIONS = {
                             "d._RendezvousState.__init__ = more"),
 }
 
-
-def free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no two consecutive free ports")
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -71,15 +57,12 @@ def store(tmp_path):
         site.mkdir(exist_ok=True)
         if alteration:
             (site / "sitecustomize.py").write_text(alteration + "\n")
-        port = free_port_pair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-               "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": "compat",
+               "ELASTICJOB_RDZV_RUN_ID": "compat",
                "ELASTICJOB_RDZV_TOKEN_SHA256": hashlib.sha256(TOKEN.encode()).hexdigest()}
-        log = open(tmp_path / "store.log", "wb")
-        started.append(subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=log,
-                                        stderr=subprocess.STDOUT))
-        wait_for(lambda: request(port, "GET", "/v1/state"), 60, "the store's control endpoint",
-                 ignore=(OSError,))
+        proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, tmp_path / "store.log",
+                                         lambda port: request(port, "GET", "/v1/state"))
+        started.append(proc)
         return port
 
     yield start

@@ -29,6 +29,7 @@ from elasticjob_store.control import Control
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
 from helpers import wait_for
+from store_process import start_store_process
 
 RUN_ID = "run-1"
 TOKEN = "s3cret-token"
@@ -354,50 +355,35 @@ def test_the_package_never_imports_the_operator():
     assert result.returncode == 0, result.stderr
 
 
-def _free_port() -> int:
-    import socket
 
-    for _ in range(20):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:  # the control endpoint needs port + 1 free as well
-            try:
-                s.bind(("", port + 1))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no two consecutive free ports")
+def test_python_m_elasticjob_store_as_the_pod_runs_it(tmp_path):
+    env = {**os.environ, "ELASTICJOB_RDZV_RUN_ID": RUN_ID, "ELASTICJOB_RDZV_MIN_NODES": "1",
+           "ELASTICJOB_RDZV_MAX_NODES": "3", "ELASTICJOB_RDZV_TOKEN_SHA256": DIGEST}
 
+    def state(port, token):
+        conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=2)
+        conn.request("GET", "/v1/state", headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        return response.status, response.read()
 
-def test_python_m_elasticjob_store_as_the_pod_runs_it():
-    port = _free_port()
-    env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": RUN_ID,
-           "ELASTICJOB_RDZV_MIN_NODES": "1", "ELASTICJOB_RDZV_MAX_NODES": "3",
-           "ELASTICJOB_RDZV_TOKEN_SHA256": DIGEST}
-    proc = subprocess.Popen([sys.executable, "-m", "elasticjob_store"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "store.log"
+    proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, log,
+                                     lambda port: state(port, TOKEN)[0] == 200, start_new_session=True)
     try:
-        def state(token):
-            conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=2)
-            conn.request("GET", "/v1/state", headers={"Authorization": f"Bearer {token}"})
-            response = conn.getresponse()
-            return response.status, response.read()
-
-        status, body = wait_for(lambda: state(TOKEN), 60, "the control endpoint", ignore=(OSError,),
-                                until=lambda got: got[0] == 200)
+        body = state(port, TOKEN)[1]
         assert json.loads(body)["round"] is None and json.loads(body)["maxNodes"] == 3
-        assert state("wrong")[0] == 401
+        assert state(port, "wrong")[0] == 401
         # The agents' store answers on the port itself.
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
         client.set("hello", "world")
         assert client.get("hello") == b"world"
         proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=30)[0]
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+    output = log.read_text()
     assert proc.returncode == 0, output
     assert f"listening on port {port}, control on {port + 1}" in output
     assert "rendezvous store stopping" in output
@@ -415,6 +401,20 @@ def test_bad_configuration_exits_2_with_a_message(env, message):
     result = subprocess.run([sys.executable, "-m", "elasticjob_store"], env={**clean, **env},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize("taken", [0, 1])
+def test_a_port_taken_exits_1_naming_it(taken):
+    """The store's port or its control endpoint's, held by another process: one line, no traceback."""
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1] - taken
+        env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": RUN_ID}
+        result = subprocess.run([sys.executable, "-m", "elasticjob_store"], env=env, capture_output=True,
+                                text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert f"cannot listen on port {port + taken}" in result.stderr and "Traceback" not in result.stderr
 
 
 # --- long-polls: the operator waits for a change instead of polling every store --------------------------
