@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers import wait_for
+
+from helpers import wait_for
+from store_process import free_port_pair
 
 SERVER = ("import sys, time, torch.distributed as d; "
           "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True); "
@@ -28,11 +29,6 @@ WORKER = textwrap.dedent("""
         time.sleep(0.05)
 """)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_store(port: int) -> subprocess.Popen:
@@ -50,7 +46,7 @@ def starts(out: Path) -> list[list[str]]:
 @pytest.fixture
 def job(tmp_path, request):
     nnodes, last_call = getattr(request, "param", ("2:2", 1))
-    port = free_port()
+    port = free_port_pair()  # below the kernel's own range: free again when the store restarts on it
     store = start_store(port)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
