@@ -13,7 +13,7 @@ LOOP_CRASH = 5.0
 REFUSED_CREATE = (2, 4, 8, 15, 30, 60, 120, 300)
 # The long-poll on a job's store after the Nth failure in a row (rendezvous_client.py).
 STORE_POLL = (0.5, 1, 2, 5)
-# Asking discovery again at start until it answers whether Kueue is there (controller/kueue.py).
+# Asking discovery again at start until it answers whether Kueue is there (kueue/discovery.py).
 KUEUE_DISCOVERY = 2.0
 
 

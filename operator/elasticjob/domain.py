@@ -34,7 +34,7 @@ class Settings:
 @dataclass(frozen=True)
 class Placement:
     """What a pod gets beyond its template to be scheduled as the job must: membership in a gang
-    (gang.py), Kueue's resource flavor (kueue.py)."""
+    (gang/podgroup.py), Kueue's resource flavor (kueue/workloads.py)."""
 
     labels: tuple[tuple[str, str], ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()

@@ -106,7 +106,7 @@ def test_the_job_says_whether_its_workers_start_warm_and_warns_once_when_its_com
 
 
 def test_kueues_workload_counts_the_kits_init_container_where_the_pods_get_it():
-    from elasticjob import kueue
+    from elasticjob.kueue import workloads as kueue
 
     warm_sets = kueue.pod_sets(ref(), IMAGE)
     workers, store = (s["template"]["spec"] for s in warm_sets)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import SimpleNamespace
 
 import pytest
 
 from elasticjob import backoff, k8s
-from elasticjob.controller import kueue
-from elasticjob.domain import Settings
+from elasticjob.kueue import discovery as kueue_discovery
 
 
 class Discovery:
@@ -28,10 +26,8 @@ class Discovery:
         return answer
 
 
-def resolve(discovery: Discovery, mode: str = "auto") -> Settings:
-    ctx = SimpleNamespace(kube=discovery, settings=Settings(kueue_mode=mode), logger=logging.getLogger("test"))
-    asyncio.run(kueue.resolve(ctx))
-    return ctx.settings
+def resolve(discovery: Discovery, mode: str = "auto") -> bool:
+    return asyncio.run(kueue_discovery.resolve(discovery, mode, logging.getLogger("test")))
 
 
 @pytest.fixture(autouse=True)
@@ -47,12 +43,12 @@ def no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_auto_waits_for_a_definite_answer(answers: tuple, expected: bool) -> None:
     discovery = Discovery(*answers)
-    assert resolve(discovery).kueue is expected
+    assert resolve(discovery) is expected
     assert discovery.asked == len(answers)
 
 
 @pytest.mark.parametrize("mode, expected", [("on", True), ("off", False)])
 def test_on_and_off_ask_nothing(mode: str, expected: bool) -> None:
     discovery = Discovery()
-    assert resolve(discovery, mode).kueue is expected
+    assert resolve(discovery, mode) is expected
     assert discovery.asked == 0

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from factory import NOW, SERVICE, UID, creates, job, observed, rdzv, running_status, worker
 
-from elasticjob import builders, domain, gang, planner
-from elasticjob.gang import COSCHEDULING_API, WORKLOAD_API, PodGroupView
+from elasticjob import builders, domain, planner
+from elasticjob.gang import podgroup
+from elasticjob.gang.podgroup import COSCHEDULING_API, WORKLOAD_API, PodGroupView
 
 
 def plan(j, pods, service=SERVICE, **seen):
@@ -91,7 +92,7 @@ def test_the_store_is_outside_the_gang_but_on_the_workers_scheduler(scheduling, 
 def test_the_templates_scheduler_is_kept_with_coscheduling_unless_one_is_named():
     tpl = {"spec": {"schedulerName": "my-coscheduler", "containers": [
         {"name": "worker", "image": "t", "command": ["torchrun"]}]}}
-    assert gang.scheduler_name(job(scheduling=COSCHEDULING, template=tpl).ref.spec) == "my-coscheduler"
+    assert podgroup.scheduler_name(job(scheduling=COSCHEDULING, template=tpl).ref.spec) == "my-coscheduler"
 
 
 @pytest.mark.parametrize("have", [
@@ -148,13 +149,13 @@ def test_scale_up_and_replacements_join_the_same_group_without_touching_it():
 
 
 def test_observing_a_pod_group_of_either_api():
-    upstream = gang.pod_group(job(scheduling=WORKLOAD).ref, gang.desired(job(scheduling=WORKLOAD).ref))
+    upstream = podgroup.pod_group(job(scheduling=WORKLOAD).ref, podgroup.desired(job(scheduling=WORKLOAD).ref))
     upstream["metadata"].update(uid="u1")
-    seen = gang.observe_pod_group(upstream)
+    seen = podgroup.observe_pod_group(upstream)
     assert (seen.api_version, seen.min_member, seen.owner_uid, seen.uid) == (WORKLOAD_API, 1, UID, "u1")
     cosched = {"apiVersion": COSCHEDULING_API, "metadata": {"name": "g", "deletionTimestamp": "now"},
                "spec": {"minMember": 3, "scheduleTimeoutSeconds": 10}}
-    seen = gang.observe_pod_group(cosched)
+    seen = podgroup.observe_pod_group(cosched)
     assert (seen.min_member, seen.timeout_seconds, seen.deleting, seen.owner_uid) == (3, 10, True, None)
 
 

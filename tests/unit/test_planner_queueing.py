@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 from factory import NOW, SERVICE, UID, condition, creates, deletes, failed, job, observed, rdzv, running_status, worker
 
-from elasticjob import kueue, naming, planner
+from elasticjob import naming, planner
 from elasticjob.domain import Settings
-from elasticjob.kueue import FlavorView, Priority
+from elasticjob.kueue import workloads
+from elasticjob.kueue.workloads import FlavorView, Priority
 
 KUEUE = Settings(kueue=True)
 CLAMPED = Settings(kueue=True, kueue_slices=False)  # Kueue without workload slices: the admitted count is a cap
@@ -28,7 +29,7 @@ def cond(kind, status, reason="", message=""):
 
 
 def workload(conditions=(), admission=None, workers=(2, 1), **extra):
-    """A Workload as the API server sends it, seen through kueue.observe_workload."""
+    """A Workload as the API server sends it, seen through workloads.observe_workload."""
     pod_sets = [{"name": "workers", "count": workers[0], **({"minCount": workers[1]} if workers[1] else {})},
                 {"name": "store", "count": 1}]
     status = {"conditions": list(conditions), **extra}
@@ -37,7 +38,7 @@ def workload(conditions=(), admission=None, workers=(2, 1), **extra):
     body = {"metadata": {"name": WL, "namespace": "ml", "uid": "uid-wl", "resourceVersion": "77", "generation": 1,
                          "ownerReferences": [{"controller": True, "uid": UID}]},
             "spec": {"queueName": "lq", "podSets": pod_sets}, "status": status}
-    return kueue.observe_workload(body)
+    return workloads.observe_workload(body)
 
 
 def admission(workers=2, flavor="gpu-a"):
@@ -323,7 +324,7 @@ def test_the_end_of_a_job_that_never_got_a_workload_touches_nothing():
 
 def test_a_workload_of_an_earlier_job_of_the_same_name_is_not_ours():
     wl = workload(ADMITTED, admission(2))
-    theirs = kueue.WorkloadView(**{**wl.__dict__, "owner_uid": "uid-of-an-earlier-job"})
+    theirs = workloads.WorkloadView(**{**wl.__dict__, "owner_uid": "uid-of-an-earlier-job"})
     result = plan(kueue_job(suspend=True), [], workload=theirs)
     assert created(result, "Workload") and not actions(result, planner.SetSuspend)
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, running_status, worker
 
-from elasticjob import kueue, naming, planner
+from elasticjob import naming, planner
 from elasticjob.domain import Settings
-from elasticjob.kueue import FlavorView
+from elasticjob.kueue import workloads
+from elasticjob.kueue.workloads import FlavorView
 
 KUEUE = Settings(kueue=True)
 WL = "elasticjob-train-e0019"
@@ -36,11 +37,11 @@ def slice_(name=WL, count=2, conditions=ADMITTED, granted=None, replaces=None, c
     meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": rv, "generation": 1,
             "creationTimestamp": created, "ownerReferences": [{"controller": True, "uid": UID}]}
     if replaces:
-        meta["annotations"] = {kueue.REPLACES_ANNOTATION: f"ml/{replaces}"}
+        meta["annotations"] = {workloads.REPLACES_ANNOTATION: f"ml/{replaces}"}
     workers = {"name": "workers", "count": count, "template": {"spec": {"containers": [{"name": "w"}]}}}
     if minimum:
         workers["minCount"] = minimum
-    return kueue.observe_workload({"metadata": meta, "spec": {"queueName": "lq", "podSets": [
+    return workloads.observe_workload({"metadata": meta, "spec": {"queueName": "lq", "podSets": [
         workers, {"name": "store", "count": 1}]}, "status": status})
 
 
@@ -67,9 +68,9 @@ def test_growing_past_the_admitted_slice_asks_for_a_new_one_and_runs_what_was_ad
     result = plan(4, workers(2), slice_())
     [made] = workloads_made(result)
     assert made["metadata"]["name"] == f"{WL}-s1"
-    assert made["metadata"]["annotations"] == {kueue.ELASTIC_ANNOTATION: "true",
-                                               kueue.REPLACES_ANNOTATION: f"ml/{WL}",
-                                               kueue.SLICE_NAME_ANNOTATION: WL}
+    assert made["metadata"]["annotations"] == {workloads.ELASTIC_ANNOTATION: "true",
+                                               workloads.REPLACES_ANNOTATION: f"ml/{WL}",
+                                               workloads.SLICE_NAME_ANNOTATION: WL}
     [pod_set] = [p for p in made["spec"]["podSets"] if p["name"] == "workers"]
     assert pod_set["count"] == 4 and "minCount" not in pod_set  # Kueue refuses partial admission of a slice
     assert creates(result) == [] and deletes(result) == []  # the running world is left alone
@@ -108,7 +109,7 @@ def test_once_kueue_admits_the_new_slice_the_job_grows_and_the_old_slice_is_fini
     [finish] = actions(result, planner.ApplyWorkloadStatus)
     assert finish.name == WL
     finished = next(c for c in finish.body["status"]["conditions"] if c["type"] == "Finished")
-    assert (finished["status"], finished["reason"]) == ("True", kueue.SLICE_REPLACED)
+    assert (finished["status"], finished["reason"]) == ("True", workloads.SLICE_REPLACED)
     assert (result.status.admission.workload, result.status.admission.workers) == (f"{WL}-s1", 4)
 
 
@@ -141,7 +142,7 @@ def test_a_slice_name_is_never_reused():
     result = plan(4, workers(3), old, s1)
     [made] = workloads_made(result)
     assert made["metadata"]["name"] == f"{WL}-s2"
-    assert made["metadata"]["annotations"][kueue.REPLACES_ANNOTATION] == f"ml/{WL}-s1"
+    assert made["metadata"]["annotations"][workloads.REPLACES_ANNOTATION] == f"ml/{WL}-s1"
 
 
 def test_without_slices_the_admitted_count_is_a_cap():
@@ -173,5 +174,5 @@ def test_an_evicted_job_drops_its_pending_slice():
     ([slice_(conditions=PENDING), slice_(f"{WL}-s1", 4, PENDING, replaces=WL, created="2026-01-01T11:01:00Z")], WL),
 ])
 def test_the_slice_that_counts(seen, want):
-    found = kueue.current_slice(seen)
+    found = workloads.current_slice(seen)
     assert (found.name if found else None) == want

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticjob import k8s, metrics, planner
-from elasticjob.controller import scheduling
 from elasticjob.controller.context import Context
 from elasticjob.domain import JobRef
+from elasticjob.kueue import io as kueue_io
 
 MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are read through it
 
@@ -116,9 +116,23 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
         return await nudge(ctx, ref, action, log) or None
-    elif isinstance(action, scheduling.HANDLED):
-        return await scheduling.apply(ctx, ref, action, log) or None
+    elif isinstance(action, (planner.DeleteObject, planner.PatchObject)):
+        return await change_object(ctx, ref, action) or None
+    elif isinstance(action, kueue_io.HANDLED):
+        return await kueue_io.apply(kube, ref, action, log) or None
     return None
+
+
+async def change_object(ctx: Context, ref: JobRef, action: planner.DeleteObject | planner.PatchObject) -> bool:
+    """A PodGroup or a Workload slice deleted or patched: whether it took effect."""
+    if isinstance(action, planner.DeleteObject):
+        return await ctx.kube.delete_object(action.api_version, action.plural, ref.namespace, action.name,
+                                            action.uid, action.resource_version)
+    try:
+        await ctx.kube.patch_object(action.api_version, action.plural, ref.namespace, action.name, action.patch)
+    except k8s.NotFound:
+        return False  # gone meanwhile: read again and made anew
+    return True
 
 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction,

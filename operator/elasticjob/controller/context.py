@@ -13,8 +13,8 @@ from elasticjob import builders, k8s, naming
 from elasticjob.controller.loops import JobLoops
 from elasticjob.controller.mirror import JobKey, Mirror
 from elasticjob.domain import Settings
-from elasticjob.gang import PodGroupView
-from elasticjob.kueue import Priority
+from elasticjob.gang import io as gang_io
+from elasticjob.kueue import io as kueue_io
 from elasticjob.planner import Event, RoundFailure
 from elasticjob.rendezvous_client import StoreClient
 
@@ -43,10 +43,9 @@ class JobMemory:
     # The store's failure rounds whose causes were read from the agents' logs, and what they said.
     logs_read_for: tuple[str, int] | None = None
     round_failures: list[RoundFailure] = field(default_factory=list)
-    # The job's PodGroup per API, as last read or left by the operator, and when (no watch on PodGroups).
-    pod_groups: dict[str, tuple[PodGroupView | None, float]] = field(default_factory=dict)
-    # The priority for Kueue, per (WorkloadPriorityClass label, pod priorityClassName) it was read for.
-    priority: tuple[tuple[str | None, str | None], Priority | None] | None = None
+    # What the integrations remember: the PodGroup (no watch on it), the priority of Kueue's Workloads.
+    gang: gang_io.Memory = field(default_factory=gang_io.Memory)
+    kueue: kueue_io.Memory = field(default_factory=kueue_io.Memory)
     # What this operator last applied, per kind and name (the rendezvous EndpointSlice): sent again only changed.
     applied: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 

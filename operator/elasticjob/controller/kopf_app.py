@@ -5,6 +5,7 @@ kopf's memo. The reconciling itself is this package's own (watch.py, reconcile.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable
@@ -15,12 +16,13 @@ from typing import Any
 import kopf
 
 from elasticjob import k8s, peering
-from elasticjob.controller import kueue, watch
+from elasticjob.controller import watch
 from elasticjob.controller.context import Context
 from elasticjob.controller.loops import JobLoops
 from elasticjob.controller.mirror import Mirror
 from elasticjob.controller.reconcile import reconcile
 from elasticjob.controller.stores import StoreWatches
+from elasticjob.kueue import discovery
 from elasticjob.rendezvous_client import StoreClient
 
 API_THREADS = 32
@@ -54,10 +56,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger, config.concurrent_reconciles)
     ctx.watches = StoreWatches(ctx.stores, ctx.loops.wake)
     memo.ctx = ctx
-    await kueue.resolve(ctx)
+    kueue_on = await discovery.resolve(ctx.kube, ctx.settings.kueue_mode, ctx.logger)
+    ctx.settings = dataclasses.replace(ctx.settings, kueue=kueue_on)
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
     if ctx.settings.kueue_mode == "auto":
-        memo.tasks.append(asyncio.create_task(kueue.follow(ctx), name="kueue discovery"))
+        memo.tasks.append(asyncio.create_task(discovery.follow(ctx.kube, kueue_on, ctx.logger),
+                                              name="kueue discovery"))
     if config.peering is not None:
         ctx.gate.active = False
         memo.tasks.append(asyncio.create_task(follow_peering(ctx, config.peering), name="peering"))

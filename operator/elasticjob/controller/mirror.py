@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from elasticjob import naming
-from elasticjob.kueue import FlavorView, WorkloadView, observe_flavor, observe_workload
+from elasticjob.kueue.workloads import FlavorView, WorkloadView, observe_flavor, observe_workload, same_to_plan
 from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
 from elasticjob.planner import Leftover
 
@@ -143,16 +143,6 @@ def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None
     return meta["uid"], Entry(key, observe_workload(body))
 
 
-def _same_workload(a: WorkloadView, b: WorkloadView) -> bool:
-    """Kueue rewrites a Workload's status often (requeue state, scheduling stats): only what the planner
-    decides on wakes the job."""
-    keep = ("QuotaReserved", "Admitted", "Evicted", "Finished")
-    return (a.resource_version == b.resource_version
-            or (a.pod_sets, a.cluster_queue, a.assignments, a.deleting, a.queue_name) ==
-            (b.pod_sets, b.cluster_queue, b.assignments, b.deleting, b.queue_name)
-            and [a.condition(k) for k in keep] == [b.condition(k) for k in keep])
-
-
 class Flavors:
     """Kueue's ResourceFlavors by name (cluster-scoped, no job's): their node labels go on admitted pods."""
 
@@ -217,7 +207,7 @@ class Mirror:
         self.jobs: KindCache[StoredJob] = KindCache(_job, _same_version)
         self.pods: KindCache[PodView] = KindCache(_pod)
         self.services: KindCache[ServiceView] = KindCache(_service)
-        self.workloads: KindCache[WorkloadView] = KindCache(_workload, _same_workload)
+        self.workloads: KindCache[WorkloadView] = KindCache(_workload, same_to_plan)
         self.flavors = Flavors()
 
     def cache(self, kind: str) -> KindCache[Any] | Flavors:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import Any
 
 from elasticjob import builders, domain, k8s, naming, planner
-from elasticjob.controller import scheduling
 from elasticjob.controller.context import Context, JobMemory
+from elasticjob.gang import io as gang_io
+from elasticjob.kueue import io as kueue_io
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
 
 # Agents' logs are read only when the store reports a new in-place restart, from at most this many pods.
@@ -31,7 +33,16 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
                             leftovers=ctx.mirror.leftovers(key, ref.uid), taken=taken,
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
-                            **await scheduling.observe(ctx, memory, job))
+                            **await integrations(ctx, memory, job.ref))
+
+
+async def integrations(ctx: Context, memory: JobMemory, ref: domain.JobRef) -> dict[str, Any]:
+    """The Observed fields of gangs and of Kueue, each read by its own package."""
+    found: dict[str, Any] = {"pod_group": await gang_io.observe(ctx.kube, memory.gang, ref)}
+    if ctx.settings.kueue:
+        owned = ctx.mirror.owned_workloads(naming.job_key(ref.namespace, ref.name), ref.uid)
+        found |= await kueue_io.observe(ctx.kube, memory.kueue, ref, owned, ctx.mirror.flavors.by_name)
+    return found
 
 
 async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None]:

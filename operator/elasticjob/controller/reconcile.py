@@ -16,12 +16,13 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from elasticjob import backoff, k8s, metrics, planner
-from elasticjob.controller import observing, scheduling, telemetry
+from elasticjob.controller import observing, telemetry
 from elasticjob.controller.apply import apply, remember_applied, unapplied
 from elasticjob.controller.context import Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.controller.loops import JobLoop
 from elasticjob.controller.mirror import JobKey, without_managed_fields
 from elasticjob.domain import JobRef
+from elasticjob.gang import io as gang_io
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
 
@@ -112,7 +113,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     if defer is None:
         body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, observed.store, now)
-    scheduling.after_apply(memory, plan.actions)  # what it changes is read again next time, whatever happens
+    gang_io.after_apply(memory.gang, plan.actions)  # what it changes is read again next time, whatever happens
     actions = unapplied(memory.applied, plan.actions)
     outbox = list(plan.events)  # posted once, after the status write and the actions, whatever happens
     try:

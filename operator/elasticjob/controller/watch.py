@@ -10,10 +10,11 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import kueue, metrics, naming, rest
+from elasticjob import metrics, naming, rest
 from elasticjob.controller import reflector, telemetry
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
+from elasticjob.kueue import workloads
 from elasticjob.models import API_VERSION, PLURAL
 
 # Pods and Services of every job carry this label: the API server sends the operator only those.
@@ -28,10 +29,10 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
                   reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "pods"))),
                   reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services")))]
         if ctx.settings.kueue:
-            workloads = rest.resource(kueue.API_VERSION, ns, kueue.WORKLOADS)
-            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(workloads)))
+            owned = rest.resource(workloads.API_VERSION, ns, workloads.WORKLOADS)
+            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(owned)))
     if ctx.settings.kueue:
-        flavors = kube.lister(rest.resource(kueue.API_VERSION, None, kueue.FLAVORS))
+        flavors = kube.lister(rest.resource(workloads.API_VERSION, None, workloads.FLAVORS))
         found.append(reflector.Source("resourceflavors", None, None, flavors))
     return found
 

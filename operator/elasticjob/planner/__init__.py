@@ -3,7 +3,8 @@
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
 failures (what each failure costs), leftovers (what an earlier job of the name left), rendezvous (the store and
 its Service), ownership (which pods the operator made), recovery (nudging the store on evidence), scaling (which
-pods), gang (the workers' PodGroup), queueing (admission by Kueue).
+pods). The integrations' decisions are in their own packages (elasticjob.kueue, elasticjob.gang); lifecycle
+calls them.
 """
 
 from elasticjob.planner.base import (

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from elasticjob import kueue, naming
+from elasticjob import naming
 from elasticjob.domain import JobRef
-from elasticjob.gang import PodGroupView
-from elasticjob.kueue import FlavorView, Priority, WorkloadView
+from elasticjob.gang.podgroup import PodGroupView
+from elasticjob.kueue import workloads
+from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView
 from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, StoreView
 
@@ -210,8 +211,8 @@ class Observed:
 
     @property
     def workload(self) -> WorkloadView | None:
-        """The one of the job's Workloads that counts (kueue.current_slice)."""
-        return kueue.current_slice(self.workloads)
+        """The one of the job's Workloads that counts (workloads.current_slice)."""
+        return workloads.current_slice(self.workloads)
 
     @property
     def workers(self) -> list[PodView]:

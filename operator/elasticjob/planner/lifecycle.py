@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob import builders, gang, naming, torchrun
+from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
+from elasticjob.gang import podgroup
+from elasticjob.gang.planning import ensure_gang
+from elasticjob.kueue import admission
 from elasticjob.models import CleanPodPolicy, ElasticJobStatus, Phase
 from elasticjob.observe import PodView
-from elasticjob.planner import ownership, queueing
+from elasticjob.planner import ownership
 from elasticjob.planner.base import (
     CreateObject,
     DefaultReplicas,
@@ -30,7 +33,6 @@ from elasticjob.planner.base import (
     stamp,
 )
 from elasticjob.planner.failures import account_failures, account_round_failures
-from elasticjob.planner.gang import ensure_gang
 from elasticjob.planner.leftovers import collect_leftovers
 from elasticjob.planner.recovery import drive_rendezvous, show_warm_starts
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
@@ -57,7 +59,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
         drive(result, job, observed, settings, token, now)
     if status.phase.finished:
         finish(result, job, observed, now)
-        queueing.finish(result, job, observed, settings, now)
+        admission.finish(result, job, observed, settings, now)
     return result
 
 
@@ -69,7 +71,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
         return
     if spec.replicas is None:
         plan.act(DefaultReplicas(spec.max_replicas))
-    admitted = queueing.gate(plan, job, observed, settings, now)
+    admitted = admission.gate(plan, job, observed, settings, now)
     if admitted is None:
         return  # queued in Kueue, or being suspended or resumed for it
     if spec.run_policy.suspend:
@@ -81,7 +83,8 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
         return
     force_delete_stuck(plan, observed, now)
     show_warm_starts(plan, job, settings.kit_image, now)
-    ensure_rendezvous(plan, job, observed, settings, token, now, gang.store_placement(job.ref).merge(admitted.store))
+    store_placement = podgroup.store_placement(job.ref).merge(admitted.store)
+    ensure_rendezvous(plan, job, observed, settings, token, now, store_placement)
     training_done = any(p.exited_ok for p in observed.workers)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
@@ -96,7 +99,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
         return
     desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
     plan.status.desired_replicas = desired
-    placement = gang.worker_placement(job.ref).merge(admitted.worker)
+    placement = podgroup.worker_placement(job.ref).merge(admitted.worker)
     scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token,
           kit_image=settings.kit_image)
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)
@@ -178,9 +181,9 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     pending = [p for p in live if p.unschedulable]
     detail = f"{ready}/{desired} workers ready (min {spec.min_replicas}, max {spec.max_replicas})"
     if desired < spec.desired_replicas:
-        admission = status.admission
-        if admission is not None and admission.requested:
-            detail += f"; {admission.message}"
+        asked = status.admission
+        if asked is not None and asked.requested:
+            detail += f"; {asked.message}"
         else:
             detail += (f"; replicas {spec.desired_replicas} exceeds the {desired} workers Kueue admitted: the "
                        f"rest start when the job is admitted again")

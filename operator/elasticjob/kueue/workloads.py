@@ -321,3 +321,13 @@ def finish(view: WorkloadView, succeeded: bool, message: str, now: datetime,
     reason = reason or ("Succeeded" if succeeded else "Failed")
     _set(conditions, "Finished", "True", reason, message, view.generation, now)
     return _admission_patch(view, conditions, copy.deepcopy(view.status.get("admission")))
+
+
+def same_to_plan(a: WorkloadView, b: WorkloadView) -> bool:
+    """Kueue rewrites a Workload's status often (requeue state, scheduling stats): only a change to what the
+    planner decides on wakes the job (the controller's mirror asks)."""
+    keep = ("QuotaReserved", "Admitted", "Evicted", "Finished")
+    return (a.resource_version == b.resource_version
+            or (a.pod_sets, a.cluster_queue, a.assignments, a.deleting, a.queue_name) ==
+            (b.pod_sets, b.cluster_queue, b.assignments, b.deleting, b.queue_name)
+            and [a.condition(k) for k in keep] == [b.condition(k) for k in keep])

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from elasticjob import kueue, naming
+from elasticjob import naming
 from elasticjob.domain import NO_PLACEMENT, Placement, Settings
-from elasticjob.kueue import WorkloadView
+from elasticjob.kueue import slices, workloads
+from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
-from elasticjob.planner import slices
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -95,7 +95,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
         stop(plan, observed, now)
         slices.drop_pending(plan, observed)
         if wl.quota_reserved and not observed.pods:
-            plan.act(ApplyWorkloadStatus(wl.name, kueue.release_quota(wl, now), Event(
+            plan.act(ApplyWorkloadStatus(wl.name, workloads.release_quota(wl, now), Event(
                 "Normal", "QuotaReleased", f"every pod stopped: released the quota of Workload {wl.name}")))
         queued(plan, job, state, evicted.get("message") or f"evicted by Kueue ({evicted.get('reason')})", now)
         return None
@@ -106,8 +106,8 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
                                         f"the job until Kueue admits it")))
         return None
     stop(plan, observed, now)
-    if not wl.quota_reserved and not wl.deleting and not kueue.pod_sets_match(wl, job.ref, name):
-        plan.act(PatchWorkload(wl.name, wl.resource_version, kueue.pod_sets(job.ref), name))
+    if not wl.quota_reserved and not wl.deleting and not workloads.pod_sets_match(wl, job.ref, name):
+        plan.act(PatchWorkload(wl.name, wl.resource_version, workloads.pod_sets(job.ref), name))
     reserved = wl.condition("QuotaReserved") or {}
     queued(plan, job, "Queued", reserved.get("message") or f"waiting for Kueue to admit Workload {wl.name} "
            f"(LocalQueue {name})", now)
@@ -152,7 +152,7 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
         plan.soon(30)
         return None
     if not observed.pods:
-        plan.act(CreateObject(kueue.workload(job.ref, name, observed.priority, kit_image), Event(
+        plan.act(CreateObject(workloads.workload(job.ref, name, observed.priority, kit_image), Event(
             "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}")))
     queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
     return None
@@ -160,13 +160,13 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
 
 def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspended: bool,
              now: datetime, settings: Settings) -> Admitted | None:
-    missing = kueue.missing_flavors(wl, observed.flavors)
+    missing = workloads.missing_flavors(wl, observed.flavors)
     if missing:  # its node labels are what the pods need: wait for the flavors' watch
         queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
         plan.soon(2)
         return None
     asked = (wl.pod_set(naming.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
-    granted = (wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).count
+    granted = (wl.assignment(naming.PODSET_WORKERS) or workloads.Assignment("", None)).count
     # Kueue counts the lesser: a slice shrunk in place keeps its admission's count (pkg/workload usage).
     workers = asked if granted is None else min(granted, asked)
     if suspended:
@@ -176,14 +176,14 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         return None
     status = admission_of(plan)
     status.cluster_queue = wl.cluster_queue
-    status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or kueue.Assignment("", None)).flavors) or None
+    status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or workloads.Assignment("", None)).flavors) or None
     transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
     if settings.kueue_slices:
         workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
     status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
-    return Admitted(workers=workers, worker=kueue.placement(wl, naming.PODSET_WORKERS, observed.flavors),
-                    store=kueue.placement(wl, naming.PODSET_STORE, observed.flavors))
+    return Admitted(workers=workers, worker=workloads.placement(wl, naming.PODSET_WORKERS, observed.flavors),
+                    store=workloads.placement(wl, naming.PODSET_STORE, observed.flavors))
 
 
 def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
@@ -227,7 +227,7 @@ def finish(plan: Plan, job: Job, observed: Observed, settings: Settings, now: da
     slices.drop_pending(plan, observed)
     if not wl.finished:
         succeeded = plan.status.phase == Phase.SUCCEEDED
-        plan.act(ApplyWorkloadStatus(wl.name, kueue.finish(wl, succeeded, plan.status.message or "", now), Event(
+        plan.act(ApplyWorkloadStatus(wl.name, workloads.finish(wl, succeeded, plan.status.message or "", now), Event(
             "Normal", "FinishedWorkload", f"Workload {wl.name} is declared finished")))
     record(plan, job, wl)
     transition(plan, "Finished", f"the job {plan.status.phase.value.lower()}", now)

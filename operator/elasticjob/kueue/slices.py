@@ -8,7 +8,7 @@ As Kueue's jobframework does for the jobs it integrates (pkg/workloadslicing):
   admitted: no pod is made for a worker Kueue has not admitted, and the running world is left alone;
 - fewer: the admitted slice's workers' count shrinks in place, which releases the quota at once;
 - a pending slice the spec no longer needs is deleted (only while Kueue has not touched it since it was read).
-The job's first Workload is the one queueing.py makes (with partial admission down to minReplicas); slices
+The job's first Workload is the one admission.py makes (with partial admission down to minReplicas); slices
 follow it.
 """
 
@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from elasticjob import kueue, naming
-from elasticjob.kueue import WorkloadView
+from elasticjob import naming
+from elasticjob.kueue import workloads
+from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -42,13 +43,13 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
     keep = pending[-1] if desired > admitted and pending and pending[-1].replaces == active.key else None
     for extra in pending:
         if extra is not keep:
-            plan.act(DeleteObject(kueue.API_VERSION, "Workload", kueue.WORKLOADS, extra.name, extra.uid,
+            plan.act(DeleteObject(workloads.API_VERSION, "Workload", workloads.WORKLOADS, extra.name, extra.uid,
                                   resource_version=extra.resource_version))
     admission = admission_of(plan)
     admission.requested = None
     if desired < admitted:
         if (active.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
-            plan.act(PatchWorkload(active.name, active.resource_version, kueue.with_workers(active, desired),
+            plan.act(PatchWorkload(active.name, active.resource_version, workloads.with_workers(active, desired),
                                    active.queue_name or "", Event(
                                        "Normal", "ScaledDown", f"Workload {active.name} shrunk in place from "
                                        f"{admitted} to {desired} workers: Kueue releases the rest of its quota")))
@@ -58,14 +59,14 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
     admission.requested = desired
     if keep is None:
         name = next_slice_name(job, observed)
-        plan.act(CreateObject(kueue.workload_slice(job.ref, active.queue_name or "", observed.priority, kit_image,
+        plan.act(CreateObject(workloads.workload_slice(job.ref, active.queue_name or "", observed.priority, kit_image,
                                                    desired, active, name), Event(
             "Normal", "ScalingUp", f"asked Kueue for {desired} workers: Workload {name} replaces {active.name} "
             f"({admitted} workers) once admitted; until then the job runs {admitted}")))
         admission.message = f"{admitted} workers admitted; {desired} asked of Kueue in Workload {name}"
     else:
         if (keep.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
-            plan.act(PatchWorkload(keep.name, keep.resource_version, kueue.with_workers(keep, desired),
+            plan.act(PatchWorkload(keep.name, keep.resource_version, workloads.with_workers(keep, desired),
                                    keep.queue_name or ""))
         reserved = keep.condition("QuotaReserved") or {}
         why = reserved.get("message") or "Kueue has not looked at it yet"
@@ -84,8 +85,8 @@ def finish_replaced(plan: Plan, observed: Observed, active: WorkloadView, now: d
     leaves it to the job's controller when that write fails."""
     for old in own(observed):
         if old.key == active.replaces and not old.finished and not old.deleting:
-            plan.act(ApplyWorkloadStatus(old.name, kueue.finish(
-                old, True, f"replaced by Workload {active.name}", now, reason=kueue.SLICE_REPLACED)))
+            plan.act(ApplyWorkloadStatus(old.name, workloads.finish(
+                old, True, f"replaced by Workload {active.name}", now, reason=workloads.SLICE_REPLACED)))
 
 
 def next_slice_name(job: Job, observed: Observed) -> str:
@@ -101,5 +102,5 @@ def drop_pending(plan: Plan, observed: Observed) -> None:
     """The job stops (evicted, finished, suspended): slices Kueue has not admitted are no longer wanted."""
     for w in own(observed):
         if not w.finished and not w.quota_reserved and not w.deleting and w.replaces:
-            plan.act(DeleteObject(kueue.API_VERSION, "Workload", kueue.WORKLOADS, w.name, w.uid,
+            plan.act(DeleteObject(workloads.API_VERSION, "Workload", workloads.WORKLOADS, w.name, w.uid,
                                   resource_version=w.resource_version))

@@ -13,19 +13,19 @@ the pods bound before them, so they schedule one by one.
 
 from __future__ import annotations
 
-from elasticjob import gang
+from elasticjob.gang import podgroup
 from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, PatchObject, Plan
 
 
 def ensure_gang(plan: Plan, job: Job, observed: Observed) -> bool:
     """Make the job's PodGroup what the spec says; whether workers may be created now."""
-    want = gang.desired(job.ref)
+    want = podgroup.desired(job.ref)
     have = observed.pod_group
     if want is None:
         return True
     if have is None:
-        what = "gang.minCount" if want.api_version == gang.WORKLOAD_API else "minMember"
-        plan.act(CreateObject(gang.pod_group(job.ref, want), Event(
+        what = "gang.minCount" if want.api_version == podgroup.WORKLOAD_API else "minMember"
+        plan.act(CreateObject(podgroup.pod_group(job.ref, want), Event(
             "Normal", "CreatedPodGroup", f"created PodGroup {want.name} ({want.api_version}) with {what} "
             f"{want.min_member}: {want.min_member} workers start together, more join one by one")))
         return True  # created before the pods in the same apply (objects first)
@@ -34,14 +34,14 @@ def ensure_gang(plan: Plan, job: Job, observed: Observed) -> bool:
         return False
     if have.same_policy(want):
         return True
-    if want.api_version == gang.COSCHEDULING_API:
-        plan.act(PatchObject(have.api_version, "PodGroup", gang.PLURAL, have.name, {"spec": {
+    if want.api_version == podgroup.COSCHEDULING_API:
+        plan.act(PatchObject(have.api_version, "PodGroup", podgroup.PLURAL, have.name, {"spec": {
             "minMember": want.min_member, "scheduleTimeoutSeconds": want.timeout_seconds}}, Event(
             "Normal", "UpdatedPodGroup", f"PodGroup {have.name}: minMember {have.min_member} -> {want.min_member}")))
         return True
     if observed.workers:
         return True  # the group is protected while pods refer to it: made again when the workers start anew
-    plan.act(DeleteObject(have.api_version, "PodGroup", gang.PLURAL, have.name, have.uid, Event(
+    plan.act(DeleteObject(have.api_version, "PodGroup", podgroup.PLURAL, have.name, have.uid, Event(
         "Normal", "RecreatingPodGroup", f"PodGroup {have.name} has gang.minCount {have.min_member}, minReplicas "
         f"is {want.min_member}: deleting it to create it again")))
     plan.soon(1)
