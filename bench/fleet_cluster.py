@@ -27,7 +27,7 @@ from localcluster.health import admin_context
 from localcluster.layout import Layout, load_endpoints
 
 ROOT = Path(__file__).resolve().parents[1]
-THREADS = 32  # the operator's API thread pool (controller/startup.py API_THREADS)
+THREADS = 32  # the operator's API thread pool (controller/kopf_app.py API_THREADS)
 WORKERS = 4
 
 

@@ -1,6 +1,6 @@
 """A thin async wrapper over the official kubernetes client; API errors become the project's own.
 
-The client is synchronous, so calls run in threads (a pool sized in controller/startup.py). Calls go by path
+The client is synchronous, so calls run in threads (a pool sized in controller/kopf_app.py). Calls go by path
 (rest.py), bodies are dicts: decoding replies into client models was most of the operator's CPU at fleet size,
 and the generated API classes a third of its memory.
 """
