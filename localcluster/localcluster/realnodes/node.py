@@ -138,8 +138,7 @@ def _kill_named(node: RealNode) -> None:
 def _kill_cgroups(node: RealNode) -> None:
     root = CGROUP_FS / "pids" / node.cgroup_root.lstrip("/")
     for _ in range(20):
-        pids = [int(p) for procs in root.rglob("cgroup.procs") for p in procs.read_text().split()] \
-            if root.is_dir() else []
+        pids = _pids_under(root)
         if not pids:
             break
         for pid in pids:
@@ -154,25 +153,28 @@ def _kill_cgroups(node: RealNode) -> None:
                     path.rmdir()
 
 
+def _pids_under(root: Path) -> list[int]:
+    """Every process in the cgroups under root. The tree changes while it is read (a container that exits takes
+    its cgroup with it), so a cgroup gone meanwhile holds no process."""
+    pids = []
+    for folder, _, files in os.walk(root):  # os.walk skips a folder that vanishes before it is listed
+        if "cgroup.procs" in files:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                pids += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+    return pids
+
+
 def live_pod_uids(node: RealNode) -> set[str]:
     """The uids of the node's pods that have a process running besides their sandbox's pause: what really runs,
     whatever the API says (the kubelet's cgroupfs layout: <cgroupRoot>/kubepods[/<qos>]/pod<uid>/<container>)."""
     root = CGROUP_FS / "pids" / node.cgroup_root.lstrip("/")
     live = set()
-    for pod_dir in root.rglob("pod*") if root.is_dir() else []:
-        if not pod_dir.is_dir() or not pod_dir.name.startswith("pod"):
-            continue
-        pids = [p for procs in pod_dir.glob("*/cgroup.procs") for p in _read(procs).split()]
-        if any(sessions.cmdline(int(pid)).strip() not in ("", "/pause") for pid in pids):
+    pod_dirs = [Path(folder) for folder, _, _ in os.walk(root) if Path(folder).name.startswith("pod")]
+    for pod_dir in pod_dirs:
+        if any(sessions.cmdline(pid).strip() not in ("", "/pause") for pid in _pids_under(pod_dir)):
             live.add(pod_dir.name.removeprefix("pod").replace("_", "-"))
     return live
 
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:  # the cgroup went while we looked
-        return ""
 
 
 def _unmount_under(directory: Path) -> None:
