@@ -53,15 +53,38 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 cd "$here"
-echo "building Kubernetes $version (${todo[*]##*/}) into $bin (first time only; about 7 minutes on 2 cores)" >&2
+if ((${#todo[@]})); then
+  echo "building Kubernetes $version (${todo[*]##*/}) into $bin (first time only; about 7 minutes on 2 cores)" >&2
+fi
 rm -rf "$bin.partial" && mkdir -p "$bin.partial"
 export CGO_ENABLED=0
+# CoreDNS and metrics-server build beside the control plane, not after it: their module downloads (about 50 s from a
+# cold module cache, CoreDNS's mostly) hide behind its compiling, and their compiles fill the cores its last links
+# (one binary each, single-threaded) leave idle.
+# Each `go install` is started directly (its progress through a process substitution), so that $! is the go
+# command itself and a failed build elsewhere can stop it.
+declare -A installs=() began=()  # pid of a background `go install` -> binary name; binary name -> its start
+stop_installs() {
+  local pid
+  for pid in "${!installs[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap stop_installs EXIT
+for name in $(missing_modules); do
+  echo "[build $name] go install ${modules[$name]} for the real nodes, beside the control plane" >&2
+  GOBIN="$bin.partial" go install -v -trimpath -ldflags "-s -w" "${modules[$name]}" \
+    > >(go_progress "build $name" "$SECONDS") 2>&1 &
+  installs[$!]=$name began[$name]=$SECONDS
+done
 if ((${#todo[@]})); then
   go_build_with_progress "build $version" -trimpath -ldflags "$ldflags" -o "$bin.partial/" -- "${todo[@]}"
 fi
-for name in $(missing_modules); do
-  echo "building $name (${modules[$name]#*@}) for the real nodes (about 90 s)" >&2
-  GOBIN="$bin.partial" go install -trimpath -ldflags "-s -w" "${modules[$name]}"
+for pid in "${!installs[@]}"; do
+  name=${installs[$pid]}
+  rc=0
+  wait "$pid" || rc=$?
+  unset "installs[$pid]"  # reaped: its pid may be another process's from now on
+  ((rc == 0)) || { echo "[build $name] go install ${modules[$name]} failed (exit $rc); its errors are above" >&2; exit 1; }
+  echo "[build $name] built in $(_elapsed "${began[$name]}")" >&2
 done
 # Binaries already in $bin stay (a running cluster may be using them); new ones are renamed in.
 if [[ -d $bin ]]; then

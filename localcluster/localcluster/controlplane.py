@@ -175,14 +175,14 @@ def _wait_nodes_ready(endpoints: Endpoints, proc: subprocess.Popen, count: int, 
     )
 
 
-def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log) -> int:
+def _start_nodes(layout: Layout, endpoints: Endpoints, nodes: components.NodeOptions, log: Log,
+                 images: realnodes.images.ProjectImages | None = None) -> int:
     if nodes.count == 0:
         log("  no nodes requested (--nodes 0)")
         return 0
     if nodes.kind == "real":
         log(f"  starting {nodes.count} real nodes (kubelet, containerd, runc, CNI bridge, kube-proxy)")
-        realnodes.up(layout, node_names(nodes.count), bin_dir(layout.root), realnodes.project_images(layout, log),
-                     log)
+        realnodes.up(layout, node_names(nodes.count), bin_dir(layout.root), log, images)
         return nodes.count
     if not components.nodeagent_available():
         log("  node agent module localcluster.nodeagent not found: starting without nodes")
@@ -261,21 +261,24 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
         _down_locked(layout, log)
     started = time.monotonic()
     log(f"starting local Kubernetes {VERSION} control plane in {layout.state}")
-    bin_dir = ensure_binaries(layout.root, log)
-    pki_mod.ensure_pki(layout.pki)
-    _fresh_state(layout)
-    endpoints = Endpoints(layout, components.choose_ports(apiserver_port))
-    components.write_kubeconfigs(endpoints)
-    try:
-        _start_control_plane(layout, bin_dir, endpoints, log)
-        record(layout, endpoints, 0)
-        count = _start_nodes(layout, endpoints, nodes, log)
-        record(layout, endpoints, count)
-        ensure_addons(layout, endpoints, wanted, log)
-    except BaseException:
-        log("start failed: stopping what was started")
-        _down_locked(layout, log)
-        raise
+    # The real nodes' images need nothing from the Go build: they build beside it, and the nodes take them.
+    images = realnodes.project_images(layout, log) if nodes.kind == "real" and nodes.count else None
+    with images or contextlib.nullcontext():
+        bin_dir = ensure_binaries(layout.root, log)
+        pki_mod.ensure_pki(layout.pki)
+        _fresh_state(layout)
+        endpoints = Endpoints(layout, components.choose_ports(apiserver_port))
+        components.write_kubeconfigs(endpoints)
+        try:
+            _start_control_plane(layout, bin_dir, endpoints, log)
+            record(layout, endpoints, 0)
+            count = _start_nodes(layout, endpoints, nodes, log, images)
+            record(layout, endpoints, count)
+            ensure_addons(layout, endpoints, wanted, log)
+        except BaseException:
+            log("start failed: stopping what was started")
+            _down_locked(layout, log)
+            raise
     record(layout, endpoints, count)
     log(f"local cluster up at {endpoints.server} in {time.monotonic() - started:.1f}s; "
         f"export KUBECONFIG={layout.kubeconfig}")

@@ -98,7 +98,7 @@ def test_only_the_base_argument_differs_from_a_real_build(spec: plan.ImageSpec) 
     argv = plan.bud_argv(Path("/s"), spec, "localhost/base:k", ROOT, Path("/wh"), Path("/tw"), Path("/pc"))
     build_args = [argv[i + 1] for i, word in enumerate(argv) if word == "--build-arg"]
     assert build_args == [f"{spec.base_arg}=localhost/base:k"]
-    assert argv[:7] == ["buildah", "--root", "/s/root", "--runroot", "/s/run", "--storage-driver", "vfs"]
+    assert argv[:7] == ["buildah", "--root", "/s/root", "--runroot", "/s/run", "--storage-driver", "overlay"]
     assert argv[argv.index("--isolation") + 1] == "chroot"
     assert "/pc:/etc/pip.conf:ro" in argv and f"/tw:{plan.TORCH_MOUNT}:ro" in argv
     assert argv[-1] == str(ROOT)

@@ -1,5 +1,5 @@
 """`python -m localcluster.imagebuild [--only NAME]`: prints the tarballs' paths on stdout, progress on stderr,
-and exits 2 with one line when a prerequisite is missing (1 when a step fails)."""
+and exits 2 with one line when a prerequisite is missing (1 when a step fails, 130 when interrupted)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except build.BuildError as error:
         print(f"imagebuild: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C, or `localcluster up` stopping it; the scratch storage is gone already
+        print("imagebuild: interrupted", file=sys.stderr)
+        return 130
     log(f"done in {time.monotonic() - started:.1f}s")
     for tarball in tarballs:
         print(tarball)

@@ -96,13 +96,24 @@ def ensure_wheelhouse(inputs: Inputs) -> Path:
     return wheelhouse
 
 
+def remove_storage(storage: Path) -> None:
+    """buildah's scratch storage gone, mounts first: an overlay container's root filesystem stays mounted when a
+    step is killed before it unmounts (an interrupted build), and removing through that mount would reach into
+    the layers under it."""
+    prefix = str(storage) + "/"
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+    shutil.rmtree(storage, ignore_errors=True)
+
+
 @contextmanager
 def scratch_storage(inputs: Inputs) -> Iterator[Path]:
     storage = inputs.cache / f".storage-{time.time_ns()}"
     try:
         yield storage
     finally:
-        shutil.rmtree(storage, ignore_errors=True)
+        remove_storage(storage)
 
 
 def import_base(storage: Path, key: str, tarball: Path) -> str:

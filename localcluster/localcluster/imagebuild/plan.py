@@ -29,7 +29,10 @@ BASE_NAME = "localhost/elasticjob-base"
 WHEELHOUSE_MOUNT = "/run/elasticjob/wheelhouse"
 TORCH_MOUNT = "/run/elasticjob/torch-wheels"
 PIP_CONF_MOUNT = "/etc/pip.conf"
-STORAGE_FLAGS = ("--storage-driver", "vfs")
+# overlay, not vfs: vfs copies the whole root filesystem for every container and every commit (the worker's 1.1 GB
+# twice more per build: about 45 s of a 130 s worker build, nearly all of it kernel time taken from the Go build
+# that runs beside it). The layers hold the same files either way; the real nodes' containerd needs overlay too.
+STORAGE_FLAGS = ("--storage-driver", "overlay")
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ def preflight(euid: int, which: Callable[[str], str | None], torch_dir: Path, to
         return (f"python {python[0]}.{python[1]} runs the builder; the wheelhouse needs "
                 f"{PYTHON_VERSION[0]}.{PYTHON_VERSION[1]}, the base's python3")
     if euid != 0:
-        return "not root: buildah with the vfs driver and chroot isolation needs root (run with sudo)"
+        return "not root: buildah with the overlay driver and chroot isolation needs root (run with sudo)"
     for program, package in (("buildah", "buildah"), ("mmdebstrap", "mmdebstrap")):
         if which(program) is None:
             return f"{program} is absent: `apt-get install {package}`"

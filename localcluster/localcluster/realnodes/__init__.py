@@ -8,8 +8,6 @@ whose machine is gone, and a node whose cable is cut.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,31 +27,29 @@ def binaries(bin_dir: Path) -> dict[str, Path]:
     return {name: bin_dir / name for name in names}
 
 
-def project_images(layout: Layout, log: Log) -> list[Path]:
-    """The tarballs of images/*.Dockerfile, built now where their inputs changed (imagebuild)."""
-    log("  images from images/*.Dockerfile (buildah; cached when nothing changed)")
-    result = subprocess.run([sys.executable, "-m", "localcluster.imagebuild", "--cache-dir", str(IMAGE_CACHE)],
-                            cwd=layout.root, stdout=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"the images could not be built (exit {result.returncode}); its output above says why")
-    return [Path(line) for line in result.stdout.splitlines() if line.endswith(".tar")]
+def project_images(layout: Layout, log: Log) -> images.ProjectImages:
+    """The tarballs of images/*.Dockerfile, built where their inputs changed (imagebuild), from now on in the
+    background: controlplane starts this before the Go build, which it does not need; `up` takes the tarballs."""
+    return images.ProjectImages(images.imagebuild_argv(IMAGE_CACHE), layout.root, log)
 
 
-def up(layout: Layout, names: list[str], bin_dir: Path, tarballs: list[Path], log: Log) -> None:
+def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: images.ProjectImages | None = None) -> None:
     endpoints = load_endpoints(layout)
     if endpoints is None:
         raise RuntimeError("no control plane is running (localcluster up first)")
     everyone = plan.nodes(layout.state, names)
     bins = binaries(bin_dir)
-    own = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
-           *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS)]
+    # Every image is built before a node starts, as before: pods of a running cluster land on a node once it is up.
+    with project or project_images(layout, log) as building:
+        tarballs = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
+                    *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS),
+                    *building.tarballs()]
     started = time.monotonic()
     alive = {each.name for each in running(layout)}
     missing = [each for each in everyone if each.name not in alive]
     for each in missing:
         node.start(layout, endpoints, each, everyone, bin_dir)
-    for each in everyone:
-        images.import_all(each, own + tarballs, log)
+    images.import_everywhere(everyone, tarballs, log)
     if not _alive(layout, hostproxy.NAME):
         hostproxy.start(layout, endpoints, bin_dir, everyone[0].name)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)

@@ -1,23 +1,99 @@
 """The images a real node runs, put into its containerd: no registry can be reached here.
 
 The cluster's own parts (the pause sandbox, CoreDNS) are one static Go binary each, made into an image `FROM
-scratch` with buildah; the project's images come from imagebuild (images/*.Dockerfile). Each node imports every
-tarball with `ctr images import`, once per tarball (a marker names the tarballs a node has).
+scratch` with buildah; the project's images come from imagebuild (images/*.Dockerfile), which `up` starts beside
+the Go build (ProjectImages). Each node imports every tarball with `ctr images import`, once per tarball (a marker
+names the tarballs a node has); the nodes import at the same time, each into its own containerd.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import shutil
+import os
+import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
 
+from localcluster.imagebuild import build as imagebuild
 from localcluster.imagebuild import plan as imageplan
 from localcluster.realnodes.plan import RealNode
 
 Log = Callable[[str], None]
+
+
+def imagebuild_argv(cache: Path) -> list[str]:
+    return [sys.executable, "-m", "localcluster.imagebuild", "--cache-dir", str(cache)]
+
+
+class ProjectImages:
+    """The image builder (`argv`, imagebuild_argv) running from construction until `tarballs()`: it needs nothing
+    the Go build makes, and much of it waits on the network (mmdebstrap, pip) and the disk, at nice 10, while the
+    Go build keeps both cores busy. Its progress lines go to stderr as they come.
+
+    As a context manager it never outlives the block: leaving it on an error interrupts a build still running as
+    Ctrl-C would (the builder and its current step get SIGINT, and the builder removes its scratch storage)."""
+
+    def __init__(self, argv: list[str], cwd: Path, log: Log) -> None:
+        log("  images from images/*.Dockerfile (buildah; cached when nothing changed), in the background")
+        self._proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, errors="replace")
+        # Relayed rather than inherited so that a failure's last line can be repeated in the error: minutes of Go
+        # build progress may lie between that line and the error.
+        self._last = ""
+        self._relay = threading.Thread(target=self._relay_stderr, name="imagebuild-stderr", daemon=True)
+        self._relay.start()
+
+    def _relay_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            self._last = line.strip() or self._last
+
+    def _wait(self) -> str:
+        assert self._proc.stdout is not None
+        out = self._proc.stdout.read()
+        self._proc.wait()
+        self._relay.join()
+        return out
+
+    def tarballs(self) -> list[Path]:
+        out = self._wait()
+        if self._proc.returncode != 0:
+            raise RuntimeError(f"the images could not be built (exit {self._proc.returncode}): {self._last}")
+        return [Path(line) for line in out.splitlines() if line.endswith(".tar")]
+
+    def __enter__(self) -> ProjectImages:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        # After a Ctrl-C the builder, in our process group, has had its SIGINT already: it only needs waiting for.
+        if self._proc.poll() is None and kind is not KeyboardInterrupt:
+            _interrupt_tree(self._proc.pid)
+        self._wait()
+
+
+def _interrupt_tree(pid: int) -> None:
+    """SIGINT to a process and every process under it, as a Ctrl-C on the terminal sends it to them all."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            stat = (entry / "stat").read_text()
+            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+    todo = [pid]
+    while todo:
+        each = todo.pop()
+        todo.extend(children.get(each, []))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGINT)
 
 
 def binary_image(cache: Path, binary: Path, ref: str, log: Log) -> Path:
@@ -46,7 +122,7 @@ def binary_image(cache: Path, binary: Path, ref: str, log: Log) -> Path:
         partial.rename(tarball)
     finally:
         partial.unlink(missing_ok=True)
-        shutil.rmtree(storage, ignore_errors=True)
+        imagebuild.remove_storage(storage)
     log(f"  image {ref} from {binary.name} ({time.monotonic() - started:.1f}s)")
     return tarball
 
@@ -56,9 +132,26 @@ def imported(node: RealNode) -> set[str]:
     return set(marker.read_text().split()) if marker.exists() else set()
 
 
+def import_everywhere(nodes: list[RealNode], tarballs: list[Path], log: Log) -> None:
+    """Every node imports what it lacks, all at once: each has its own containerd (own socket, content store and
+    snapshots), so they share only the cores and the disk, and one import hashes while another waits on its
+    writes. Returns once every import has ended; raises the first node's error."""
+    lock = threading.Lock()
+
+    def whole_lines(line: str) -> None:
+        with lock:
+            log(line)
+
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1), thread_name_prefix="import") as pool:
+        for done in [pool.submit(import_all, each, tarballs, whole_lines) for each in nodes]:
+            done.result()
+
+
 def import_all(node: RealNode, tarballs: list[Path], log: Log) -> None:
     """Imports what the node's containerd does not have yet (its content store survives restarts)."""
     have = imported(node)
+    # One tarball at a time within a node: the operator and worker tarballs carry the same base layer, which the
+    # second import then finds already there.
     for tarball in tarballs:
         if tarball.name in have:
             continue
