@@ -18,11 +18,11 @@ Why this makes no second world: an agent stops its old workers before it joins t
 old world steps only while all its ranks run, so no step of the old world follows the first of the new one
 among agents that joined it. A node that joins the new store alone forms a round only after torch's last call
 (2 s by the operator's default); the survivors find the store within their next check (0.1 s polls), join its
-round and restart it. Past `read_timeout` without a store the agent exits as torch's does.
+round and restart it. Past torch's join timeout without a store the agent exits as torch's does.
 
 Touches private names: the handler's `_store` and `_state_holder._backend` (and the backend's `_store`, to check
-that they are one TCPStore), checked where used: a torch without them keeps torch's behaviour (the agent exits,
-its pod is replaced).
+that they are one TCPStore) and `_settings.timeout.join`, checked where used: a torch without the first keeps
+torch's behaviour (the agent exits, its pod is replaced), one without the last waits for the read timeout.
 """
 
 from __future__ import annotations
@@ -55,13 +55,14 @@ class Outage:
         if old is None:
             raise error
         timeout = old.timeout.total_seconds() if isinstance(old.timeout, timedelta) else 60.0
+        patience = _patience(handler, timeout)
         now = time.monotonic()
         if self.since is None:
             self.since = now
             log(f"the rendezvous store at {old.host}:{old.port} stopped answering ({error}); the workers train "
-                f"on, and rejoin when it is back (for up to {timeout:g} s)")
-        if now - self.since > timeout:
-            log(f"no rendezvous store for {timeout:g} s: leaving, as torchrun does")
+                f"on, and rejoin when it is back (for up to {patience:g} s)")
+        if now - self.since > patience:
+            log(f"no rendezvous store for {patience:g} s: leaving, as torchrun does")
             raise error
         fresh = _connect(old.host, old.port, timeout)
         if fresh is None:
@@ -81,6 +82,15 @@ class Outage:
         are stopped, so there is nothing to train on meanwhile); re-raises as lost() does."""
         while not self.lost(handler, error):
             time.sleep(RETRY_SECONDS)
+
+
+def _patience(handler: Any, read_timeout: float) -> float:
+    """How long the agent waits for a store: torch's join timeout, the time it gives a round to form (no round
+    forms without a store). Not the read timeout: a store on a lost node is replaced only once the node's pods
+    are evicted, a minute and more after the loss, and an agent that left meanwhile cost its pod and a restart.
+    A torch whose handler keeps its settings elsewhere: the read timeout, as before."""
+    join = getattr(getattr(getattr(handler, "_settings", None), "timeout", None), "join", None)
+    return max(join.total_seconds(), read_timeout) if isinstance(join, timedelta) else read_timeout
 
 
 def _stores(handler: Any) -> Any:

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from elasticjob_warm.outage import Outage
 from helpers import wait_for
 from store_process import free_port_pair
 
@@ -113,3 +116,31 @@ def test_agents_that_lose_the_store_while_they_join_a_round_wait_for_it_and_join
     assert all(a.poll() is None for a in agents), f"an agent left with the store:\n{logs(out)[-3000:]}"
     (out / "stop").touch()
     assert [a.wait(timeout=60) for a in agents] == [0, 0], logs(out)[-3000:]
+
+
+class Handler:
+    """What Outage reads of torch's DynamicRendezvousHandler."""
+
+    def __init__(self, store, join: timedelta | None):
+        self._store = store
+        self._state_holder = SimpleNamespace(_backend=SimpleNamespace(_store=store))
+        if join is not None:
+            self._settings = SimpleNamespace(timeout=SimpleNamespace(join=join))
+
+
+@pytest.mark.parametrize("join, gone_for, waits", [
+    (timedelta(seconds=600), 45, True),  # past the read timeout (30 s), within the join timeout: a node's eviction
+    (timedelta(seconds=600), 601, False),
+    (None, 45, False),  # a torch that keeps its settings elsewhere: the read timeout, as before
+])
+def test_an_agent_waits_for_its_store_as_long_as_torch_waits_for_a_round(join, gone_for, waits):
+    # Where the store was, nothing listens now: each reconnect (a real TCPStore client) is refused.
+    store = SimpleNamespace(host="127.0.0.1", port=free_port_pair(), timeout=timedelta(seconds=30))
+    handler, outage = Handler(store, join), Outage()
+    outage.since = time.monotonic() - gone_for
+    error = RuntimeError("the store stopped answering")
+    if waits:
+        assert outage.lost(handler, error) == 0
+    else:
+        with pytest.raises(RuntimeError, match="stopped answering"):
+            outage.lost(handler, error)
