@@ -16,6 +16,9 @@ from helpers import wait_for
 
 START_TIMEOUT = 90  # pods scheduled, rendezvous formed, `import torch` in every process, on 2 cores
 RECOVERY_TIMEOUT = 90
+# A lost node's pods: NotReady after 20 s, evicted after 30 s of toleration, force-deleted 15 s past their grace.
+EVICTION = 75
+STORE_POD = "train-rdzv"
 FINISH_TIMEOUT = 120
 CHECKPOINT_EVERY = 5
 
@@ -217,7 +220,7 @@ def test_rendezvous_pod_killed_costs_no_worker_pod(operator, jobs, progress, fau
     before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
                    min_step=CHECKPOINT_EVERY + 2)
     workers = {p.metadata.name: p.metadata.uid for p in jobs.worker_pods()}
-    fault_time = faults.kill_pod("train-rdzv")
+    fault_time = faults.kill_pod(STORE_POD)
     before = Progress([r for r in progress().records if r["time"] <= fault_time])
     resumed = recovery(progress, fault_time, "the rendezvous pod was killed")
     assert_resumed_from_checkpoint(before, resumed)
@@ -241,6 +244,9 @@ def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
     manifest = spread_workers(job_manifest(jobs.namespace, train_args=train_args(steps)))
     before = start(jobs, progress, manifest, world_size=2, min_step=CHECKPOINT_EVERY + 2)
     node = jobs.pod(before.rank0_host()).spec.node_name
+    if node == jobs.pod(STORE_POD).spec.node_name:
+        # The store there too is test_node_loss_with_the_store's case, slower by the eviction: the other worker's.
+        node = next(p.spec.node_name for p in jobs.worker_pods() if p.spec.node_name != node)
     fault_time = faults.lose_node(node)
     try:
         resumed = recovery(progress, fault_time, f"node {node} was lost", world_size=1)
@@ -254,6 +260,51 @@ def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
     assert 2 in {r["world_size"] for r in done.records if r["time"] > resumed["time"]}, (
         "the replacement, on a healthy node, joined the survivor")
     record_recovery(f"node loss ({node})", resumed["time"] - fault_time, resumed["world_size"],
+                    status.get("restarts"))
+
+
+@pytest.mark.slow
+@pytest.mark.host_operator
+def test_node_loss_with_the_store(cluster, operator, jobs, progress, faults, record_recovery):
+    """The store and a worker on the node lost. The survivor's workers wait in a collective for the lost peer, and
+    no new round forms until a store serves again; the operator makes none while the lost node's store may still
+    serve whoever it can reach (two stores are two worlds), so the new store comes once the node's pods are
+    evicted, about 75 s after the loss. The survivor's agent waits for it (elasticjob_warm/outage.py) and joins
+    its round with the lost worker's replacement: nothing charged, no pod but the lost ones replaced."""
+    if cluster.kind != "local":
+        pytest.skip("node loss is injected through the local cluster's faults API")
+    from localcluster.faults import cordon
+
+    steps = 60  # no step is made while the store is gone: the survivor waits for its lost peer
+    free = [n.metadata.name for n in jobs.core.list_node().items if not n.spec.unschedulable][2:]
+    for name in free:  # two nodes for the store and both workers: the store shares one with a worker
+        cordon(jobs.core, name)
+    try:
+        manifest = spread_workers(job_manifest(jobs.namespace, train_args=train_args(steps)))
+        start(jobs, progress, manifest, world_size=2, min_step=CHECKPOINT_EVERY + 2)
+    finally:
+        for name in free:  # room again for what replaces the lost node's pods
+            cordon(jobs.core, name, False)
+    node = jobs.pod(STORE_POD).spec.node_name
+    fault_time = faults.lose_node(node)
+    try:
+        try:
+            resumed = wait_progress(progress, lambda p: p.first_after(fault_time), EVICTION + RECOVERY_TIMEOUT,
+                                    f"a step after node {node} was lost with the store").first_after(fault_time)
+        except AssertionError as failure:
+            status = jobs.status()
+            logs = {pod.metadata.name: jobs.core.read_namespaced_pod_log(
+                pod.metadata.name, jobs.namespace, tail_lines=25) for pod in jobs.worker_pods()}
+            raise AssertionError(f"{failure}; the job: {summary(status)}, its rendezvous: {status.get('rendezvous')}, "
+                                 f"its workers: {jobs.pods_summary()}, their logs: {logs}") from None
+        finish(jobs, progress, steps)
+    finally:
+        faults.restore_node(node)
+    status = jobs.status()
+    assert (status.get("restarts"), status.get("infrastructureFailures")) == (0, 1), summary(status)
+    assert [f["reason"] for f in status.get("lastFailures", [])] == ["NodeLost"], status.get("lastFailures")
+    assert status["rendezvous"]["restarts"] == 1, status["rendezvous"]
+    record_recovery(f"node loss with the store ({node})", resumed["time"] - fault_time, resumed["world_size"],
                     status.get("restarts"))
 
 
