@@ -374,6 +374,17 @@ def test_kueue_policy_creates_queued_jobs_suspended_unless_kueue_is_off() -> Non
     assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
 
 
+@pytest.mark.parametrize("api, expected", [
+    ("", "admissionregistration.k8s.io/v1"),  # helm template without a cluster: Helm's own version, 1.36
+    ("v1", "admissionregistration.k8s.io/v1"),
+    ("v1beta1", "admissionregistration.k8s.io/v1beta1"),  # 1.34 and 1.35 with the beta API enabled
+    ("none", None),  # 1.33, or 1.34 and 1.35 without it: the operator suspends queued jobs itself
+])
+def test_kueue_policy_takes_the_api_version_the_cluster_serves(api: str, expected: str | None) -> None:
+    found = {d["apiVersion"] for d in render({"kueue": {"suspendOnCreateAPI": api}}) if d["kind"] in MAP_KINDS}
+    assert found == ({expected} if expected else set())
+
+
 VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 

@@ -43,3 +43,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "elasticjob-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/*
+The API version of MutatingAdmissionPolicy this cluster serves, or nothing. `helm install` discovers the
+cluster's kinds ("v1/Pod" among them); `helm template` without a cluster knows only its own Kubernetes version,
+from which v1 is served (1.36). kueue.suspendOnCreateAPI overrides both.
+*/}}
+{{- define "elasticjob-operator.mutatingPolicyAPI" -}}
+{{- $caps := .Capabilities.APIVersions -}}
+{{- $set := .Values.kueue.suspendOnCreateAPI -}}
+{{- if $set -}}
+{{- if ne $set "none" }}{{ $set }}{{ end -}}
+{{- else if $caps.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+v1
+{{- else if $caps.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+v1beta1
+{{- else if and (not ($caps.Has "v1/Pod")) (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+v1
+{{- end -}}
+{{- end }}
