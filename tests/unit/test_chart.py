@@ -232,6 +232,14 @@ def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
     assert container["args"] == expected_args
 
 
+def test_a_digest_pins_the_operator_and_the_kit_it_copies_into_job_pods() -> None:
+    digest = "sha256:" + "ab" * 32
+    (container,) = deployment(render({"image": {"digest": digest}}))["spec"]["template"]["spec"]["containers"]
+    pinned = f"elasticjob-operator:0.1.0@{digest}"
+    assert container["image"] == pinned
+    assert container["args"][container["args"].index("--kit-image") + 1] == pinned
+
+
 def test_deployment_probe_security_and_rollout() -> None:
     docs = render()
     spec = deployment(docs)["spec"]

@@ -42,6 +42,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "elasticjob-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/*
