@@ -240,6 +240,17 @@ def test_a_digest_pins_the_operator_and_the_kit_it_copies_into_job_pods() -> Non
     assert container["args"][container["args"].index("--kit-image") + 1] == pinned
 
 
+def test_the_operator_pod_admits_its_probe_and_metrics_ports_alone() -> None:
+    (policy,) = [p for p in by_kind(render(), "NetworkPolicy")]
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment(render())["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": "health"}]},
+                                         {"ports": [{"protocol": "TCP", "port": "metrics"}]}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    (scoped,) = by_kind(render({"metrics": {"allowFrom": prometheus}}), "NetworkPolicy")
+    assert scoped["spec"]["ingress"][1]["from"] == prometheus
+    assert not by_kind(render(VARIANTS["no-network-policy"]), "NetworkPolicy")
+
+
 def test_deployment_probe_security_and_rollout() -> None:
     docs = render()
     spec = deployment(docs)["spec"]
