@@ -224,6 +224,9 @@ class AdmissionStatus(Model):
     flavors: dict[str, str] | None = Field(None, description="Resource flavor per resource of the workers.")
     requested: int | None = Field(None, description="Workers asked of Kueue in a workload slice it has not "
                                   "admitted yet; the job runs `workers` until it does.")
+    template_hash: str | None = Field(None, description="Hash of the spec.template the Workload charges (made "
+                                      "from). A job whose template differs runs no pod of it on that "
+                                      "admission: it is requeued with a new Workload.")
     last_transition_time: str | None = None
 
 

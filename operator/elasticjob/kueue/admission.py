@@ -9,8 +9,12 @@ As Kueue's own job integrations (jobframework) do it, with runPolicy.suspend as 
 - not admitted but running (someone unsuspended it): suspend again;
 - finished: mark the Workload Finished, so Kueue frees its quota.
 A job whose Workload exists keeps its gate when its label is removed (the Workload still holds the quota).
-A pending Workload follows the spec's counts; once it holds quota its pod sets are immutable, so replicas above
-the admitted count wait until the job is queued again.
+A pending Workload follows the spec's counts and template; once it holds quota its pod sets are immutable, so
+replicas above the admitted count wait until the job is queued again, and a job whose spec.template changed since
+is requeued as Kueue's jobframework requeues a job that no longer matches its Workload: suspended, every pod
+stopped, the Workload deleted and a new one made with the new template. No pod of a template Kueue has not charged
+is made (the chart's policy refuses the change itself while the job runs).
+A job without the label, where the operator requires one (--require-queue-name), holds and says why.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from elasticjob.models import AdmissionStatus, Phase
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
+    DeleteObject,
     Event,
     Job,
     Observed,
@@ -76,6 +81,9 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     if name is None and label is not None:
         without_kueue(plan, job, observed, label, settings, now)
         return None
+    if name is None and settings.require_queue_name and own_workload(job, observed) is None:
+        without_queue(plan, job, observed, now)
+        return None
     if name is None:
         plan.status.admission = None
         return NOT_QUEUED
@@ -98,6 +106,9 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
             plan.act(ApplyWorkloadStatus(wl.name, workloads.release_quota(wl, now), Event(
                 "Normal", "QuotaReleased", f"every pod stopped: released the quota of Workload {wl.name}")))
         queued(plan, job, state, evicted.get("message") or f"evicted by Kueue ({evicted.get('reason')})", now)
+        return None
+    if wl.quota_reserved and workloads.template_changed(wl, job.ref):
+        requeue_for_template(plan, job, observed, wl, suspended, now)
         return None
     if wl.admitted:
         return admitted(plan, job, observed, wl, suspended, now, settings)
@@ -134,6 +145,44 @@ def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings
     set_condition(plan.status, "Admitted", False, reason, message, now, job.generation)
     enter_phase(plan, job, Phase.QUEUED, reason, message, now, warn=True)
     plan.soon(60)
+    return None
+
+
+def without_queue(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    """This installation requires every job to be queued (Kueue's manageJobsWithoutQueueName): one without the
+    label is held, never run outside a quota."""
+    message = (f"this installation requires every job to name a Kueue LocalQueue (--require-queue-name): not "
+               f"started; label it {naming.QUEUE_LABEL}=<LocalQueue>")
+    stop(plan, observed, now)
+    plan.status.admission = None
+    plan.status.start_time = None
+    set_condition(plan.status, "Admitted", False, "QueueNameRequired", message, now, job.generation)
+    enter_phase(plan, job, Phase.QUEUED, "QueueNameRequired", message, now, warn=True)
+
+
+def requeue_for_template(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspended: bool,
+                         now: datetime) -> None:
+    """spec.template changed after Kueue reserved quota for the old one: no pod of the new one runs on that
+    quota. Suspended first, then every pod stopped, then the Workload deleted (the next pass makes one with the
+    new template, which Kueue admits as it admits any). Without the label the Workload is kept: it is all that
+    keeps the job queued."""
+    message = (f"spec.template changed after Kueue admitted Workload {wl.name}, which charges the template it was "
+               f"admitted with: ")
+    if not suspended:
+        plan.act(SetSuspend(True, Event("Warning", "TemplateChanged", message + "suspending the job to requeue it "
+                                        "with the new template")))
+        return None
+    stop(plan, observed, now)
+    slices.drop_pending(plan, observed)
+    if job.ref.label(naming.QUEUE_LABEL) is None:
+        queued(plan, job, "TemplateChanged", message + f"restore the template or the label {naming.QUEUE_LABEL}",
+               now)
+        return None
+    if not observed.pods and not wl.deleting:
+        plan.act(DeleteObject(workloads.API_VERSION, "Workload", workloads.WORKLOADS, wl.name, wl.uid, Event(
+            "Normal", "RequeuedForTemplate", f"deleted Workload {wl.name}: a new one asks Kueue for the new "
+                                             f"template"), resource_version=wl.resource_version))
+    queued(plan, job, "TemplateChanged", message + "requeued with the new template (a new Workload)", now)
     return None
 
 
@@ -189,6 +238,7 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
 def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
     status = plan.status.admission or AdmissionStatus()
     status.workload = wl.name if wl is not None else naming.workload_name(job.ref.name, job.ref.uid)
+    status.template_hash = wl.template_hash if wl is not None else workloads.template_hash(job.ref.spec)
     plan.status.admission = status
 
 

@@ -11,6 +11,8 @@ quota is released) is removed.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +21,7 @@ from typing import Any
 from elasticjob import kit, naming
 from elasticjob.builders import owner_reference, rendezvous_pod, worker_container
 from elasticjob.domain import JobRef, Placement
+from elasticjob.models import ElasticJobSpec
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -38,6 +41,9 @@ ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 SLICE_NAME_ANNOTATION = "kueue.x-k8s.io/workload-slice-name"
 SLICE_REPLACED = "WorkloadSliceReplaced"
+# The hash of the spec.template a Workload was made from, on its workers' pod set template: Kueue charges that
+# template, so a job whose template changed since runs no pod of the new one on this Workload (admission.py).
+TEMPLATE_HASH_ANNOTATION = "elasticjob.dev/template-hash"
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class WorkloadView:
     replaces: str | None = None  # a slice: "namespace/name" of the Workload it replaces
     created: str = ""  # creationTimestamp, then the uid: Kueue's order of a job's slices
     spec_pod_sets: tuple[Mapping[str, Any], ...] = ()  # as the API server sent them (for a count's patch)
+    template_hash: str | None = None  # of the spec.template it was made from; None: made before hashes were kept
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         return next((c for c in self.status.get("conditions") or [] if c.get("type") == kind), None)
@@ -134,7 +141,15 @@ def observe_workload(body: Mapping[str, Any]) -> WorkloadView:
         deleting=meta.get("deletionTimestamp") is not None, status=copy.deepcopy(dict(status)),
         replaces=(meta.get("annotations") or {}).get(REPLACES_ANNOTATION),
         created=f"{meta.get('creationTimestamp', '')}/{meta.get('uid', '')}",
-        spec_pod_sets=tuple(copy.deepcopy(p) for p in spec.get("podSets") or []))
+        spec_pod_sets=tuple(copy.deepcopy(p) for p in spec.get("podSets") or []),
+        template_hash=charged_template_hash(spec.get("podSets") or []))
+
+
+def charged_template_hash(sets: list[Mapping[str, Any]]) -> str | None:
+    workers = next((p for p in sets if p.get("name") == naming.PODSET_WORKERS), {})
+    annotations = ((workers.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    found = annotations.get(TEMPLATE_HASH_ANNOTATION)
+    return found if isinstance(found, str) else None
 
 
 def observe_flavor(body: Mapping[str, Any]) -> FlavorView:
@@ -151,6 +166,13 @@ def queue_name(labels: Mapping[str, str]) -> str | None:
 # --- what the operator makes ------------------------------------------------------------------------------
 
 
+def template_hash(spec: ElasticJobSpec) -> str:
+    """What identifies the worker template Kueue is asked to charge: the job's spec.template as written (not the
+    kit's init container, which an operator upgrade changes: that is no change of the user's)."""
+    text = json.dumps(spec.template, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     """`workers`: count = replicas, minCount = minReplicas (Kueue's partial admission may give fewer, never
     fewer than that); `store`: the rendezvous pod. The templates carry the requests Kueue counts quota by,
@@ -159,6 +181,8 @@ def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     spec = job.spec
     template = copy.deepcopy(spec.template)
     template.setdefault("metadata", {})
+    template["metadata"]["annotations"] = {**(template["metadata"].get("annotations") or {}),
+                                           TEMPLATE_HASH_ANNOTATION: template_hash(spec)}
     if kit_image and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
         kit.add_to_pod(template["spec"], kit_image)
     workers: dict[str, Any] = {"name": naming.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
@@ -224,10 +248,17 @@ def with_workers(view: WorkloadView, workers: int) -> list[dict[str, Any]]:
 
 
 def pod_sets_match(view: WorkloadView, job: JobRef, queue: str) -> bool:
-    """Whether the Workload asks for what the spec says now: queue and counts (templates are not compared)."""
+    """Whether the Workload asks for what the spec says now: queue, counts and the template (by its hash)."""
     spec = job.spec
     minimum = spec.min_replicas if spec.min_replicas < spec.desired_replicas else None
-    return view.queue_name == queue and view.pod_set(naming.PODSET_WORKERS) == (spec.desired_replicas, minimum)
+    return (view.queue_name == queue and view.pod_set(naming.PODSET_WORKERS) == (spec.desired_replicas, minimum)
+            and not template_changed(view, job))
+
+
+def template_changed(view: WorkloadView, job: JobRef) -> bool:
+    """The job's spec.template is not the one the Workload charges. A Workload made before hashes were kept
+    says nothing: taken as the same."""
+    return view.template_hash is not None and view.template_hash != template_hash(job.spec)
 
 
 def placement(view: WorkloadView, pod_set: str, flavors: Mapping[str, FlavorView]) -> Placement:
