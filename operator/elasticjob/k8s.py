@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
@@ -165,9 +166,13 @@ class Kube:
             return None
         return next((r for r in body["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
 
-    async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int) -> str:
-        """The last lines a container wrote ('' when the kubelet cannot say)."""
-        query = {"container": container, "tailLines": lines, "limitBytes": 64 * 1024}
+    async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int,
+                           since: datetime | None = None) -> str:
+        """The last lines a container wrote ('' when the kubelet cannot say); with `since`, only those the
+        kubelet timestamped from then on (its clock, not the workload's word)."""
+        query: dict[str, Any] = {"container": container, "tailLines": lines, "limitBytes": 64 * 1024}
+        if since is not None:
+            query["sinceTime"] = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
             response = await self._send("GET", rest.resource("v1", namespace, "pods", name, "log"),
                                         query=query)

@@ -11,6 +11,9 @@ from factory import NOW, condition, creates, deletes, failed, job, observed, rdz
 from elasticjob import planner
 from elasticjob.models import MAX_FAILURES_KEPT
 
+# An agent's exit line, read from its pod's log since the last read: the operator's evidence of an in-place restart.
+LOGGED = [planner.RoundFailure(pod="train-worker-0", exit_code=1, message="failed (exitcode: 1)")]
+
 
 def plan(j, pods, **seen):
     return planner.plan(j, observed(pods, **seen), NOW)
@@ -90,8 +93,9 @@ def test_a_new_store_counts_from_zero_and_its_past_is_not_charged_twice():
 def test_a_worker_failing_at_every_start_uses_up_the_budget(rounds, max_restarts, phase):
     result = plan(job(running_status(), maxRestarts=max_restarts), [rdzv(), worker(0), worker(1)])
     for answer in range(1, rounds + 1):  # the store answers the operator's long-poll at each round
+        logged = [planner.RoundFailure(pod="train-worker-1", exit_code=1, message=f"failed (exitcode: 1) #{answer}")]
         result = planner.plan(again(result), observed([rdzv(), worker(0), worker(1)],
-                                                      store=store(failure_rounds=answer)),
+                                                      store=store(failure_rounds=answer), round_failures=logged),
                               NOW + timedelta(seconds=5 * answer))
     assert result.status.restarts == rounds and result.status.phase == phase
     if phase == "Failed":
@@ -101,18 +105,21 @@ def test_a_worker_failing_at_every_start_uses_up_the_budget(rounds, max_restarts
 
 
 def test_one_answer_is_charged_one_round_whatever_it_reports():
-    result = plan(job(running_status()), [rdzv(), worker(0), worker(1)], store=store(failure_rounds=1_000_000))
+    result = plan(job(running_status()), [rdzv(), worker(0), worker(1)], store=store(failure_rounds=1_000_000),
+                  round_failures=LOGGED)
     assert result.status.restarts == 1 and result.status.phase == "Running"
     assert "reported 1000000 new rounds at once, 1 charged" in result.status.last_failures[-1].message
     steady = planner.plan(again(result), observed([rdzv(), worker(0), worker(1)],
-                                                  store=store(failure_rounds=1_000_000)), NOW + timedelta(seconds=5))
+                                                  store=store(failure_rounds=1_000_000), round_failures=LOGGED),
+                          NOW + timedelta(seconds=5))
     assert steady.status.restarts == 1
 
 
 def test_quick_successive_in_place_restarts_are_each_charged():
-    first = plan(job(running_status()), [rdzv(), worker(0)], store=store(failure_rounds=1, nodes=1))
-    later = planner.plan(again(first), observed([rdzv(), worker(0)], store=store(failure_rounds=2, nodes=1)),
-                         NOW + timedelta(seconds=5))
+    first = plan(job(running_status()), [rdzv(), worker(0)], store=store(failure_rounds=1, nodes=1),
+                 round_failures=LOGGED)
+    later = planner.plan(again(first), observed([rdzv(), worker(0)], store=store(failure_rounds=2, nodes=1),
+                                                round_failures=LOGGED), NOW + timedelta(seconds=5))
     assert later.status.restarts == 2
 
 
@@ -181,6 +188,6 @@ def test_a_round_re_formed_by_a_replacement_with_its_predecessors_address_is_not
     assert "WorkerFailed" not in [e.reason for e in replaced.events]
     # A worker failing afterwards is a restart of its own.
     later = planner.plan(again(replaced), observed([rdzv(), worker(0), worker(1, uid="new-1")],
-                                                   store=store(failure_rounds=2, last_failure_round_at=NOW)),
-                         NOW + timedelta(seconds=5))
+                                                   store=store(failure_rounds=2, last_failure_round_at=NOW),
+                                                   round_failures=LOGGED), NOW + timedelta(seconds=5))
     assert later.status.restarts == restarts + 1

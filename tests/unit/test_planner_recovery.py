@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
+import pytest
 from factory import NOW, job, observed, rdzv, running_status, worker
 
 from elasticjob import planner
@@ -56,8 +57,8 @@ def test_an_address_no_pod_has_is_removed_only_once_its_heartbeat_is_stale():
     assert body["heartbeatBefore"] == (NOW - timedelta(seconds=2.5)).timestamp()
 
 
-def test_a_frozen_peer_of_a_running_round_is_removed_the_survivors_restarted_and_its_pod_stopped():
-    pods = [worker(0), worker(1), worker(2)]
+def test_a_frozen_peer_whose_pod_is_not_ready_is_removed_the_survivors_restarted_and_its_pod_stopped():
+    pods = [worker(0), worker(1, ready=False), worker(2)]
     result = plan(pods, view(node(0), node(1, age=7.0), node(2)), replicas=3)
     kinds = [kind for kind, _ in nudges(result)]
     assert kinds == ["remove", "restart"] and nudges(result)[1][1] == {"round": 4}
@@ -68,6 +69,19 @@ def test_a_frozen_peer_of_a_running_round_is_removed_the_survivors_restarted_and
     again = planner.plan(job(result.status.model_dump(by_alias=True, mode="json"), replicas=3),
                          observed([rdzv()] + pods, store=view(node(0), node(1, age=8.0), node(2))), NOW)
     assert again.status.infrastructure_failures == 1
+
+
+@pytest.mark.parametrize("age", [7.0, 60.0, 1e6])
+def test_an_old_heartbeat_written_for_a_ready_pod_never_stops_it(age):
+    """Anyone who reaches the store's port can write a round listing a healthy worker's IP with an old heartbeat:
+    that is the store's word alone. The agent leaves the tenant's own rendezvous (its survivors restart), but
+    its pod, Ready to the operator, is not deleted and no failure is booked."""
+    pods = [worker(0), worker(1), worker(2)]
+    result = plan(pods, view(node(0), node(1, age=age), node(2)), replicas=3)
+    assert [kind for kind, _ in nudges(result)] == ["remove", "restart"]
+    assert not [a for a in result.actions if isinstance(a, planner.DeletePod)]
+    assert result.status.infrastructure_failures == 0 and result.status.last_failures == []
+    assert result.status.counted_failures == []
 
 
 def test_a_silent_peer_on_a_node_that_is_not_ready_is_cut_off_at_the_first_missed_heartbeat():

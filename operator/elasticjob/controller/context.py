@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from elasticjob import builders, k8s, naming
-from elasticjob.controller.loops import JobLoops
+from elasticjob.controller.loops import Budget, JobLoops
 from elasticjob.controller.mirror import JobKey, Mirror
 from elasticjob.domain import Settings
 from elasticjob.gang import io as gang_io
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from elasticjob.controller.stores import StoreWatches
 
 COMPONENT = "elasticjob-operator"  # the "From" of `kubectl describe ej`
+# Per job: the agents' logs read for at most 3 failure rounds at once, then once per 10 s (each read is up to
+# LOG_PODS requests to kubelets); Events, 30 at once (a fleet of pods created), then one per 5 s.
+LOG_READ_BURST, LOG_READ_EVERY = 3.0, 10.0
+EVENT_BURST, EVENT_EVERY = 30.0, 5.0
 
 
 @dataclass
@@ -40,9 +44,15 @@ class JobMemory:
     status_written_at: float | None = None  # time.monotonic() of that write
     status_held_since: float | None = None  # when a change that may wait (see status_deferral) was first held
     refusal: Refusal | None = None
-    # The store's failure rounds whose causes were read from the agents' logs, and what they said.
+    # The store's failure rounds whose causes were read from the agents' logs, and what they said; when the logs
+    # were last read (the operator's clock: the next read asks only for lines since, time.monotonic() paces it).
     logs_read_for: tuple[str, int] | None = None
     round_failures: list[RoundFailure] = field(default_factory=list)
+    logs_read_at: datetime | None = None
+    log_reads: Budget = field(default_factory=lambda: Budget(LOG_READ_BURST, LOG_READ_EVERY))
+    # The Events a job may still post (reconcile.post_all): a store that changes its answer at every long-poll
+    # must not post one each time.
+    events: Budget = field(default_factory=lambda: Budget(EVENT_BURST, EVENT_EVERY))
     # What the integrations remember: the PodGroup (no watch on it), the priority of Kueue's Workloads.
     gang: gang_io.Memory = field(default_factory=gang_io.Memory)
     kueue: kueue_io.Memory = field(default_factory=kueue_io.Memory)

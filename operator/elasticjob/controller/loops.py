@@ -30,6 +30,33 @@ class JobLoop:
     memory: Any = None  # what the reconcile keeps between runs
 
 
+@dataclass
+class Budget:
+    """At most `burst` at once, then one more every `every` seconds (a token bucket): what a job's own workload
+    can make the operator do (post Events, read logs) stays bounded however often it is asked."""
+
+    burst: float
+    every: float
+    tokens: float | None = None  # full at first
+    at: float = 0.0  # time.monotonic() of the last refill
+
+    def take(self, now: float) -> bool:
+        tokens = self.burst if self.tokens is None else min(self.burst, self.tokens + (now - self.at) / self.every)
+        self.at = now
+        if tokens < 1:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1
+        return True
+
+    def wait(self, now: float) -> float:
+        """Seconds until `take` would succeed."""
+        if self.tokens is None:
+            return 0.0
+        tokens = min(self.burst, self.tokens + (now - self.at) / self.every)
+        return max(0.0, (1 - tokens) * self.every)
+
+
 # Reconcile once; returns the seconds after which to run again unwoken.
 Reconcile = Callable[[JobLoop], Awaitable[float]]
 

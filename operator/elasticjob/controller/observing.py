@@ -4,6 +4,7 @@ store's state, the readiness of nodes that hold stuck pods, and the agents' acco
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 from typing import Any
 
@@ -11,9 +12,10 @@ from elasticjob import builders, domain, k8s, naming, planner
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.gang import io as gang_io
 from elasticjob.kueue import io as kueue_io
-from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure
+from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure, parse_time
 
-# Agents' logs are read only when the store reports a new in-place restart, from at most this many pods.
+# Agents' logs are read only when the store reports a new in-place restart (paced: JobMemory.log_reads), from at
+# most this many pods.
 LOG_PODS = 16
 LOG_LINES = 60
 
@@ -27,9 +29,10 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     service = planner.service_admitted(ctx.mirror.owned_service(key, ref.uid), job.status, token)
     store = read_store(ctx, job, pods, service)
     nodes = await node_readiness(ctx, planner.stuck_nodes(pods, now) | planner.suspect_nodes(job, pods, store, now))
-    failures = await read_round_failures(ctx, memory, job, pods, store)
+    failures, wait = await read_round_failures(ctx, memory, job, pods, store, now)
     refusal = memory.refusal
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
+                            round_failures_wait=wait,
                             leftovers=ctx.mirror.leftovers(key, ref.uid), taken=taken,
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
@@ -65,25 +68,33 @@ def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: Ser
 
 
 async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job, pods: list[PodView],
-                              store: StoreView | None) -> list[planner.RoundFailure]:
-    """Once per new in-place restart: which worker failed, and how, from the agents' last log lines."""
+                              store: StoreView | None, now: datetime) -> tuple[list[planner.RoundFailure], float]:
+    """Once per new in-place restart: which worker failed, and how, from the agents' log lines since the last read
+    (a line read once is no evidence for a later round: the store's count is the tenant's word). Reads are paced
+    per job; (failures, seconds until the next read may be made) — the round waits for it."""
     seen = job.status.rendezvous
     if store is None:
-        return []
+        return [], 0.0
     counted = seen.failure_rounds if store.epoch == seen.epoch else 0
     if store.failure_rounds <= counted:
-        return []
+        return [], 0.0
     mark = (store.epoch, store.failure_rounds)
     if memory.logs_read_for != mark:
-        memory.round_failures = await agent_failures(ctx, job.ref, pods)
-        memory.logs_read_for = mark
-    return memory.round_failures
+        if not memory.log_reads.take(time.monotonic()):
+            return [], max(1.0, memory.log_reads.wait(time.monotonic()))
+        since = memory.logs_read_at or parse_time(job.status.last_restart_time)
+        read = await agent_failures(ctx, job.ref, pods, since)
+        before = {f.message for f in memory.round_failures}  # a line at the edge of `since` is not read twice
+        memory.round_failures = [f for f in read if f.message not in before]
+        memory.logs_read_for, memory.logs_read_at = mark, now
+    return memory.round_failures, 0.0
 
 
-async def agent_failures(ctx: Context, ref: domain.JobRef, pods: list[PodView]) -> list[planner.RoundFailure]:
+async def agent_failures(ctx: Context, ref: domain.JobRef, pods: list[PodView],
+                         since: datetime | None) -> list[planner.RoundFailure]:
     container = (builders.worker_container(ref.spec.template) or {}).get("name", naming.WORKER_CONTAINER)
     workers = [p for p in pods if p.role == naming.ROLE_WORKER and p.active and p.started][:LOG_PODS]
-    logs = await asyncio.gather(*(ctx.kube.pod_log_tail(ref.namespace, p.name, container, LOG_LINES)
+    logs = await asyncio.gather(*(ctx.kube.pod_log_tail(ref.namespace, p.name, container, LOG_LINES, since)
                                   for p in workers))
     found = []
     for pod, log in zip(workers, logs):

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from elasticjob import backoff, k8s, metrics, planner
 from elasticjob.controller import observing, telemetry
 from elasticjob.controller.apply import apply, remember_applied, unapplied
-from elasticjob.controller.context import Context, JobMemory, Refusal, job_logger, newest
+from elasticjob.controller.context import EVENT_BURST, EVENT_EVERY, Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.controller.loops import JobLoop
 from elasticjob.controller.mirror import JobKey, without_managed_fields
 from elasticjob.domain import JobRef
@@ -107,7 +107,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         # The spec first (the replicas default, Kueue's suspend): the status planned here was planned without it.
         memory.written = without_managed_fields(
             await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"]))
-        post_all(ctx, memory.written, spec_events, log)
+        post_all(ctx, memory, memory.written, spec_events, log)
         return 0.0
     defer = status_deferral(memory, job.status, plan.status)
     if defer is None:
@@ -127,7 +127,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         outbox += rejected.events
         return planner.RESYNC_SECONDS
     finally:
-        post_all(ctx, body, outbox, log)
+        post_all(ctx, memory, body, outbox, log)
     metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
     delay = remember_refusal(ctx, memory, plan, applied.refusal, body, now, log)
     if "Service" in applied.created:
@@ -135,11 +135,19 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     return delay if defer is None else min(delay, defer)
 
 
-def post_all(ctx: Context, body: dict[str, Any], events: list[planner.Event],
+def post_all(ctx: Context, memory: JobMemory, body: dict[str, Any], events: list[planner.Event],
              log: logging.LoggerAdapter[logging.Logger]) -> None:
-    """Every Event of a reconcile goes out here, against the job as last written."""
+    """Every Event of a reconcile goes out here, against the job as last written, within the job's budget (what
+    the store reports is the tenant's word, and could otherwise post one at every answer)."""
+    dropped = 0
     for event in events:
-        ctx.post(body, event, log)
+        if memory.events.take(time.monotonic()):
+            ctx.post(body, event, log)
+        else:
+            dropped += 1
+    if dropped:
+        log.info(f"{dropped} event(s) not posted: the job posted {EVENT_BURST:.0f} lately (one more per "
+                 f"{EVENT_EVERY:.0f} s)")
 
 
 def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refused: str | None,
@@ -150,7 +158,8 @@ def remember_refusal(ctx: Context, memory: JobMemory, plan: planner.Plan, refuse
         count = memory.refusal.count + 1 if memory.refusal else 1
         wait = backoff.step(backoff.REFUSED_CREATE, count - 1)
         memory.refusal = Refusal(refused, count, now + timedelta(seconds=wait))
-        post_all(ctx, body, [planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)")], log)
+        post_all(ctx, memory, body, [planner.Event("Warning", "FailedCreate", f"{refused} (retrying in {wait}s)")],
+                 log)
         return 0.0
     if memory.refusal is not None and any(isinstance(a, planner.CreateObject) for a in plan.actions):
         memory.refusal = None

@@ -5,8 +5,12 @@ that leaves breaks the survivors' collective, which torch counts as a failure), 
 never reach, and the operator charges:
 - a worker pod that failed (not an eviction, preemption, lost node or lost store), once per incident;
 - a round that the same nodes re-formed (torchrun restarted its workers in place after a failure), as the
-  store reports it. Rounds in which nodes joined or left are membership changes and cost nothing, and so does
-  the first such round after a pod ended: its replacement came back under the same address.
+  store reports it, once a worker's agent logged the failure behind it. Rounds in which nodes joined or left
+  are membership changes and cost nothing, and so does the first such round after a pod ended: its
+  replacement came back under the same address.
+The store runs in the tenant's image and anyone who reaches its port can write torch's state: a round it
+reports is a hint. It is charged only on a failure the operator saw itself (an agent's exit line, read from
+the log of an admitted pod since the last read); without one it is recorded as Unconfirmed and costs nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost", "Partitioned")
 REFORM_WINDOW = timedelta(seconds=60)
 # In-place restarts charged for one answer of the store, whatever it reports (see account_round_failures).
 MAX_ROUNDS_PER_ANSWER = 1
+# A failure round the store reported without a failure the operator saw: recorded, never charged.
+UNCONFIRMED = "Unconfirmed"
 # How long a failure that claims a lost store waits for the operator's own evidence of it.
 STORE_EVIDENCE_WAIT = timedelta(seconds=5)
 
@@ -180,7 +186,8 @@ def charge(plan: Plan, job: Job, restarts: int, when: datetime, text: str, now: 
 
 
 def account_round_failures(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
-    """Charge each round the store saw re-formed by the same nodes, once (counted per store process)."""
+    """Charge each round the store saw re-formed by the same nodes, once (counted per store process), when the
+    operator saw the failure behind it; otherwise record it, uncharged."""
     store, seen = observed.store, plan.status.rendezvous
     if store is None:
         return
@@ -189,13 +196,20 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     reported = store.failure_rounds - seen.failure_rounds
     if reported <= 0:
         return
+    if observed.round_failures_wait > 0:
+        plan.soon(observed.round_failures_wait)  # the agents' logs are read at most so often: counted then
+        return
     seen.failure_rounds = store.failure_rounds
     # The store answers a long-poll at each round: more than one new round in one answer is a reply to distrust
     # (a store that is not the job's, or a broken one), not a reason to fail the job at once.
     new = min(reported, MAX_ROUNDS_PER_ANSWER)
-    when = store.last_failure_round_at or now
+    when = round_time(store.last_failure_round_at, now)
     cause = root_cause(observed.round_failures, job.ref.spec.failure_policy.fatal_exit_codes)
     lost = lost_pod_before(plan.status, when)
+    uid = f"{store.epoch}/{store.failure_rounds}"
+    if cause is None and lost is None:
+        unconfirmed(plan, job, uid, reported, when, now)
+        return
     text = round_text(cause, new)
     if reported > new:
         text = f"{text}; the store reported {reported} new rounds at once, {new} charged"
@@ -204,9 +218,27 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     charged = new - (lost is not None)
     # Each is a restart of its own: a worker that fails at every start must use up the budget.
     book(plan, job, FailureRecord(
-        pod=cause.pod if cause else "", uid=f"{store.epoch}/{store.failure_rounds}", exit_code=cause.exit_code
+        pod=cause.pod if cause else "", uid=uid, exit_code=cause.exit_code
         if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
         charged=charged > 0, time=stamp(when)), when, text, now, charged)
+
+
+def round_time(reported: datetime | None, now: datetime) -> datetime:
+    """When the store says the round failed, if that is within the last minute by the operator's clock; else
+    now (the store's clock is the tenant's word)."""
+    if reported is None or not timedelta(0) <= now - reported <= REFORM_WINDOW:
+        return now
+    return reported
+
+
+def unconfirmed(plan: Plan, job: Job, uid: str, reported: int, when: datetime, now: datetime) -> None:
+    """A failure round with nothing behind it that the operator saw: shown, never charged, never failing the job."""
+    text = (f"the store reported {reported} new failure round(s) (a worker failed and torchrun restarted the "
+            f"group in place), with no failure the operator saw: no worker pod ended and no agent logged one; "
+            f"not charged to maxRestarts")
+    book(plan, job, FailureRecord(pod="", uid=uid, reason=UNCONFIRMED, message=text, charged=False,
+                                  time=stamp(when)), when, text, now)
+    plan.warn("UnconfirmedFailureRound", text)
 
 
 def lost_pod_before(status: ElasticJobStatus, when: datetime) -> FailureRecord | None:

@@ -2,15 +2,18 @@
 
 torch alone waits for a dead agent's heartbeats to expire (keep-alive x attempts), then for the last call, and
 never notices a peer that froze or was cut off while the round runs (the survivors hang in a collective). The
-operator sees pods die within a fraction of a second, so it acts, but only on evidence:
+operator sees pods die within a fraction of a second, so it acts, but only on evidence. The store runs in the
+tenant's image and anyone who reaches its port can write torch's state, so what it reports may move the
+tenant's own rendezvous, but a pod is stopped only on what the operator sees itself:
 - an agent whose pod's container the kubelet reported terminated: removed if its last heartbeat is older than
   that moment (a replacement may reuse the address, and then its heartbeats are newer);
 - an agent whose address no pod has any more and whose heartbeat is stale: its pod went after its kubelet
   confirmed the containers stopped;
-- an agent of a running round whose heartbeats stopped for torch's own dead-node time, or missed one while its
-  pod or node is not Ready, while another agent of the round still heartbeats: frozen or cut off. It is
-  removed, the survivors are restarted (they hang in a collective otherwise) and its pod is stopped, so that
-  it cannot come back with stale state.
+- an agent of a running round that missed a heartbeat while its pod or node is not Ready, while another agent
+  of the round still heartbeats: frozen or cut off. It is removed, the survivors are restarted (they hang in a
+  collective otherwise) and its pod is stopped, so that it cannot come back with stale state;
+- one whose heartbeats stopped for torch's own dead-node time while its pod is Ready: that is the store's word
+  alone. It is removed and the survivors restarted, but its pod is left running and no failure is booked.
 The last call ends early once the agents in the round are every live agent. The store itself refuses to
 empty a complete round that no agent left (that made a second world in measurements).
 """
@@ -48,8 +51,9 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
         show_plain_torchrun(plan, job, store, now)
     if store is None or store.nudges_off or store.round is None or store.closed or endpoint is None:
         return
-    removed = remove_dead(plan, job, observed, store, endpoint, now)
-    removed |= restart_after_cut_off(plan, job, observed, store, endpoint, now)
+    pods = by_address(observed)
+    removed = remove_dead(plan, job, pods, store, endpoint, now)
+    removed |= restart_after_cut_off(plan, job, observed, pods, store, endpoint, now)
     complete_early(plan, job, observed, store, endpoint, removed)
 
 
@@ -100,15 +104,21 @@ def control_endpoint(plan: Plan, job: Job) -> str | None:
     return f"{endpoint.rsplit(':', 1)[0]}:{job.ref.spec.rendezvous.port + 1}"
 
 
-def pods_at(observed: Observed, addr: str) -> list[PodView]:
-    return [p for p in observed.workers if p.ip == addr]
+def by_address(observed: Observed) -> dict[str, list[PodView]]:
+    """The workers per pod IP, built once per plan: the store may list up to maxReplicas agents twice over, and
+    every lookup by address must stay O(1) (a scan per agent was quadratic in what the tenant's store sends)."""
+    found: dict[str, list[PodView]] = {}
+    for pod in observed.workers:
+        if pod.ip:
+            found.setdefault(pod.ip, []).append(pod)
+    return found
 
 
-def remove_dead(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
+def remove_dead(plan: Plan, job: Job, pods: dict[str, list[PodView]], store: StoreView, endpoint: str,
                 now: datetime) -> set[str]:
     removed = set()
     for node in store.participants + store.waiting:
-        evidence = death(node, pods_at(observed, node.addr), job, now)
+        evidence = death(node, pods.get(node.addr, []), job, now)
         if evidence is None:
             continue
         before, why = evidence
@@ -130,25 +140,30 @@ def death(node: StoreNode, pods: list[PodView], job: Job, now: datetime) -> tupl
     return None
 
 
-def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
-                          now: datetime) -> set[str]:
+def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[str, list[PodView]],
+                          store: StoreView, endpoint: str, now: datetime) -> set[str]:
     if not store.complete:
         return set()
     fresh = {n.addr for n in store.participants if (store.age(n, now) or 0.0) <= stale_after(job)}
     cut = set()
     for node in store.participants:
-        if not fresh - {node.addr}:
+        if not len(fresh) - (node.addr in fresh):
             # No other agent of the round is heartbeating, so no one hangs waiting on this one: the last agent
             # of a round whose peer died may go quiet while it restarts (seen after rank 0's pod was killed),
             # and a store cut off from every agent looks the same. torch's own expiry takes it out if need be.
             continue
-        live = [p for p in pods_at(observed, node.addr) if p.finished_at is None and not p.deleting]
+        live = [p for p in pods.get(node.addr, []) if p.finished_at is None and not p.deleting]
         if len(live) != 1:
             continue
-        why = cut_off(node, live[0], observed, store, job, now, plan)
-        if why is not None:
-            cut.add(node.addr)
+        found = cut_off(node, live[0], observed, store, job, now, plan)
+        if found is None:
+            continue
+        why, seen = found
+        cut.add(node.addr)
+        if seen:
             fence(plan, job, live[0], node, endpoint, why, now)
+        else:
+            leave_pod(plan, job, live[0], node, endpoint, why, now)
     if cut:
         plan.act(StoreAction("restart", {"round": store.round}, endpoint, Event(
             "Warning", "RestartedSurvivors", f"restarted the survivors of round {store.round}, who were waiting "
@@ -157,24 +172,38 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, store: Store
 
 
 def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView, job: Job, now: datetime,
-            plan: Plan) -> str | None:
+            plan: Plan) -> tuple[str, bool] | None:
+    """(why the agent is cut off, whether the operator itself sees its pod silent) — or None.
+
+    The heartbeat ages are the store's word (anyone who reaches its port can write them): on their own they
+    may take the agent out of the tenant's own rendezvous, never stop its pod. Stopping it needs the pod or its
+    node not Ready in the operator's view."""
     age = store.age(node, now)
     if age is None or age <= stale_after(job):
         return None
+    if not pod.ready:
+        return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", True
+    if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
+        return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", True
     limit = dead_after(job)
     if age >= limit:
-        return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)"
-    if not pod.ready:
-        return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready"
-    if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
-        return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready"
+        return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)", False
     plan.soon(limit - age)
     return None
 
 
+def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
+    """Out of the rendezvous on the store's word alone; its pod, Ready to the operator, is left running and no
+    failure is booked: the survivors go on, and the agent, once it wakes, finds its round gone and joins anew."""
+    plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": (now - timedelta(
+        seconds=stale_after(job))).timestamp()}, endpoint, Event(
+        "Warning", "RemovedFromRendezvous", f"agent {node.addr} (pod {pod.name}) removed from the rendezvous: "
+        f"{why}, as the store reports it; its pod is Ready, so it is not stopped")))
+
+
 def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
-    """Out of the rendezvous, and its pod stopped: a frozen process that wakes up must not write a stale
-    checkpoint beside the new world. Recorded once, as an infrastructure failure."""
+    """Out of the rendezvous, and its pod stopped (the operator sees it silent too): a frozen process that wakes
+    up must not write a stale checkpoint beside the new world. Recorded once, as an infrastructure failure."""
     plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": (now - timedelta(
         seconds=stale_after(job))).timestamp()}, endpoint))
     status = plan.status
