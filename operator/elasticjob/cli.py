@@ -1,4 +1,5 @@
-"""`elasticjob run` (the operator) and `elasticjob crd` (print the CRD)."""
+"""`elasticjob run` (the operator), `elasticjob crd` (print the CRD) and `elasticjob convert` (a PyTorchJob as an
+ElasticJob)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from elasticjob import crd
 from elasticjob.controller.loops import CONCURRENT_RECONCILES
+from elasticjob.convert import ConversionError, convert_text
 from elasticjob.domain import Settings
 from elasticjob.peering import Peering
 
@@ -69,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "charged only the difference, and shrinks its Workload in place (needs Kueue's feature gate "
                      "ElasticJobsViaWorkloadSlices, on by default since Kueue v0.18). off: replicas above the "
                      "admitted count wait until the job is queued again")
+    run.add_argument("--require-queue-name", action="store_true",
+                     help="every job must be labelled kueue.x-k8s.io/queue-name: one without the label does not "
+                     "start and says why (as Kueue's manageJobsWithoutQueueName, but held rather than queued)")
     run.add_argument("--kit-image", default=os.environ.get("ELASTICJOB_KIT_IMAGE") or None, metavar="IMAGE",
                      help="image an init container copies the store and warm starts from into every job pod (the "
                      "operator's own; the chart sets it). Without it the worker image must carry elasticjob_store "
@@ -79,6 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="reconciles in flight at once; more wait for a slot (bounds the memory a fleet created "
                      "at once takes)")
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
+    convert = commands.add_parser("convert", help="print a Kubeflow PyTorchJob (kubeflow.org/v1) as an ElasticJob; "
+                                  "what does not carry over is said on stderr (docs/migrating.md)")
+    convert.add_argument("file", metavar="FILE", help="YAML of one or more documents (other objects pass through "
+                         "unchanged); - reads standard input")
     return parser.parse_args(argv)
 
 
@@ -110,7 +119,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
-                        kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image)
+                        kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
+                        require_queue_name=args.require_queue_name)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, peers, args.concurrent_reconciles)
 
@@ -126,10 +136,24 @@ def run_operator(args: argparse.Namespace) -> None:
     kopf_app.run(run_config(args), verbose=args.verbose, log_format=args.log_format, liveness=args.liveness)
 
 
+def convert_file(path: str) -> int:
+    try:
+        result = convert_text(sys.stdin.read() if path == "-" else Path(path).read_text())
+    except (ConversionError, OSError) as error:
+        print(f"elasticjob convert: {path}: {error}", file=sys.stderr)
+        return 1
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    sys.stdout.write(result.yaml())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "crd":
         sys.stdout.write(crd.crd_yaml())
+    elif args.command == "convert":
+        return convert_file(args.file)
     elif args.command == "run":
         run_operator(args)
     return 0

@@ -26,6 +26,9 @@ class Settings:
     # A job under Kueue grows past what Kueue admitted through a workload slice (Kueue's feature gate
     # ElasticJobsViaWorkloadSlices, on by default since v0.18); off: replicas above the admitted count wait.
     kueue_slices: bool = True
+    # Every job must name a LocalQueue (label kueue.x-k8s.io/queue-name): one without it holds and says why
+    # (--require-queue-name; the chart's kueue.requireQueueName or kueue.defaultQueueName).
+    require_queue_name: bool = False
     # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
     # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
     kit_image: str | None = None

@@ -191,7 +191,8 @@ def test_the_charts_policy_keeps_the_queue_label_of_a_running_job(kube, api, nam
 
     values = {"watch": {"allNamespaces": False, "namespaces": [namespace]}}  # no other test's namespace
     policy, binding = [d for d in chart_rbac.render(values, f"v{namespace[-6:]}", namespace)
-                       if d["kind"].startswith("ValidatingAdmissionPolicy")]
+                       if d["kind"].startswith("ValidatingAdmissionPolicy")
+                       and d["metadata"]["name"].endswith("-queue-label-immutable")]
     admissions = client.AdmissionregistrationV1Api(kube)
     admissions.create_validating_admission_policy(policy)
     try:

@@ -39,6 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kueue-namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
     "kueue-no-policy": {"kueue": {"suspendOnCreate": False}},
     "kueue-no-slices": {"kueue": {"workloadSlices": False}},
+    "kueue-queue-required": {"kueue": {"requireQueueName": True, "defaultQueueName": "team-q"}},
     "no-kit": {"kit": {"enabled": False}},
     "kit-image": {"kit": {"image": "mirror.example/elasticjob-operator:0.1.0"}},
 }
@@ -409,11 +410,13 @@ VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 def test_kueue_policy_keeps_the_queue_label_of_running_jobs_unless_kueue_is_off() -> None:
     assert not [d for d in render(VARIANTS["kueue-off"]) if d["kind"] in VAP_KINDS]
-    policy, binding = (next(d for d in render() if d["kind"] == kind) for kind in sorted(VAP_KINDS))
+    policy, binding = (next(d for d in render() if d["kind"] == kind and d["metadata"]["name"].endswith(
+        "-queue-label-immutable")) for kind in sorted(VAP_KINDS))
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"] and binding["spec"]["validationActions"] == [
         "Deny"]
-    (scoped,) = [d for d in render(VARIANTS["kueue-namespaced"]) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (scoped,) = [d for d in render(VARIANTS["kueue-namespaced"]) if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                 and d["metadata"]["name"].endswith("-queue-label-immutable")]
     assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
 
 

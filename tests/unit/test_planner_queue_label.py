@@ -62,3 +62,34 @@ def test_a_pending_workload_keeps_an_unlabelled_job_queued():
     j = job(running_status(), runPolicy={"suspend": True})
     result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, Settings(kueue=True))
     assert creates(result) == [] and result.status.phase == Phase.QUEUED
+
+
+# --- a queue required (--require-queue-name) ------------------------------------------------------------------
+
+REQUIRED = Settings(kueue=True, require_queue_name=True)
+
+
+@pytest.mark.parametrize("settings, labels, held", [
+    (REQUIRED, {}, True),  # no label: held, whatever runs
+    (Settings(kueue=False, require_queue_name=True), {}, True),  # Kueue absent: still never unqueued
+    (Settings(kueue=True), {}, False),  # not required: runs as any job
+    (REQUIRED, QUEUED, False),  # labelled: queued in Kueue (suspended first)
+])
+def test_a_job_without_a_queue_is_held_where_one_is_required(settings, labels, held):
+    pods = [rdzv(), worker(0, phase="Running"), worker(1, phase="Running")]
+    result = planner.plan(job(running_status(), labels=labels), observed(pods, SERVICE), NOW, settings)
+    assert (result.status.reason == "QueueNameRequired") == held
+    if held:
+        assert creates(result) == [] and [n for n, _ in deletes(result)] == [p.name for p in pods]
+        assert result.status.phase == Phase.QUEUED and result.status.admission is None
+        admitted = next(c for c in result.status.conditions if c.type == "Admitted")
+        assert admitted.status == "False" and naming.QUEUE_LABEL in admitted.message
+        assert [e.reason for e in result.events if e.type == "Warning"] == ["QueueNameRequired"]
+
+
+def test_a_job_whose_label_was_removed_keeps_its_workloads_gate_where_a_queue_is_required():
+    j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)
+    seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
+                    workload=workload(ADMITTED, admission(2), workers=(2, 1)))
+    result = planner.plan(j, seen, NOW, Settings(kueue=True, require_queue_name=True))
+    assert result.status.admission.state == "Admitted" and deletes(result) == []
