@@ -14,7 +14,9 @@ from pydantic import ValidationError
 from elasticjob import torchrun
 from elasticjob.convert import launch
 from elasticjob.convert.errors import ConversionError
+from elasticjob.domain import JobRef
 from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
+from elasticjob.planner import lifecycle
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICA_TYPES = ("Master", "Worker")
@@ -135,9 +137,6 @@ def _nproc(spec: dict[str, Any], elastic: dict[str, Any], worker: launch.Launch,
     if not text.isdigit() or int(text) < 1:
         raise ConversionError(f"nprocPerNode {text!r} has no equivalent: use a whole number of processes per pod, "
                               "or auto (one per GPU the container requests, else 1)")
-    if gpus and int(text) > gpus:
-        raise ConversionError(f"nprocPerNode {text} exceeds the {gpus} GPUs the container requests: the operator "
-                              "refuses that; use auto or request more GPUs")
     return int(text)
 
 
@@ -248,9 +247,13 @@ def _autoscaler(metadata: dict[str, Any], spec: dict[str, Any], metrics: list[An
 
 
 def _validate(spec: dict[str, Any]) -> None:
-    """The model's checks (types and bounds); the CEL rules on sizes hold by construction (_size)."""
+    """The model's checks (types and bounds) and the operator's own before it starts a job (lifecycle.validate);
+    the CEL rules on sizes hold by construction (_size)."""
     try:
-        ElasticJobSpec.model_validate(spec)
+        model = ElasticJobSpec.model_validate(spec)
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
         raise ConversionError(f"the converted spec is not valid: {problems}") from None
+    refused = lifecycle.validate(JobRef(namespace="", name="", uid="", spec=model))
+    if refused:
+        raise ConversionError(f"the operator would refuse the converted job: {'; '.join(refused)}")
