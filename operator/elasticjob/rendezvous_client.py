@@ -26,10 +26,19 @@ from elasticjob import backoff
 from elasticjob.observe import StoreNode, StoreView
 
 TIMEOUT_SECONDS = 2.0
-MAX_REPLY_BYTES = 1 << 20
-MAX_NODES = 4096
+MIN_KEY_BYTES = 32
+# A reply of maxReplicas (at most 1024) agents, twice over, is about 115 KiB: anything larger is refused unread.
+MAX_REPLY_BYTES = 128 << 10
+# What the schema allows at most; a reply with more agents than the job's maxReplicas (participants, or waiting)
+# is refused too (parse_state's max_nodes): planning is linear in them, but they are the tenant's word.
+MAX_NODES = 1024
 # A long-poll is held this long by the store when nothing changes; the operator gives up a little later.
 LONG_POLL_SECONDS = 25.0
+# At most one answer per this long per job: a store that changes its answer all the time (its version, its
+# epoch) wakes the job's loop no more often than this.
+MIN_ANSWER_INTERVAL = 1.0
+# What the operator logs of a store's own words (its `error`, `refused`): this long at most, printable only.
+MAX_STORE_TEXT = 200
 
 
 class _Strict(BaseModel):
@@ -74,13 +83,16 @@ class _State(_Strict):
     torch: _Torch | None = None  # absent from stores older than the check: they nudge as before
 
 
-def parse_state(raw: bytes, received_at: datetime | None = None) -> StoreView | None:
-    """A store's /v1/state reply as the planner sees it; None when it is not a valid reply."""
+def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
+    """A store's /v1/state reply as the planner sees it; None when it is not a valid reply, or lists more agents
+    (participants, or waiting) than the job may have (`max_nodes`: its maxReplicas)."""
     if len(raw) > MAX_REPLY_BYTES:
         return None
     try:
         state = _State.model_validate(json.loads(raw))
     except (ValueError, ValidationError):
+        return None
+    if len(state.participants) > max_nodes or len(state.waiting) > max_nodes:
         return None
     at = state.last_failure_round_at
     return StoreView(
@@ -107,15 +119,30 @@ def _plain_torchrun(torch: _Torch | None) -> str | None:
     return f"{plain.agents} agent start(s) ran plain torchrun instead of elasticjob_warm's: {plain.why}"
 
 
+def store_text(value: object) -> str:
+    """A store's own words, fit for a log line: printable characters only, MAX_STORE_TEXT at most."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(value)[:MAX_STORE_TEXT * 4])
+    return text[:MAX_STORE_TEXT]
+
+
 def derive_token(key: bytes, job_uid: str) -> str:
     return hmac.new(key, job_uid.encode(), hashlib.sha256).hexdigest()
+
+
+def check_key(key: bytes) -> bytes:
+    """The operator's rendezvous key, refused when shorter than MIN_KEY_BYTES: every job's token is derived from
+    it, and a short key can be guessed offline from one token seen (a store pod's digest is in its spec)."""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the rendezvous key is {len(key)} bytes; at least {MIN_KEY_BYTES} are needed (the chart "
+                         f"makes 48 random characters; e.g. `head -c 48 /dev/urandom | base64`)")
+    return key
 
 
 class StoreClient:
     """One HTTP session for every store the operator talks to."""
 
     def __init__(self, key: bytes):
-        self._key = key
+        self._key = check_key(key)
         self._session: aiohttp.ClientSession | None = None
 
     def token(self, job_uid: str) -> str:
@@ -129,11 +156,11 @@ class StoreClient:
         return self._session
 
     async def state(self, host: str, port: int, job_uid: str, *, after: int = -1, epoch: str = "",
-                    wait: float = 0.0) -> StoreView | None:
+                    wait: float = 0.0, max_nodes: int = MAX_NODES) -> StoreView | None:
         """The store's state; with `wait`, once it changed since (`epoch`, `after`), or after `wait` seconds."""
         path = f"/v1/state?after={after}&epoch={epoch}&wait={wait:g}" if wait else "/v1/state"
         raw = await self._request("GET", host, port, path, job_uid, timeout=wait + TIMEOUT_SECONDS + 3)
-        return parse_state(raw) if raw is not None else None
+        return parse_state(raw, max_nodes=max_nodes) if raw is not None else None
 
     async def act(self, host: str, port: int, job_uid: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST one control action; the store's JSON reply, or {"error": ...} when there was none."""
@@ -144,7 +171,12 @@ class StoreClient:
             reply = json.loads(raw) if len(raw) <= MAX_REPLY_BYTES else None
         except ValueError:
             reply = None
-        return reply if isinstance(reply, dict) else {"error": "the store's answer was not a JSON object"}
+        if not isinstance(reply, dict):
+            return {"error": "the store's answer was not a JSON object"}
+        for said in ("error", "refused", "reason"):  # logged by the caller: the tenant's words, tamed
+            if reply.get(said) is not None:
+                reply[said] = store_text(reply[said])
+        return reply
 
     async def _request(self, method: str, host: str, port: int, path: str, job_uid: str,
                        body: dict[str, Any] | None = None, timeout: float = TIMEOUT_SECONDS) -> bytes | None:
@@ -163,14 +195,16 @@ class StoreClient:
 
 
 async def watch(client: StoreClient, host: str, port: int, job_uid: str,
-                on_view: Callable[[StoreView], None]) -> None:
-    """Long-polls one store for ever, handing over each view that differs from the last; an unreachable store
-    is asked again with backoff. Cancel the task to stop."""
+                on_view: Callable[[StoreView], None], max_nodes: int = MAX_NODES,
+                interval: float = MIN_ANSWER_INTERVAL) -> None:
+    """Long-polls one store for ever, handing over each view that differs from the last, at most one per
+    `interval`; an unreachable (or refused) store is asked again with backoff. Cancel the task to stop."""
     last: StoreView | None = None
     failures = 0
     while True:
         view = await client.state(host, port, job_uid, after=last.version if last else -1,
-                                  epoch=last.epoch if last else "", wait=LONG_POLL_SECONDS if last else 0.0)
+                                  epoch=last.epoch if last else "", wait=LONG_POLL_SECONDS if last else 0.0,
+                                  max_nodes=max_nodes)
         if view is None:
             await asyncio.sleep(backoff.step(backoff.STORE_POLL, failures))
             failures += 1
@@ -179,3 +213,6 @@ async def watch(client: StoreClient, host: str, port: int, job_uid: str,
         if last is None or (view.epoch, view.version) != (last.epoch, last.version):
             on_view(view)
         last = view
+        # Pacing, not synchronisation: however fast the store answers, the job's loop wakes once per interval (a
+        # change meanwhile is the next long-poll's answer, at once).
+        await asyncio.sleep(interval)

@@ -16,6 +16,9 @@ import re
 from collections.abc import Mapping
 
 TOKEN_MAX_BYTES = 4096
+# The operator's tokens are 64 hex characters (HMAC-SHA256); a shorter one, offered or in a token file, is
+# refused: it could be guessed.
+TOKEN_MIN_BYTES = 32
 DIGEST = re.compile(r"[0-9a-f]{64}")
 DIGEST_ENV = "ELASTICJOB_RDZV_TOKEN_SHA256"
 FILE_ENV = "ELASTICJOB_RDZV_TOKEN_FILE"
@@ -38,7 +41,7 @@ class Credential:
         if not authorization.startswith("Bearer "):
             return False
         offered = authorization[len("Bearer "):].strip().encode()[:TOKEN_MAX_BYTES]
-        if not offered:
+        if len(offered) < TOKEN_MIN_BYTES:
             return False
         if self.digest is not None:
             return hmac.compare_digest(hashlib.sha256(offered).hexdigest().encode(), self.digest)
@@ -47,7 +50,8 @@ class Credential:
 
 
 def read_token(path: str | None) -> bytes | None:
-    """The token in a file, or None when there is none (no file named, missing or empty)."""
+    """The token in a file, or None when there is none (no file named, missing, or shorter than
+    TOKEN_MIN_BYTES: every control request is then refused)."""
     if not path:
         return None
     try:
@@ -55,4 +59,4 @@ def read_token(path: str | None) -> bytes | None:
             token = f.read(TOKEN_MAX_BYTES).strip()
     except OSError:
         return None
-    return token or None
+    return token if len(token) >= TOKEN_MIN_BYTES else None

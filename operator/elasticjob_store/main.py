@@ -67,7 +67,7 @@ def main() -> None:
     dist: Any = torch.distributed  # TCPStore is not in its stubs
 
     from elasticjob_store import compat, wire
-    from elasticjob_store.auth import Credential
+    from elasticjob_store.auth import TOKEN_MIN_BYTES, Credential
 
     verdict = compat.probe()
     print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
@@ -91,7 +91,8 @@ def main() -> None:
         server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_server(control, "", port + 1, credential))
         start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
-    auth = "token required" if credential.configured() else "no token configured: control requests refused"
+    auth = "token required" if credential.configured() else \
+        f"no token configured (or one shorter than {TOKEN_MIN_BYTES} bytes): control requests refused"
     print(f"elasticjob rendezvous store listening on port {port}, control on {port + 1} ({auth}); "
           f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
     signal.sigwait(STOP_SIGNALS)

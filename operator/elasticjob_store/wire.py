@@ -13,7 +13,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import socket
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -30,6 +32,9 @@ MAX_UNIX = 1e11
 # The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
 MAX_WAIT = 60.0
 ACTIONS = ("/v1/remove", "/v1/complete", "/v1/restart")
+# A request (its line, headers and body) must be in within this long of the connection: a client that sends a
+# byte every few seconds would otherwise hold its slot for ever, one receive timeout at a time.
+REQUEST_DEADLINE = 5.0
 
 T = TypeVar("T")
 Query = dict[str, list[str]]
@@ -108,12 +113,30 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
     BadRequest answers with its status; the `errors` with theirs, in order (the first that matches)."""
 
     class Handler(BaseHTTPRequestHandler):
-        # A client that stops sending mid-request frees its thread after this long.
+        # A client that stops sending mid-request frees its thread after this long (REQUEST_DEADLINE in all).
         timeout = 10
         server_version = name
         sys_version = ""
+        deadline: threading.Timer
+
+        def setup(self) -> None:
+            super().setup()
+            self.deadline = threading.Timer(REQUEST_DEADLINE, self._too_slow)
+            self.deadline.daemon = True
+            self.deadline.start()
+
+        def _too_slow(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)  # the blocked read returns; the thread ends
+            except OSError:
+                pass
+
+        def finish(self) -> None:
+            self.deadline.cancel()
+            super().finish()
 
         def do_GET(self) -> None:
+            self.deadline.cancel()  # the request is in; a long-poll may now wait as long as it asked
             if self.path == "/healthz":  # the liveness probe: no token, no store access
                 self._send(HTTPStatus.OK, b"ok", "text/plain")
                 return
@@ -136,6 +159,7 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
                 return
             try:
                 body = self._body() if method == "POST" else None
+                self.deadline.cancel()
                 self._json(HTTPStatus.OK, route(body, parse_qs(url.query)))
             except BadRequest as err:
                 self._json(err.status, {"error": str(err)})

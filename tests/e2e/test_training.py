@@ -187,17 +187,19 @@ def test_partition_of_a_worker_is_cut_off_and_the_survivors_go_on(cluster, opera
     try:
         # Any world size: the survivor may train alone first, or the replacement may join before its first step.
         resumed = recovery(progress, fault_time, f"partition of {victim}")
-        wait_for(jobs.status, 60, "the partition on record",
-                          until=lambda s: any(f.get("reason") == "Partitioned" for f in s.get("lastFailures", [])))
-        wait_for(lambda: [p for p in jobs.worker_pods() if p.metadata.name == victim], 60,
-                 f"{victim} stopped and replaced", until=lambda ps: ps and not ps[0].metadata.deletion_timestamp
-                 and ps[0].metadata.uid != victim_pod.metadata.uid)
+        # Its pod stays Ready (workers have no readiness probe): the operator's own view shows no silence, so the
+        # silent agent leaves the rendezvous on the store's word, but its pod is not stopped nor a failure booked
+        # (issue 33: a heartbeat age is anyone's to write).
+        assert not [f for f in jobs.status().get("lastFailures", []) if f.get("reason") == "Partitioned"]
+        assert [p.metadata.uid for p in jobs.worker_pods() if p.metadata.name == victim] == [victim_pod.metadata.uid]
     finally:
         faults.heal(victim)
     done = finish(jobs, progress, steps)
     status = jobs.status()
-    assert (status.get("restarts"), status.get("infrastructureFailures")) == (0, 1), summary(status)
-    assert 2 in {r["world_size"] for r in done.records if r["time"] > resumed["time"]}, "the replacement joined"
+    # Healed, the victim's workers find their peers gone and fail: its agent logs that and restarts them in place
+    # (at most one charged restart), then joins the survivors' round.
+    assert status.get("infrastructureFailures") == 0 and status.get("restarts", 0) <= 1, summary(status)
+    assert 2 in {r["world_size"] for r in done.records if r["time"] > resumed["time"]}, "the victim joined again"
     record_recovery(f"partition of {victim}", resumed["time"] - fault_time, 1, status.get("restarts"))
 
 

@@ -28,7 +28,7 @@ from store_process import start_store_process
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "store_agents_train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-TOKEN = "integration-token"
+TOKEN = "integration-token-" * 2
 RDZV_CONF = "is_host=false,last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3"
 CAN_UNSHARE = os.geteuid() == 0 and shutil.which("unshare") is not None
 

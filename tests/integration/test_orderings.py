@@ -33,7 +33,7 @@ IGNORE_SIGTERM = ["python", "-c", "import signal, time; signal.signal(signal.SIG
 
 def reconcile_once(kube, body: dict) -> None:
     """One reconcile in this process, from exactly the body given, against the real API server."""
-    ctx = Context(kube=k8s.Kube(kube), mirror=Mirror(), stores=StoreClient(b"test-key"),
+    ctx = Context(kube=k8s.Kube(kube), mirror=Mirror(), stores=StoreClient(b"test-key" * 4),
                   settings=Settings(network_policy=False), logger=LOG, instance="test")
     ctx.watches = StoreWatches(ctx.stores, lambda key: None)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])

@@ -31,7 +31,7 @@ def reconciled(mirrored: dict, written: dict) -> dict | None:
     mirror.jobs.apply("ADDED", mirrored)
     gate = Gate()
     gate.active = False
-    ctx = Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=mirror, stores=StoreClient(b"k"),
+    ctx = Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=mirror, stores=StoreClient(b"k" * 32),
                   settings=Settings(), logger=logging.getLogger("test"), instance="t", gate=gate)
     loop = JobLoop(key=KEY, memory=JobMemory(written=written))
     asyncio.run(reconcile(ctx, loop))

@@ -13,6 +13,7 @@ import pytest
 from elasticjob import rendezvous_client
 from elasticjob.observe import StoreNode
 
+KEY = b"operator-key-" * 3
 GOOD = {"epoch": "ab12", "round": 3, "complete": True, "closed": False, "failureRounds": 1,
         "lastFailureRoundAt": 1767268800.0,
         "participants": [{"addr": "10.244.0.5", "pid": 1, "localId": 0, "rank": 0, "heartbeatAge": 0.7}],
@@ -58,20 +59,21 @@ def test_tokens_differ_per_job_and_per_key():
     assert a != rendezvous_client.derive_token(b"k2", "uid-1")
 
 
-def serve(reply: bytes, seen: list):
+def serve(reply, seen: list, post_reply: bytes = b'{"removed": []}'):
+    """A stand-in store: `reply` (bytes, or a function making them) to every GET, `post_reply` to every POST."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(reply)
+            self.wfile.write(reply() if callable(reply) else reply)
 
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
             seen.append((self.path, self.headers.get("Authorization"), json.loads(self.rfile.read(length))))
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(b'{"removed": []}')
+            self.wfile.write(post_reply)
 
         def log_message(self, *args):
             pass
@@ -84,7 +86,7 @@ def serve(reply: bytes, seen: list):
 def test_requests_carry_the_jobs_token_and_replies_are_parsed():
     seen: list = []
     server = serve(json.dumps(GOOD).encode(), seen)
-    client = rendezvous_client.StoreClient(b"key")
+    client = rendezvous_client.StoreClient(KEY)
 
     async def talk():
         try:
@@ -98,7 +100,7 @@ def test_requests_carry_the_jobs_token_and_replies_are_parsed():
         view, reply = asyncio.run(talk())
     finally:
         server.shutdown()
-    token = rendezvous_client.derive_token(b"key", "uid-1")
+    token = rendezvous_client.derive_token(KEY, "uid-1")
     assert view.round == 3 and reply == {"removed": []}
     assert seen[0] == ("/v1/state", f"Bearer {token}")
     assert seen[1] == ("/v1/remove", f"Bearer {token}", {"addr": "10.0.0.1"})
@@ -108,7 +110,7 @@ def test_nothing_listening_is_unknown():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = rendezvous_client.StoreClient(b"key")
+    client = rendezvous_client.StoreClient(KEY)
 
     async def talk():
         try:
@@ -134,3 +136,85 @@ def test_agents_that_ran_plain_torchrun_are_counted_with_the_reason():
     view = rendezvous_client.parse_state(json.dumps(plain).encode())
     assert "2 agent start(s) ran plain torchrun" in view.plain_torchrun and "2.99.0" in view.plain_torchrun
     assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).plain_torchrun is None
+
+
+# --- what a store (the tenant's image) may send ------------------------------------------------------------
+
+
+def nodes(count: int) -> list[dict]:
+    return [{"addr": f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", "heartbeatAge": 0.5, "stale": False}
+            for i in range(count)]
+
+
+@pytest.mark.parametrize("field", ["participants", "waiting"])
+def test_more_agents_than_the_jobs_max_replicas_is_refused(field):
+    assert rendezvous_client.parse_state(json.dumps({**GOOD, field: nodes(8)}).encode(), max_nodes=8) is not None
+    assert rendezvous_client.parse_state(json.dumps({**GOOD, field: nodes(9)}).encode(), max_nodes=8) is None
+    # And never more than any job may have, whatever the caller allows.
+    raw = json.dumps({**GOOD, field: nodes(rendezvous_client.MAX_NODES + 1)}).encode()
+    assert rendezvous_client.parse_state(raw, max_nodes=1 << 20) is None
+
+
+def test_the_largest_valid_reply_fits_and_anything_over_128_kib_is_refused():
+    biggest = json.dumps({**GOOD, "participants": nodes(1024), "waiting": nodes(1024)}).encode()
+    assert len(biggest) <= rendezvous_client.MAX_REPLY_BYTES == 128 << 10
+    assert rendezvous_client.parse_state(biggest, max_nodes=1024) is not None
+    padded = json.dumps({**GOOD, "pad": "x" * (128 << 10)}).encode()
+    assert rendezvous_client.parse_state(padded) is None
+
+
+@pytest.mark.parametrize("key", [b"", b"k" * 31])
+def test_an_operator_key_shorter_than_32_bytes_is_refused_with_a_clear_error(key):
+    with pytest.raises(ValueError, match="at least 32"):
+        rendezvous_client.StoreClient(key)
+
+
+def test_a_stores_error_text_is_truncated_and_stripped_of_control_characters():
+    said = "bad\x1b[31m\r\nFAKE LOG LINE\x00" + "y" * 10_000
+    server = serve(json.dumps(GOOD).encode(), [], post_reply=json.dumps({"error": said, "refused": said}).encode())
+    client = rendezvous_client.StoreClient(KEY)
+
+    async def talk():
+        try:
+            return await client.act("127.0.0.1", server.server_address[1], "uid-1", "remove", {})
+        finally:
+            await client.close()
+
+    try:
+        reply = asyncio.run(talk())
+    finally:
+        server.shutdown()
+    for text in (reply["error"], reply["refused"]):
+        assert len(text) <= rendezvous_client.MAX_STORE_TEXT and text.isprintable()
+        assert text.startswith("bad [31m  FAKE LOG LINE")
+
+
+def test_a_store_that_changes_at_every_answer_wakes_the_job_once_per_interval():
+    """Each answer a new version: the watch hands over one view per interval, not one per answer."""
+    answers = iter(range(1_000_000))
+    server = serve(lambda: json.dumps({**GOOD, "version": next(answers)}).encode(), [])
+    client = rendezvous_client.StoreClient(KEY)
+    seen: list[float] = []
+
+    async def talk():
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def on_view(_view):
+            seen.append(loop.time())
+            if len(seen) == 3:
+                done.set()
+
+        task = asyncio.create_task(rendezvous_client.watch(client, "127.0.0.1", server.server_address[1], "u",
+                                                           on_view, interval=0.5))
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            task.cancel()
+            await client.close()
+
+    try:
+        asyncio.run(talk())
+    finally:
+        server.shutdown()
+    assert all(later - earlier >= 0.5 - 0.01 for earlier, later in zip(seen, seen[1:])), seen

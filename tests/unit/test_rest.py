@@ -42,7 +42,7 @@ from elasticjob.controller.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
 import logging
 kube = k8s.Kube(ApiClient(Configuration()))
-ctx = Context(kube=kube, mirror=Mirror(), stores=StoreClient(b"k"), settings=Settings(kueue=True),
+ctx = Context(kube=kube, mirror=Mirror(), stores=StoreClient(b"k" * 32), settings=Settings(kueue=True),
               logger=logging.getLogger(), instance="t")
 watch.sources(ctx, None)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("kubernetes.client.api."))))

@@ -114,7 +114,9 @@ def test_an_old_heartbeat_written_for_a_healthy_worker_does_not_stop_its_pod(sto
     the operator may take it out of the tenant's rendezvous, but does not delete its Ready pod nor book a
     Partitioned failure."""
     pods = [worker(0), worker(1)]
-    store.write(make_state(round=7, complete=True, participants=[W0, W1], beats={W0: 1.0, W1: 60.0}))
+    state = make_state(round=7, complete=True, participants=[W0, W1])
+    state.last_heartbeats = {W0: datetime.now(UTC) - timedelta(seconds=1), W1: datetime.now(UTC) - timedelta(minutes=1)}
+    store.write(state)
     view = store.answer()
     assert [n.stale for n in view.participants] == [False, True]
     status = running_status(rendezvous={"ready": True, "endpoint": "10.96.0.42:29400"})

@@ -23,7 +23,7 @@ from store_process import start_store_process
 
 # Under `make compat` on a torch outside the range (tests/compat/run.py) the degraded tests still run; these not.
 in_range_only = pytest.mark.skipif(os.environ.get("COMPAT_EXPECT") == "off", reason="this torch is outside the range")
-TOKEN = "compat-token"
+TOKEN = "compat-token-" * 3
 # Run in the store process before its main: each makes this torch look like another one.
 ALTERATIONS = {
     "a version outside the range": "import torch; torch.__version__ = '2.99.0'",

@@ -22,17 +22,18 @@ import pytest
 import torch.distributed as dist
 from store_states import A2, A, B, C, fields, make_state
 
-from elasticjob_store import actions
+from elasticjob_store import actions, wire
 from elasticjob_store.auth import Credential
-from elasticjob_store.capped import MAX_CONNECTIONS
+from elasticjob_store.capped import MAX_CONNECTIONS, MAX_PER_PEER
 from elasticjob_store.control import Control
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
+from elasticjob_store.wire import REQUEST_DEADLINE
 from helpers import wait_for
 from store_process import start_store_process
 
 RUN_ID = "run-1"
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-" * 3
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
 T0 = 1_900_000_000.0  # the store's clock in these tests
 
@@ -154,9 +155,9 @@ def test_a_store_pod_from_an_earlier_operator_reads_its_token_file(tmp_path, tok
     try:
         assert h.call("GET", "/v1/state")[0] == 200
         assert h.call("GET", "/v1/state", token="wrong")[0] == 401
-        token_file.write_text("new-token")  # a rotated Secret takes effect at once
+        token_file.write_text("new-token-" * 4)  # a rotated Secret takes effect at once
         assert h.call("GET", "/v1/state")[0] == 401
-        assert h.call("GET", "/v1/state", token="new-token")[0] == 200
+        assert h.call("GET", "/v1/state", token="new-token-" * 4)[0] == 200
     finally:
         h.server.shutdown()
 
@@ -488,7 +489,9 @@ def test_bad_long_poll_parameters_are_refused(harness, query):
     assert harness.call("GET", f"/v1/state?{query}")[0] == 400
 
 
-def test_connections_past_the_cap_are_closed_unanswered_and_the_slots_come_back(harness):
+def test_connections_past_the_cap_are_closed_unanswered_and_the_slots_come_back(harness, monkeypatch):
+    harness.server.max_per_peer = MAX_CONNECTIONS + 1  # the cap in all, from many peers (here one address)
+    monkeypatch.setattr(wire, "REQUEST_DEADLINE", 60.0)  # idle ones hold their slots however slow this machine
     idle = [socket.create_connection(("127.0.0.1", harness.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
     try:
         # Accepted in order after the idle ones, which hold every slot (each waits for a request line).
@@ -505,3 +508,67 @@ def test_connections_past_the_cap_are_closed_unanswered_and_the_slots_come_back(
     # Closed clients free their threads and slots: the store answers again.
     wait_for(lambda: harness.call("GET", "/v1/state")[0], 10, "the store to answer once the slots are free",
              until=lambda status: status == 200, ignore=(ConnectionError, http.client.HTTPException))
+
+
+# --- what anyone who reaches the port can hold -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("short", ["s" * 31, "x"])
+def test_tokens_shorter_than_32_bytes_are_refused(tmp_path, short):
+    """A short token could be guessed: refused offered against its digest, and in a token file."""
+    digest = hashlib.sha256(short.encode()).hexdigest()
+    for credential in (Credential(digest=digest), Credential(token_file=str(tmp_path / "t"))):
+        (tmp_path / "t").write_text(short)
+        h = Harness(tmp_path, credential)
+        try:
+            assert h.call("GET", "/v1/state", token=short)[0] == 401
+            assert not credential.configured() or credential.digest is not None
+        finally:
+            h.server.shutdown()
+            h.server.server_close()
+
+
+def slow_clients(port: int, count: int) -> list[socket.socket]:
+    """Clients that send half a request line and then a byte now and then: never done."""
+    held = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET /v1/sta")
+        held.append(s)
+    return held
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_one_peer_holds_a_few_connections_and_the_rest_are_closed_at_once(harness):
+    held = slow_clients(harness.port, MAX_PER_PEER + 3)
+    try:
+        extra = held[MAX_PER_PEER:]
+        for s in extra:
+            s.settimeout(2)
+        assert all(closed_by_server(s) for s in extra), "connections past the per-peer cap are closed unanswered"
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_slow_client_is_cut_off_at_the_request_deadline(harness):
+    started = time.monotonic()
+    held = slow_clients(harness.port, MAX_PER_PEER)
+    try:
+        for s in held:
+            s.settimeout(REQUEST_DEADLINE + 5)
+            assert closed_by_server(s)
+        # Well before the handler's 10 s receive timeout would have ended them; no trickle of bytes resets it.
+        assert time.monotonic() - started < REQUEST_DEADLINE + 3
+        assert harness.call("GET", "/v1/state")[0] == 200, "the operator gets in again"
+    finally:
+        for s in held:
+            s.close()

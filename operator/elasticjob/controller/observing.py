@@ -64,7 +64,8 @@ def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: Ser
     if service is None or not service.cluster_ip or not serving or job.status.phase.finished:
         ctx.watches.stop(key)
         return None
-    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, job.ref.spec.rendezvous.port + 1)
+    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, job.ref.spec.rendezvous.port + 1,
+                            job.ref.spec.max_replicas)
 
 
 async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job, pods: list[PodView],

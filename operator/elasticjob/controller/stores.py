@@ -13,8 +13,9 @@ from elasticjob.controller.mirror import JobKey
 from elasticjob.observe import StoreView
 from elasticjob.rendezvous_client import StoreClient
 
-# (job uid, host, port): a store replaced at another address, or a new job of the same name, needs a new watch.
-Target = tuple[str, str, int]
+# (job uid, host, port, maxReplicas): a store replaced at another address, a new job of the same name, or a new
+# bound on the agents a reply may list, needs a new watch.
+Target = tuple[str, str, int, int]
 
 
 class StoreWatches:
@@ -26,14 +27,16 @@ class StoreWatches:
     def __len__(self) -> int:
         return len(self._watches)
 
-    def view(self, key: JobKey, uid: str, host: str, port: int) -> StoreView | None:
-        """The store's latest state, watching it from now on."""
-        target = (uid, host, port)
+    def view(self, key: JobKey, uid: str, host: str, port: int, max_nodes: int) -> StoreView | None:
+        """The store's latest state, watching it from now on; a reply listing more than `max_nodes` agents (the
+        job's maxReplicas) is refused, and the last good one kept."""
+        target = (uid, host, port, max_nodes)
         current = self._watches.get(key)
         if current is None or current[0] != target:
             self.stop(key)
             task = asyncio.create_task(rendezvous_client.watch(
-                self._client, host, port, uid, lambda view: self._seen(key, target, view)), name=f"store {key}")
+                self._client, host, port, uid, lambda view: self._seen(key, target, view), max_nodes),
+                name=f"store {key}")
             self._watches[key] = (target, task)
         seen = self._views.get(key)
         return seen[1] if seen is not None and seen[0] == target else None
