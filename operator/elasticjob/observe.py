@@ -43,7 +43,11 @@ class PodView:
     role: str
     index: int | None
     phase: str
-    ready: bool = False
+    ready: bool = False  # the pod's Ready condition: what the store's serving and the recovery decide on
+    # Every container of the pod runs and is ready, in the kubelet's own words (its container statuses): what the
+    # job's READY counts. The pod's Ready condition is not only the kubelet's: the node lifecycle controller sets
+    # it False on every pod of a node it has not heard from for a while (MarkPodsNotReady), containers running.
+    containers_ready: bool = False
     deleting: bool = False
     deletion_time: datetime | None = None
     deletion_grace: int | None = None
@@ -217,6 +221,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         index=int(index) if index is not None and str(index).isdigit() else None,
         phase=status.get("phase") or "Pending",
         ready=_condition(status, "Ready").get("status") == "True",
+        containers_ready=_containers_ready(body),
         deleting=meta.get("deletionTimestamp") is not None,
         deletion_time=parse_time(meta.get("deletionTimestamp")),
         deletion_grace=meta.get("deletionGracePeriodSeconds"),
@@ -254,6 +259,17 @@ def _cannot_start(status: Mapping[str, Any]) -> str | None:
             message = (waiting.get("message") or "")[:300]
             return f"container {each.get('name')}: {waiting['reason']}{': ' + message if message else ''}"
     return None
+
+
+def _containers_ready(body: Mapping[str, Any]) -> bool:
+    """The kubelet's ContainersReady, read from its container statuses: each container, and each sidecar (an init
+    container that restarts Always), is running and ready (passes its readiness probe, or has none)."""
+    status = body.get("status") or {}
+    sidecars = {c.get("name") for c in (body.get("spec") or {}).get("initContainers") or []
+                if c.get("restartPolicy") == "Always"}
+    statuses = [*(status.get("containerStatuses") or []),
+                *(s for s in status.get("initContainerStatuses") or [] if s.get("name") in sidecars)]
+    return bool(statuses) and all(s.get("ready") is True and "running" in (s.get("state") or {}) for s in statuses)
 
 
 def _killed_and_backed_off(main: Mapping[str, Any]) -> bool:

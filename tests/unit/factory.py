@@ -41,6 +41,8 @@ def worker(index: int, phase: str = "Running", **fields: Any) -> PodView:
     defaults = dict(name=naming.worker_pod_name("train", index), uid=f"uid-w{index}", role=naming.ROLE_WORKER,
                     index=index, phase=phase, ready=phase == "Running", node="node-a", owner_uid=UID,
                     ip=f"10.244.0.{10 + index}", started=phase != "Pending")
+    # The kubelet's container readiness follows the pod's Ready condition unless a test sets them apart.
+    defaults["containers_ready"] = fields.get("ready", defaults["ready"])
     return PodView(**{**defaults, **fields})
 
 

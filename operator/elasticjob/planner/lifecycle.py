@@ -27,6 +27,7 @@ from elasticjob.planner.base import (
     Job,
     Observed,
     Plan,
+    condition,
     enter_phase,
     set_condition,
     since,
@@ -137,9 +138,16 @@ def validate(ref: JobRef) -> list[str]:
 
 
 def count_workers(plan: Plan, workers: list[PodView]) -> None:
+    """READY: worker pods whose containers run and are ready in the kubelet's own words, not the pod's Ready
+    condition, which the node lifecycle controller sets False on pods whose containers run on (observe.py)."""
     live = [p for p in workers if p.active]
     plan.status.replicas = len(live)
-    plan.status.ready_replicas = sum(1 for p in live if p.ready)
+    plan.status.ready_replicas = sum(1 for p in live if p.containers_ready)
+
+
+def runs(pod: PodView) -> bool:
+    """Its main container runs (the pod Running, not leaving, its agent not exited), ready or not."""
+    return pod.active and pod.phase == "Running" and pod.exit_code is None
 
 
 def deadline_passed(plan: Plan, job: Job, now: datetime) -> bool:
@@ -176,6 +184,7 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
                          store: PodView | None = None) -> None:
     status, spec = plan.status, job.ref.spec
     live = [p for p in workers if p.active]
+    running = [p for p in live if runs(p)]
     ready = status.ready_replicas
     desired = status.desired_replicas
     pending = [p for p in live if p.unschedulable]
@@ -199,11 +208,14 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
                     f"replacing failed workers (restart {status.restarts} of {spec.max_restarts}); {detail}", now)
     elif ready >= spec.min_replicas and status.rendezvous.ready:
         enter_phase(plan, job, Phase.RUNNING, "Running", detail, now)
-    elif ready >= spec.min_replicas and status.phase == Phase.RUNNING:
-        # Its agents ride the store's loss out (elasticjob_warm/outage.py): the workers train on meanwhile.
+    elif store_coming_back(plan, now) and len(running) >= spec.min_replicas:
+        # Its agents ride the store's loss out (elasticjob_warm/outage.py): the workers train on meanwhile, ready
+        # or not (a readiness probe of the template's own may ask the store too).
         plan.soon(5)
-        enter_phase(plan, job, Phase.RUNNING, "StoreComingBack", f"the rendezvous store is coming back at "
-                    f"{status.rendezvous.endpoint}; the workers train on and rejoin it; {detail}", now)
+        back = "is back" if status.rendezvous.ready else "is coming back"
+        enter_phase(plan, job, Phase.RUNNING, "StoreComingBack", f"the rendezvous store {back} at "
+                    f"{status.rendezvous.endpoint}; the workers train on and rejoin it; {len(running)} running, "
+                    f"{detail}", now)
     else:
         waiting = "the rendezvous store" if not status.rendezvous.ready else \
             f"at least {spec.min_replicas} ready worker{'s' if spec.min_replicas != 1 else ''}"
@@ -211,6 +223,19 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
             waiting += f" (pod {store.name} cannot start: {store.cannot_start})"
         enter_phase(plan, job, Phase.PENDING, "Waiting", f"waiting for {waiting}; {detail}", now)
         plan.soon(5)
+
+
+def store_coming_back(plan: Plan, now: datetime) -> bool:
+    """The job was Running and its store is not serving; or it serves again and the workers' readiness has not
+    caught up yet (for at most RESTARTING_WINDOW: a worker never ready again is waited for, Pending)."""
+    status = plan.status
+    if status.phase != Phase.RUNNING:
+        return False
+    if not status.rendezvous.ready:
+        return True
+    served = condition(status, "RendezvousReady")
+    age = since(served.last_transition_time if served else None, now)
+    return status.reason == "StoreComingBack" and age is not None and age < RESTARTING_WINDOW
 
 
 def show_refusal(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
