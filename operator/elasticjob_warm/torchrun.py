@@ -4,7 +4,9 @@ whose server starts with the container, and shorter rendezvous polls (polling.py
 `torchrun -m elasticjob_warm SCRIPT` starts the server with the pod's first worker, which therefore still pays
 the import. Here this process is torchrun's agent itself: it starts the server first, so that torch is imported
 there while the agent imports its own and waits for its round, and then runs torchrun with SCRIPT behind
-`-m elasticjob_warm`. Options and exit status are torchrun's own.
+`-m elasticjob_warm`. Options and exit status are torchrun's own. What no warm server can start (--no-python,
+--run-path) runs as written, cold. Either way the agent reads the rendezvous state through a decoder that runs
+nothing (statecheck.py) and rides out a lost store (outage.py).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
-from elasticjob_warm import client, compat, notice, outage, polling, protocol
+from elasticjob_warm import client, compat, notice, outage, polling, protocol, statecheck
 
 
 def main(argv: list[str]) -> int:
@@ -27,35 +30,59 @@ def main(argv: list[str]) -> int:
         # The server started above idles and leaves with this process: no worker asks it for anything.
         return plain(argv, problem)
     args = run.parse_args(argv)
-    if args.no_python:
-        print("elasticjob_warm.torchrun: --no-python runs no Python worker to start warm; use torchrun itself",
-              file=sys.stderr)
-        return 2
-    if not outage.apply():
-        print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
-              "the agent, as in torchrun", file=sys.stderr, flush=True)
+    patch_rendezvous()
     try:
         polling.apply(args.nnodes)
     except ValueError as error:
         print(f"elasticjob_warm.torchrun: {error}", file=sys.stderr)
         return 2
-    args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
-                                 *args.training_script_args]
-    args.training_script, args.module = "elasticjob_warm", True
+    cold = cold_reason(args)
+    if cold:  # torchrun runs the command as written, still with the patches above; the operator is told
+        print(f"elasticjob_warm.torchrun: the workers start cold (no warm server): {cold}", file=sys.stderr,
+              flush=True)
+        tell_operator(argv, cold)
+    else:
+        args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
+                                     *args.training_script_args]
+        args.training_script, args.module = "elasticjob_warm", True
     record(run.run)(args)
     return 0
+
+
+def cold_reason(args: Any) -> str | None:
+    """Why torchrun's parsed arguments run workers that no warm server can fork; None when they start warm."""
+    if args.no_python:
+        return "--no-python runs the command itself as each worker, not Python that a warm server could fork"
+    if getattr(args, "run_path", False):
+        return "--run-path runs the script in workers that torchrun spawns itself (runpy), not through a command"
+    return None
+
+
+def patch_rendezvous() -> None:
+    """The agent's own rendezvous: it reads the state without pickle.loads, and rides out a lost store."""
+    if why := statecheck.apply():
+        print(f"elasticjob_warm.torchrun: {why}; the agent reads the rendezvous state with torch's pickle.loads, "
+              "as torchrun does", file=sys.stderr, flush=True)
+    if not outage.apply():
+        print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
+              "the agent, as in torchrun", file=sys.stderr, flush=True)
 
 
 def plain(argv: list[str], why: str) -> int:
     """torchrun itself, in this process (same pid, same exit status), with nothing of ours patched in."""
     print(f"elasticjob_warm.torchrun: running plain torchrun (no warm worker starts, no shorter rendezvous "
           f"polls): {why}", file=sys.stderr, flush=True)
-    address = notice.endpoint(argv, dict(os.environ))
-    if address:  # the operator learns it through the job's store; torchrun must not wait for that
-        subprocess.Popen([sys.executable, "-m", "elasticjob_warm.notice", address, why], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tell_operator(argv, why)
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
     return 127  # not reached: execv replaces this process or raises
+
+
+def tell_operator(argv: list[str], why: str) -> None:
+    """Through the job's store (notice.py), detached: torchrun must not wait for it."""
+    address = notice.endpoint(argv, dict(os.environ))
+    if address:
+        subprocess.Popen([sys.executable, "-m", "elasticjob_warm.notice", address, why], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def start_server() -> None:
