@@ -29,8 +29,15 @@ RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": 
 SHELLS = re.compile(r"^(.*/)?(sh|bash|dash|ash|zsh)$")
 PYTHONS = re.compile(r"^(.*/)?python(3(\.\d+)?)?$")
 TORCHRUN_MODULES = ("torch.distributed.run", "elasticjob_warm.torchrun")
+# torchrun's options that take no value (torch/distributed/run.py); each of its other options takes one.
+TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path",
+                  "--run_path", "--virtual-local-rank", "--virtual_local_rank"}
+# torchrun's options (and the environment variables its parser reads them from) whose workers no warm server can
+# start: the command itself as each worker, or the script run by torchrun's own spawned Python (runpy).
+COLD_OPTIONS = {"--no-python": "PET_NO_PYTHON", "--no_python": "PET_NO_PYTHON", "--run-path": "PET_RUN_PATH",
+                "--run_path": "PET_RUN_PATH"}
 # Why a job with warm starts on still starts cold because of its own command.
-COMMAND_REASONS = ("NoCommand", "CommandNotTorchrun")
+COMMAND_REASONS = ("NoCommand", "CommandNotTorchrun", "TorchrunRunsCold")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ def warm_starts(spec: ElasticJobSpec, container: dict[str, Any], image: str | No
         return WarmStarts(None, "CommandNotTorchrun", f"the worker command {shlex.join(argv)[:200]!r} is not "
                           "torchrun, `python -m torch.distributed.run` or a shell running torchrun: it runs as "
                           "written")
+    cold = cold_option(argv, container)
+    if cold is not None:
+        return WarmStarts(None, "TorchrunRunsCold", f"torchrun's {cold} starts workers that no warm server can fork "
+                          "(the command itself, or Python that torchrun spawns): the command runs as written")
     return WarmStarts(routed, "KitLauncher", "torchrun runs through elasticjob_warm from the operator's kit: "
                       "workers are forked from a process that imported torch, rendezvous polls every 0.1 s")
 
@@ -77,6 +88,31 @@ def route(argv: list[str]) -> list[str] | None:
         # The shell finds torchrun on its PATH: the kit's comes first, and the launcher finds the image's.
         return [*argv[:script], f'PATH="{PATH_DIR}:$PATH"; export PATH; ' + argv[script], *argv[script + 1:]]
     return None
+
+
+def cold_option(argv: list[str], container: dict[str, Any]) -> str | None:
+    """The option of torchrun's (or PET_ variable set to 1) that keeps its workers cold, when the spec shows it.
+    A shell's torchrun is not looked into: its agent finds out itself and tells the job (PlainTorchrun)."""
+    args = [] if shell_script(argv) is not None else argv[3:] if PYTHONS.match(argv[0]) else argv[1:]
+    for option in torchrun_options(args):
+        if option.split("=", 1)[0] in COLD_OPTIONS:
+            return option.split("=", 1)[0]
+    env = {e.get("name"): e.get("value") for e in container.get("env") or [] if isinstance(e, dict)}
+    for option, variable in COLD_OPTIONS.items():
+        if str(env.get(variable) or "0").strip() not in ("0", ""):
+            return f"{option} (from {variable})"
+    return None
+
+
+def torchrun_options(args: list[str]) -> list[str]:
+    """torchrun's own options at the head of its arguments, the script's (which may look alike) left out."""
+    options, i = [], 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        arg = args[i]
+        options.append(arg)
+        attached = "=" in arg or (not arg.startswith("--") and len(arg) > 2)  # --opt=value, -r3
+        i += 1 if attached or arg in TORCHRUN_FLAGS or arg in COLD_OPTIONS else 2
+    return options
 
 
 def shell_script(argv: list[str]) -> int | None:

@@ -115,3 +115,24 @@ def test_kueues_workload_counts_the_kits_init_container_where_the_pods_get_it():
     cold_workers, cold_store = (s["template"]["spec"] for s in kueue.pod_sets(ref(warmStarts=False), IMAGE))
     assert "initContainers" not in cold_workers and cold_store["initContainers"]
     assert all("initContainers" not in s["template"]["spec"] for s in kueue.pod_sets(ref(), None))
+
+
+@pytest.mark.parametrize(("argv", "env", "reason"), [
+    (["torchrun", "--nnodes=1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint=h:29400", "t.py"], None, "KitLauncher"),
+    (["torchrun", "-m", "pkg.train", "--no-python"], None, "KitLauncher"),  # the module's own argument
+    (["torchrun", "t.py", "--run-path"], None, "KitLauncher"),  # the script's own argument
+    (["torchrun", "-r", "3", "-t3", "--module", "pkg.train"], None, "KitLauncher"),
+    (["torchrun", "--no-python", "python3", "-c", "print(1)"], None, "TorchrunRunsCold"),
+    (["torchrun", "--nproc-per-node", "2", "--no_python", "./run.sh"], None, "TorchrunRunsCold"),
+    (["/opt/bin/torchrun", "--run-path", "/app/t.py"], None, "TorchrunRunsCold"),
+    (["python3", "-m", "torch.distributed.run", "--standalone", "--run_path", "/app/t.py"], None, "TorchrunRunsCold"),
+    (["torchrun", "./run.sh"], [{"name": "PET_NO_PYTHON", "value": "1"}], "TorchrunRunsCold"),
+    (["torchrun", "t.py"], [{"name": "PET_NO_PYTHON", "value": "0"}], "KitLauncher"),
+    (["bash", "-c", "torchrun --no-python ./run.sh"], None, "KitLauncher"),  # its agent finds out and says so
+])
+def test_torchrun_options_that_keep_workers_cold_are_named_from_the_spec(argv, env, reason):
+    container = {"command": argv, **({"env": env} if env else {})}
+    warm = kit.warm_starts(spec(), container, IMAGE)
+    assert warm.reason == reason and warm.on == (reason == "KitLauncher")
+    if reason == "TorchrunRunsCold":
+        assert "runs as written" in warm.message and reason in kit.COMMAND_REASONS
