@@ -19,6 +19,8 @@ NODE_LOST_TOLERATION_SECONDS = 30
 AGENT_RESTART_BACKSTOP = 10000
 # The one NetworkPolicy per namespace that fences every store in it (see network_policy).
 NAMESPACE_POLICY = "elasticjob-rendezvous"
+# The one per namespace around every worker in it (see worker_network_policy).
+WORKER_POLICY = "elasticjob-workers"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "elasticjob-operator"}
 # Who writes the rendezvous Service's EndpointSlice (Kubernetes' own controller leaves other managers' slices be).
 ENDPOINTS_MANAGER = "elasticjob-operator"
@@ -186,7 +188,6 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
     if settings.operator_namespace:
         operator["namespaceSelector"] = {"matchLabels": {
             "kubernetes.io/metadata.name": settings.operator_namespace}}
-    job_pods = {"podSelector": {"matchExpressions": [{"key": naming.JOB_LABEL, "operator": "Exists"}]}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -195,21 +196,45 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
             "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [job_pods], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
+                {"from": [_job_pods()], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": "control"}]},
             ],
         },
     }
 
 
-def rendezvous_service(job: JobRef) -> dict[str, Any]:
+def worker_network_policy(namespace: str) -> dict[str, Any]:
+    """One per namespace, around every worker in it: any port (rank 0's TCPStore at MASTER_PORT, the
+    collectives' ports, which torch picks) admits only the namespace's ElasticJob pods. The operator never
+    connects to a worker (it reads their logs through the API server), and the kubelet's probes come from the
+    node, which implementations admit. Egress stays open. Other pods that must reach the workers (a metrics
+    scraper) need a policy of their own that admits them: policies add up."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": WORKER_POLICY, "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_WORKER}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [_job_pods()]}],
+        },
+    }
+
+
+def _job_pods() -> dict[str, Any]:
+    """The namespace's ElasticJob pods: every job's, as a label is all that tells them apart (see network_policy)."""
+    return {"podSelector": {"matchExpressions": [{"key": naming.JOB_LABEL, "operator": "Exists"}]}}
+
+
+def rendezvous_service(job: JobRef, name: str | None = None) -> dict[str, Any]:
     """No selector: a selector routes to any ready pod with the store's labels, which anyone who may create pods
-    can set. The operator writes the one endpoint itself (rendezvous_endpoints), from the store pod it made."""
+    can set. The operator writes the one endpoint itself (rendezvous_endpoints), from the store pod it made.
+    `name`: naming.rendezvous_service_name (the usual name unless another object held it)."""
     port = job.spec.rendezvous.port
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": naming.rendezvous_name(job.name), "namespace": job.namespace,
+        "metadata": {"name": name or naming.rendezvous_name(job.name), "namespace": job.namespace,
                      "labels": naming.job_labels(job.name), "ownerReferences": [owner_reference(job)]},
         "spec": {
             "type": "ClusterIP",
@@ -219,10 +244,10 @@ def rendezvous_service(job: JobRef) -> dict[str, Any]:
     }
 
 
-def rendezvous_endpoints(job: JobRef, store: tuple[str, str, str] | None) -> dict[str, Any]:
-    """The EndpointSlice behind the rendezvous Service: the (name, uid, ip) of the store pod the operator made,
-    or no endpoint while it has none."""
-    port, name = job.spec.rendezvous.port, naming.rendezvous_name(job.name)
+def rendezvous_endpoints(job: JobRef, store: tuple[str, str, str] | None, name: str | None = None) -> dict[str, Any]:
+    """The EndpointSlice behind the rendezvous Service `name` (named as the Service): the (name, uid, ip) of the
+    store pod the operator made, or no endpoint while it has none."""
+    port, name = job.spec.rendezvous.port, name or naming.rendezvous_name(job.name)
     endpoints = []
     if store is not None:
         pod, uid, ip = store
@@ -232,8 +257,8 @@ def rendezvous_endpoints(job: JobRef, store: tuple[str, str, str] | None) -> dic
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": job.namespace,
-                     "labels": {**naming.job_labels(job.name), "kubernetes.io/service-name": name,
-                                "endpointslice.kubernetes.io/managed-by": ENDPOINTS_MANAGER},
+                     "labels": {**naming.job_labels(job.name), naming.SERVICE_NAME_LABEL: name,
+                                naming.SLICE_MANAGER_LABEL: ENDPOINTS_MANAGER},
                      "ownerReferences": [owner_reference(job)]},
         "addressType": "IPv6" if store is not None and ":" in store[2] else "IPv4",
         "endpoints": endpoints,

@@ -166,6 +166,16 @@ class Kube:
             return None
         return next((r for r in body["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
 
+    async def metadata(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The metadata of a Pod or Service as stored now; None when there is none (whose is a name that a create
+        was refused for, 409)."""
+        try:
+            body = await self._get(rest.resource("v1", namespace, PLURALS[kind], name))
+        except NotFound:
+            return None
+        meta: dict[str, Any] = body.get("metadata") or {}
+        return meta
+
     async def pod_log_tail(self, namespace: str, name: str, container: str, lines: int,
                            since: datetime | None = None) -> str:
         """The last lines a container wrote ('' when the kubelet cannot say); with `since`, only those the

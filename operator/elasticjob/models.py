@@ -193,7 +193,7 @@ class RendezvousStatus(Model):
     restarts: int = Field(0, description="Times the rendezvous pod was lost and recreated.")
     last_lost_time: str | None = None
     service_uid: str | None = Field(None, description="The uid of the rendezvous Service the operator made, once "
-                                    "seen: it counts whatever key signed it.")
+                                    "seen: only that Service counts (another of its name is replaced).")
     epoch: str | None = Field(None, description="Identity of the store process whose counters failureRounds "
                               "refers to; a new store starts counting from zero.")
     failure_rounds: int = Field(0, description="Rounds the store saw re-formed by the same nodes (torchrun "
@@ -251,6 +251,9 @@ class ElasticJobStatus(Model):
                                              "name: only those count. Absent for a job started before pods "
                                              "were signed.")
     rendezvous: RendezvousStatus = Field(default_factory=RendezvousStatus)
+    renamed: dict[str, str] | None = Field(None, description="Names an object that is not the job's held when the "
+                                           "operator asked for them (Kind/name), and the name it made the job's "
+                                           "object under instead: the usual one and a random suffix.")
     admission: AdmissionStatus | None = None
     start_time: str | None = None
     completion_time: str | None = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
 
 from elasticjob.models import GROUP, KIND
 
@@ -30,8 +32,54 @@ def worker_pod_name(job: str, index: int) -> str:
 
 
 def rendezvous_name(job: str) -> str:
-    """Name of both the rendezvous pod and its Service."""
+    """The usual name of both the rendezvous pod and its Service (see in_use: either may be renamed)."""
     return f"{job}-rdzv"
+
+
+# The Service of the job named group 1 (the usual name, or one renamed with a suffix, see with_suffix).
+_RENDEZVOUS_SERVICE = re.compile(r"^(.+)-rdzv(?:-[a-z0-9]{5})?$")
+# A name the operator takes when another object holds the usual one: a DNS label (a Service's name must be one,
+# and a pod's hostname is its name cut to 63), ending in 5 random characters of generateName's alphabet.
+NAME_LIMIT = 63
+SUFFIX_LENGTH = 5
+SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+# An EndpointSlice joins the Service this label names; one the endpointslice-mirroring controller made from an
+# Endpoints object of the Service's name carries that controller's name.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SLICE_MANAGER_LABEL = "endpointslice.kubernetes.io/managed-by"
+MIRRORING_CONTROLLER = "endpointslicemirroring-controller.k8s.io"
+
+
+def job_of_rendezvous_service(service: str) -> str | None:
+    """The job whose rendezvous Service has this name, if it is such a name (an EndpointSlice names only its
+    Service: this is how one that names a job's Service wakes that job)."""
+    found = _RENDEZVOUS_SERVICE.match(service)
+    return found.group(1) if found else None
+
+
+def renamed_key(kind: str, usual: str) -> str:
+    """The key of status.renamed: a Pod and a Service may share a name, and only one of them be taken."""
+    return f"{kind}/{usual}"
+
+
+def in_use(renamed: Mapping[str, str] | None, kind: str, usual: str) -> str:
+    """The name the job's object of that kind is made under: the usual one, unless an object that is not the
+    job's held it when the operator asked (status.renamed records the replacement, so every reconcile and a
+    restarted operator use the same one)."""
+    return (renamed or {}).get(renamed_key(kind, usual), usual)
+
+
+def rendezvous_service_name(job: str, renamed: Mapping[str, str] | None) -> str:
+    """The name of the job's rendezvous Service now (and of the one EndpointSlice the operator writes for it)."""
+    return in_use(renamed, "Service", rendezvous_name(job))
+
+
+def with_suffix(name: str, suffix: str, job: str) -> str:
+    """`name` (the job's name and what says which object it is) with a suffix, as a DNS label: when too long, the
+    job's name is cut, not what follows it (the suffix, random per name, keeps cut names apart)."""
+    rest = name[len(job):] if name.startswith(job) else ""
+    head = (job if rest else name)[:max(1, NAME_LIMIT - len(rest) - SUFFIX_LENGTH - 1)]
+    return f"{head}{rest}-{suffix}"
 
 
 def alternate_name(name: str, uid: str) -> str:

@@ -144,6 +144,20 @@ class ServiceView:
     uid: str = ""
     owner_uid: str | None = None
     mark: str = ""
+    selector: bool = False  # routes to pods by their labels, which anyone who may create pods can set
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    """An EndpointSlice naming a job's rendezvous Service (kubernetes.io/service-name): who made it, and where
+    it sends the Service's connections."""
+
+    name: str
+    uid: str
+    service: str
+    addresses: tuple[str, ...] = ()
+    # The Endpoints object (name, uid) the endpointslice-mirroring controller made it from, if it did.
+    mirrored_from: tuple[str, str] | None = None
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -306,4 +320,18 @@ def observe_service(body: Mapping[str, Any]) -> ServiceView:
     ip = (body.get("spec") or {}).get("clusterIP")
     return ServiceView(name=meta.get("name", ""), cluster_ip=ip if ip not in ("", "None") else None,
                        uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
-                       mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "")
+                       mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "",
+                       selector=bool((body.get("spec") or {}).get("selector")))
+
+
+def observe_slice(body: Mapping[str, Any]) -> SliceView:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    source = None
+    if labels.get(naming.SLICE_MANAGER_LABEL) == naming.MIRRORING_CONTROLLER:
+        owner = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == "Endpoints"), None)
+        source = (owner.get("name", ""), owner.get("uid", "")) if owner else None
+    addresses = tuple(a for e in body.get("endpoints") or [] for a in e.get("addresses") or [])
+    return SliceView(name=meta.get("name", ""), uid=meta.get("uid", ""),
+                     service=labels.get(naming.SERVICE_NAME_LABEL, ""), addresses=addresses,
+                     mirrored_from=source)

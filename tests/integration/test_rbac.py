@@ -32,7 +32,9 @@ OPERATOR_NEEDS = [
     ("delete", "", "pods", ""), ("get", "", "pods", "log"),
     ("get", "", "services", ""), ("list", "", "services", ""), ("watch", "", "services", ""),
     ("create", "", "services", ""), ("delete", "", "services", ""),
+    ("list", "discovery.k8s.io", "endpointslices", ""), ("watch", "discovery.k8s.io", "endpointslices", ""),
     ("create", "discovery.k8s.io", "endpointslices", ""), ("patch", "discovery.k8s.io", "endpointslices", ""),
+    ("delete", "discovery.k8s.io", "endpointslices", ""), ("delete", "", "endpoints", ""),
     ("create", "networking.k8s.io", "networkpolicies", ""),
     ("create", "", "events", ""),
 ]

@@ -51,7 +51,8 @@ NAMESPACED_GRANTS = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},
     ("", "pods/log"): {"get"},
     ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("discovery.k8s.io", "endpointslices"): {"create", "patch"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
+    ("", "endpoints"): {"delete"},
     ("networking.k8s.io", "networkpolicies"): {"create"},
     ("", "events"): {"create"},
 }

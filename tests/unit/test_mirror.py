@@ -59,7 +59,7 @@ def test_a_recreated_job_sees_only_what_it_made():
     mirror.pods.apply("ADDED", pod("train-worker-0", uid="old-0", owner="old-job", phase="Succeeded"))
     mirror.pods.apply("ADDED", pod("train-worker-1", uid="new-1", owner="new-job"))
     assert [p.uid for p in mirror.owned_pods(("ml", "train"), "new-job")] == ["new-1"]
-    assert mirror.owned_service(("ml", "train"), "new-job") is None
+    assert mirror.owned_service(("ml", "train"), "new-job", "train-rdzv") is None
 
 
 def test_jobs_change_only_with_their_resource_version_and_leave_on_relist():

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticjob import k8s, metrics, planner
+from elasticjob import k8s, metrics, naming, planner
 from elasticjob.controller.context import Context
 from elasticjob.domain import JobRef
 from elasticjob.kueue import io as kueue_io
+from elasticjob.models import API_VERSION, KIND
 
 MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are read through it
 
@@ -30,6 +32,7 @@ def waves(actions: list[planner.Action]) -> tuple[list[planner.Action], list[pla
 class Applied:
     refusal: str | None = None  # the API server's words when it refused to create something
     created: list[str] = field(default_factory=list)  # kinds of the objects created and now in the mirror
+    taken: list[planner.NameTaken] = field(default_factory=list)  # names another object held (409)
 
 
 async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox: list[planner.Event],
@@ -46,6 +49,8 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox
                 applied.refusal = applied.refusal or result.message
             elif isinstance(result, BaseException):
                 errors.append(result)
+            elif isinstance(result, planner.NameTaken):
+                applied.taken.append(result)
             elif result is not None:
                 event = getattr(action, "event", None)
                 if isinstance(event, planner.Event):
@@ -86,16 +91,20 @@ def merged(events: list[planner.Event]) -> list[planner.Event]:
             for (kind, reason), messages in by_reason.items()]
 
 
-async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
-                    log: logging.LoggerAdapter[logging.Logger]) -> dict[str, Any] | bool | None:
-    """The created object, True for another action that took effect, None for one that found it done."""
+async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logging.LoggerAdapter[logging.Logger]
+                    ) -> dict[str, Any] | bool | planner.NameTaken | None:
+    """The created object, True for another action that took effect, None for one that found it done, the name
+    when another object holds it."""
     metrics.ACTIONS.labels(type(action).__name__).inc()
     kube = ctx.kube
     if isinstance(action, planner.CreateObject):
         try:
             if action.per_namespace:
                 return await ctx.namespace_objects.create(action.manifest, kube.create)
-            return await kube.create(action.manifest)
+            created = await kube.create(action.manifest)
+            if created is None and action.manifest["kind"] in ("Pod", "Service"):
+                return await holder(ctx, ref, action.manifest)
+            return created
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)
             if action.manifest["kind"] in k8s.CUSTOM_PLURALS:  # a PodGroup or Workload: the job waits for it
                 raise k8s.Forbidden(404, "NotFound", f"the API server does not serve "
@@ -121,6 +130,23 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action,
     elif isinstance(action, kueue_io.HANDLED):
         return await kueue_io.apply(kube, ref, action, log) or None
     return None
+
+
+async def holder(ctx: Context, ref: JobRef, manifest: dict[str, Any]) -> planner.NameTaken | None:
+    """Whose is the name a create was refused for (409)? One labelled with the job's name and controlled by an
+    ElasticJob the watch shows, and the planner judges (the job's own, a forgery under it, an earlier job's
+    leftover): None, as done. Any other object would hold the name for ever, unseen: the name is taken, with a
+    random suffix for the planner to take instead."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    meta = await ctx.kube.metadata(kind, ref.namespace, name)
+    if meta is None:
+        return None  # gone meanwhile: asked for again at the next reconcile
+    owner: dict[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
+    if (meta.get("labels") or {}).get(naming.JOB_LABEL) == ref.name and (
+            owner.get("apiVersion"), owner.get("kind")) == (API_VERSION, KIND):
+        return None
+    suffix = "".join(secrets.choice(naming.SUFFIX_ALPHABET) for _ in range(naming.SUFFIX_LENGTH))
+    return planner.NameTaken(kind, name, meta.get("uid", ""), suffix)
 
 
 async def change_object(ctx: Context, ref: JobRef, action: planner.DeleteObject | planner.PatchObject) -> bool:

@@ -15,7 +15,7 @@ from elasticjob.controller.mirror import JobKey, Mirror
 from elasticjob.domain import Settings
 from elasticjob.gang import io as gang_io
 from elasticjob.kueue import io as kueue_io
-from elasticjob.planner import Event, RoundFailure
+from elasticjob.planner import Event, NameTaken, RoundFailure
 from elasticjob.rendezvous_client import StoreClient
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ class JobMemory:
     # What the integrations remember: the PodGroup (no watch on it), the priority of Kueue's Workloads.
     gang: gang_io.Memory = field(default_factory=gang_io.Memory)
     kueue: kueue_io.Memory = field(default_factory=kueue_io.Memory)
+    # Names another object held when the operator asked (409), by kind and name: the planner renames them
+    # (planner/ownership.py rename_taken) and its status keeps the new names; kept here until then.
+    squatted: dict[tuple[str, str], NameTaken] = field(default_factory=dict)
     # What this operator last applied, per kind and name (the rendezvous EndpointSlice): sent again only changed.
     applied: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""What the operator knows of the cluster: its jobs, and the pods and Services labelled with a job's name. Pure.
+"""What the operator knows of the cluster: its jobs, the pods and Services labelled with a job's name, and the
+EndpointSlices that name a job's rendezvous Service. Pure.
 
 Watches feed it one event at a time; a (re)list replaces everything it held for that namespace, so an object
 deleted while no watch ran (an API server restart, a 410 Gone, an operator restart) leaves the mirror with the
@@ -17,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from elasticjob import naming
 from elasticjob.kueue.workloads import FlavorView, WorkloadView, observe_flavor, observe_workload, same_to_plan
-from elasticjob.observe import PodView, ServiceView, observe_pod, observe_service
+from elasticjob.observe import PodView, ServiceView, SliceView, observe_pod, observe_service, observe_slice
 from elasticjob.planner import Leftover
 
 JobKey = tuple[str, str]
@@ -136,6 +137,18 @@ def _service(body: Mapping[str, Any]) -> tuple[str, Entry[ServiceView]] | None:
     return meta["uid"], Entry(key, observe_service(body))
 
 
+def _slice(body: Mapping[str, Any]) -> tuple[str, Entry[SliceView]] | None:
+    """Any EndpointSlice whose Service name is a job's rendezvous Service's, whoever made it and whatever its other
+    labels (one that joins the Service need carry no job label): by the job that name belongs to, whose loop its
+    changes wake."""
+    meta = body.get("metadata") or {}
+    service = (meta.get("labels") or {}).get(naming.SERVICE_NAME_LABEL) or ""
+    job = naming.job_of_rendezvous_service(service)
+    if job is None or not meta.get("uid"):
+        return None
+    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), job), observe_slice(body))
+
+
 def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None:
     if (found := _labelled(body)) is None:
         return None
@@ -200,19 +213,21 @@ def _same_version(a: StoredJob, b: StoredJob) -> bool:
 
 
 class Mirror:
-    """Jobs (whole bodies, kept as JSON: the planner needs the spec), their pods and Services (views: what it
-    decides on)."""
+    """Jobs (whole bodies, kept as JSON: the planner needs the spec), their pods, Services and the EndpointSlices
+    of their rendezvous Services (views: what it decides on)."""
 
     def __init__(self) -> None:
         self.jobs: KindCache[StoredJob] = KindCache(_job, _same_version)
         self.pods: KindCache[PodView] = KindCache(_pod)
         self.services: KindCache[ServiceView] = KindCache(_service)
+        self.slices: KindCache[SliceView] = KindCache(_slice)
         self.workloads: KindCache[WorkloadView] = KindCache(_workload, same_to_plan)
         self.flavors = Flavors()
 
     def cache(self, kind: str) -> KindCache[Any] | Flavors:
         caches: dict[str, KindCache[Any] | Flavors] = {
-            "elasticjobs": self.jobs, "pods": self.pods, "services": self.services, "workloads": self.workloads,
+            "elasticjobs": self.jobs, "pods": self.pods, "services": self.services, "endpointslices": self.slices,
+            "workloads": self.workloads,
             "resourceflavors": self.flavors}
         return caches[kind]
 
@@ -240,8 +255,16 @@ class Mirror:
         """Pods this very job made: a pod left by an earlier job of the same name is not ours to count."""
         return [p for p in self.pods.of(key) if p.owner_uid == uid]
 
-    def owned_service(self, key: JobKey, uid: str) -> ServiceView | None:
-        return next((s for s in self.services.of(key) if s.owner_uid == uid), None)
+    def owned_service(self, key: JobKey, uid: str, name: str) -> ServiceView | None:
+        """The Service of that name that names this job as its controller (whether the operator made it is
+        planner/ownership.py's to say); another of the job's labels and owner is not its rendezvous Service."""
+        return next((s for s in self.services.of(key) if s.owner_uid == uid and s.name == name), None)
+
+    def endpoint_slices(self, namespace: str, service: str) -> tuple[SliceView, ...]:
+        """Every EndpointSlice that joins the job's Service `service`, the operator's own among them: kept by the
+        job its name says (for a job whose name was cut to fit a renamed Service's, a prefix of it)."""
+        job = naming.job_of_rendezvous_service(service) or ""
+        return tuple(s for s in self.slices.of(naming.job_key(namespace, job)) if s.service == service)
 
     def leftovers(self, key: JobKey, uid: str) -> list[Leftover]:
         """Pods and Services under this job's name controlled by another job (a pod already being deleted is

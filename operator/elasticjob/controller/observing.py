@@ -26,7 +26,9 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     token = ctx.stores.token(ref.uid)
     pods = planner.admit(ctx.mirror.owned_pods(key, ref.uid), job.status, token)
     taken = frozenset(p.name for p in ctx.mirror.pods.of(key)) - {p.name for p in pods}
-    service = planner.service_admitted(ctx.mirror.owned_service(key, ref.uid), job.status, token)
+    service_name = naming.rendezvous_service_name(ref.name, job.status.renamed)
+    named = ctx.mirror.owned_service(key, ref.uid, service_name)
+    service = planner.service_admitted(named, job.status, token)
     store = read_store(ctx, job, pods, service)
     nodes = await node_readiness(ctx, planner.stuck_nodes(pods, now) | planner.suspect_nodes(job, pods, store, now))
     failures, wait = await read_round_failures(ctx, memory, job, pods, store, now)
@@ -34,6 +36,9 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
     return planner.Observed(pods=pods, service=service, store=store, nodes=nodes, round_failures=failures,
                             round_failures_wait=wait,
                             leftovers=ctx.mirror.leftovers(key, ref.uid), taken=taken,
+                            squatted=tuple(memory.squatted.values()),
+                            rejected_service=named if service is None else None,
+                            endpoint_slices=ctx.mirror.endpoint_slices(ref.namespace, service_name),
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
                             **await integrations(ctx, memory, job.ref))

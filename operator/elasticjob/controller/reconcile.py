@@ -33,10 +33,11 @@ STATUS_INTERVAL = 2.0
 # messages, the Service's address, the store's round and its identity (a new epoch alone counts nothing: what is
 # counted against it, failureRounds, goes out at once), the uids of the operator's pods (planner/ownership.py: a
 # making's serial goes out before it is made). Not the store's readiness: a lost store is counted
-# against the readiness last written.
+# against the readiness last written; nor the Service's uid: from then on only that Service counts, and a copy
+# made before a held write went out would be taken for it after a restart.
 OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
                                    "owned_pods": {"__all__": {"uid"}},
-                                   "rendezvous": {"round", "nodes", "endpoint", "epoch", "service_uid"}}
+                                   "rendezvous": {"round", "nodes", "endpoint", "epoch"}}
 # Never a reason to write on its own, only carried by the next write: the store's identity matters only with
 # what is counted against it, and that goes out at once, with it.
 CARRIED_FIELDS: dict[str, Any] = {"rendezvous": {"epoch"}}
@@ -120,6 +121,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         applied = await apply(ctx, ref, actions, outbox, log)
         if applied.refusal is None:
             remember_applied(memory.applied, actions)
+        memory.squatted |= {(t.kind, t.name): t for t in applied.taken}
     except k8s.Invalid as exc:
         rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
                                                     f"template: {exc.message}", now)
@@ -130,8 +132,8 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         post_all(ctx, memory, body, outbox, log)
     metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts)
     delay = remember_refusal(ctx, memory, plan, applied.refusal, body, now, log)
-    if "Service" in applied.created:
-        return 0.0  # the workers wait for its ClusterIP, which the mirror now holds
+    if "Service" in applied.created or applied.taken:
+        return 0.0  # the workers wait for its ClusterIP, which the mirror now holds; or a taken name is renamed
     return delay if defer is None else min(delay, defer)
 
 

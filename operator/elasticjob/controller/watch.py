@@ -19,6 +19,9 @@ from elasticjob.models import API_VERSION, PLURAL
 
 # Pods and Services of every job carry this label: the API server sends the operator only those.
 OWNED_SELECTOR = naming.JOB_LABEL
+# An EndpointSlice that joins a job's rendezvous Service need carry no label of ours: every slice that names a
+# Service is watched (as kube-proxy does), and the mirror keeps those that name a job's (mirror._slice).
+SLICE_SELECTOR = naming.SERVICE_NAME_LABEL
 
 
 def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
@@ -27,7 +30,9 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
     for ns in targets:
         found += [reflector.Source("elasticjobs", ns, None, kube.lister(rest.resource(API_VERSION, ns, PLURAL))),
                   reflector.Source("pods", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "pods"))),
-                  reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services")))]
+                  reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services"))),
+                  reflector.Source("endpointslices", ns, SLICE_SELECTOR,
+                                   kube.lister(rest.resource("discovery.k8s.io/v1", ns, "endpointslices")))]
         if ctx.settings.kueue:
             owned = rest.resource(workloads.API_VERSION, ns, workloads.WORKLOADS)
             found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(owned)))

@@ -22,6 +22,7 @@ from elasticjob.planner.base import (
     Event,
     Job,
     Leftover,
+    NameTaken,
     Observed,
     PatchObject,
     PatchWorkload,
@@ -39,6 +40,6 @@ from elasticjob.planner.scaling import stuck_nodes
 __all__ = [
     "RESYNC_SECONDS", "Action", "ApplyObject", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject",
     "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover",
-    "Observed", "PatchObject", "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction", "admit", "plan",
-    "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
+    "NameTaken", "Observed", "PatchObject", "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction",
+    "admit", "plan", "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

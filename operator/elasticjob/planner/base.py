@@ -13,7 +13,7 @@ from elasticjob.gang.podgroup import PodGroupView
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView
 from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
-from elasticjob.observe import PodView, ServiceView, StoreView
+from elasticjob.observe import PodView, ServiceView, SliceView, StoreView
 
 RESYNC_SECONDS = 300.0
 
@@ -78,6 +78,17 @@ class Leftover:
     name: str
     uid: str
     owner_uid: str
+
+
+@dataclass(frozen=True)
+class NameTaken:
+    """A name the operator asked for (409) that an object it will never see as the job's holds (no job label, or
+    not controlled by an ElasticJob of this name); the suffix, random, is the one to take instead."""
+
+    kind: str
+    name: str
+    holder_uid: str
+    suffix: str
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,13 @@ class Observed:
     leftovers: list[Leftover] = field(default_factory=list)
     # Names of pods under this job's name that are not its own (an earlier job's, still terminating).
     taken: frozenset[str] = frozenset()
+    # Names the operator asked for that another object holds (planner/ownership.py rename_taken).
+    squatted: tuple[NameTaken, ...] = ()
+    # The Service under the job's rendezvous Service name, controlled by the job, that the operator did not make
+    # (or that routes by a selector): replaced.
+    rejected_service: ServiceView | None = None
+    # Every EndpointSlice that names the job's rendezvous Service; only the operator's own may stay.
+    endpoint_slices: tuple[SliceView, ...] = ()
 
     @property
     def workload(self) -> WorkloadView | None:

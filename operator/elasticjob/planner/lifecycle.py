@@ -52,6 +52,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     ownership.begin(status)
     ownership.record_seen(status, observed.pods)
     result = Plan(status=status)
+    ownership.rename_taken(result, job.ref.name, observed.squatted)
     count_workers(result, observed.workers)
     report_round(result, observed)
     collect_leftovers(result, job, observed, now)

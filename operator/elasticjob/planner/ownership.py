@@ -24,6 +24,7 @@ from typing import Any
 from elasticjob import naming
 from elasticjob.models import ElasticJobStatus, OwnedPod
 from elasticjob.observe import PodView, ServiceView
+from elasticjob.planner.base import NameTaken, Plan
 
 
 def mark(token: str, kind: str, name: str, serial: int) -> str:
@@ -64,11 +65,16 @@ def _genuine(pod: PodView, record: OwnedPod | None, token: str, current_key: str
 
 def service_admitted(service: ServiceView | None, status: ElasticJobStatus, token: str) -> ServiceView | None:
     """The job's Service if the operator made it (a stranger's could route the agents, and the token, anywhere).
-    Its mark has no serial: a copy made after the Service was deleted would pass, but deleting it takes more
-    than the right to create pods. Once seen its uid is recorded; until then, after a key change, the job's
-    records vouch for it."""
-    if service is None or status.owned_pods is None or service.uid == status.rendezvous.service_uid:
+    Once seen its uid is recorded, and from then on only that Service counts: its mark has no serial, so a copy of
+    its annotations on a Service made after it was deleted would verify. Until then its mark vouches for it, or,
+    after a key change, the job's records. One with a selector never counts: the operator's has none, and a
+    selector routes to any pod labelled as the store."""
+    if service is None or status.owned_pods is None:
         return service
+    if service.selector:
+        return None
+    if status.rendezvous.service_uid:
+        return service if service.uid == status.rendezvous.service_uid else None
     if hmac.compare_digest(service.mark, mark(token, "Service", service.name, 0)):
         return service
     current = key_id(token)
@@ -106,12 +112,34 @@ def allocate(status: ElasticJobStatus, name: str, token: str) -> int | None:
 def pod_name(usual: str, uid: str, taken: frozenset[str], status: ElasticJobStatus) -> str:
     """The name to make a pod under: the usual one, unless a pod that is not the job's holds it (an earlier
     job's, still terminating), then its alternate; a making recorded but not yet seen keeps the name it was
-    asked under, so a create that is repeated never makes a second pod."""
-    alternate = naming.alternate_name(usual, uid)
+    asked under, so a create that is repeated never makes a second pod. Either may have been renamed
+    (rename_taken)."""
+    usual = naming.in_use(status.renamed, "Pod", usual)
+    alternate = naming.in_use(status.renamed, "Pod", naming.alternate_name(usual, uid))
     pending = {r.name for r in status.owned_pods or [] if not r.uid}
     if usual in pending or alternate in pending:
         return usual if usual in pending and usual not in taken else alternate
     return alternate if usual in taken else usual
+
+
+def rename_taken(plan: Plan, job: str, squatted: tuple[NameTaken, ...]) -> None:
+    """A name the operator asked for that an object it will never count as the job's holds (a pod or Service
+    without the job's label: each create answered 409, which used to count as done, and the job waited in
+    silence): the job's object is made under the usual name and the taken name's random suffix instead, recorded
+    before it is made, so every later reconcile, and a restarted operator, asks for the same one."""
+    renamed = plan.status.renamed or {}
+    for taken in squatted:
+        key = next((k for k, v in renamed.items() if v == taken.name and k.startswith(f"{taken.kind}/")),
+                   naming.renamed_key(taken.kind, taken.name))
+        usual = key.split("/", 1)[1]
+        if naming.in_use(renamed, taken.kind, usual) != taken.name:
+            continue  # renamed already
+        renamed[key] = naming.with_suffix(usual, taken.suffix, job)
+        if taken.kind == "Pod" and plan.status.owned_pods is not None:  # that making never happened
+            plan.status.owned_pods = [r for r in plan.status.owned_pods if r.name != taken.name]
+        plan.warn("NameTaken", f"{taken.kind} {taken.name} is held by an object that is not this job's (uid "
+                               f"{taken.holder_uid}); the job's {taken.kind} is made as {renamed[key]} instead")
+    plan.status.renamed = renamed or plan.status.renamed
 
 
 def sign(manifest: dict[str, Any], status: ElasticJobStatus, token: str) -> dict[str, Any]:
