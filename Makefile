@@ -9,8 +9,14 @@ KUEUE ?= 0
 SCHEDULER_PLUGINS ?= 0
 KWOK ?= 0
 REAL_NODES ?= 0
-# kubectl v1.36.3 (built with the control plane) ahead of any other on PATH, for recipes and the tests they run.
-KUBE_BIN := $(shell bash localcluster/build.sh --bin-dir)
+# The Kubernetes release of the local cluster: empty, the one localcluster/go.mod pins (v1.36.3); else a supported
+# minor (1.33 to 1.37: its newest patch, in build.sh's table) or a full version (1.33.5). Every recipe, and each
+# `localcluster up` and test it starts, builds (once, cached per version) and runs that release's binaries.
+K8S_VERSION ?= $(ELASTICJOB_K8S_VERSION)
+export ELASTICJOB_K8S_VERSION := $(K8S_VERSION)
+# That release's kubectl (built with the control plane) ahead of any other on PATH, for recipes and their tests.
+KUBE_BIN := $(shell ELASTICJOB_K8S_VERSION=$(K8S_VERSION) bash localcluster/build.sh --bin-dir 2>/dev/null)
+$(if $(KUBE_BIN),,$(error K8S_VERSION=$(K8S_VERSION): $(shell ELASTICJOB_K8S_VERSION=$(K8S_VERSION) bash localcluster/build.sh --bin-dir 2>&1)))
 export PATH := $(KUBE_BIN):$(PATH)
 
 .DEFAULT_GOAL := help
@@ -68,11 +74,11 @@ gpu-check: ## Opt-in, on a machine with a CUDA GPU and its torch: warm starts on
 run: $(VENV)/.installed host-packages ## Local cluster on real nodes, the operator from its image by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
 	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
 
-cluster-build: ## Build (once; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
+cluster-build: ## Build (once per K8S_VERSION; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
 	bash localcluster/build.sh >/dev/null
 	bash localcluster/build_addons.sh >/dev/null
 
-cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; REAL_NODES=1 real ones; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those)
+cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; REAL_NODES=1 real ones; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those; K8S_VERSION=1.33 another release)
 	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(REAL_NODES)),--real-nodes) $(if $(filter 1,$(KUEUE)),--kueue) \
 		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins) $(if $(filter 1,$(KWOK)),--kwok)
 

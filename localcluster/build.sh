@@ -1,13 +1,34 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd from
-# the Go modules pinned in go.mod into a cache keyed by version, once.
+# Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kubelet and kube-proxy of one
+# Kubernetes release into a cache keyed by version, once.
+# The release: ELASTICJOB_K8S_VERSION (`make ... K8S_VERSION=1.33`), a supported minor (its patch below) or a full
+# version (1.33.5); unset or empty, the one go.mod pins, built from go.mod. Any other is built from a module that
+# version_module.sh writes into the cache beside its bin dir.
 # stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
-[[ -n $version ]] || { echo "no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
+pinned=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
+[[ -n $pinned ]] || { echo "no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
+# The supported minors, each as the newest patch the Go module proxy served when this table was written.
+declare -A newest_patch=([1.33]=v1.33.13 [1.34]=v1.34.4 [1.35]=v1.35.4 [1.36]=v1.36.3 [1.37]=v1.37.2)
+wanted=${ELASTICJOB_K8S_VERSION:-$pinned}
+wanted=${wanted#v}
+if [[ $wanted =~ ^1\.[0-9]+$ ]]; then
+  version=${newest_patch[$wanted]:-}
+elif [[ $wanted =~ ^(1\.[0-9]+)\.[0-9]+$ && -n ${newest_patch[${BASH_REMATCH[1]}]:-} ]]; then
+  version=v$wanted
+else
+  version=
+fi
+[[ -n $version ]] || {
+  echo "Kubernetes $wanted is not supported: give a minor ($(printf '%s\n' "${!newest_patch[@]}" | sort -V | xargs)) or a patch of one (1.33.5)" >&2
+  exit 2
+}
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
 bin=$cache/localcluster-$version/bin
+# Where `go build` runs: this directory for the pinned release, else that release's own module.
+src=$here
+[[ $version == "$pinned" ]] || src=$cache/localcluster-$version/module
 # --bin-dir: only print where the binaries are (or will be), building nothing (the Makefile puts it on PATH).
 [[ ${1:-} == --bin-dir ]] && { echo "$bin"; exit 0; }
 # binary name -> Go package
@@ -52,7 +73,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-cd "$here"
+if ((${#todo[@]})) && [[ ! -f $src/go.mod ]]; then
+  echo "writing the Go module of Kubernetes $version into $src" >&2
+  bash "$here/version_module.sh" "$version" "$src"
+fi
+cd "$src"
 if ((${#todo[@]})); then
   echo "building Kubernetes $version (${todo[*]##*/}) into $bin (first time only; about 7 minutes on 2 cores)" >&2
 fi

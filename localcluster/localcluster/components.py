@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,36 @@ CLUSTER_CIDR = "10.244.0.0/16"
 NODE_MONITOR_GRACE = "20s"
 NOT_READY_TOLERATION_SECONDS = 20
 DEFAULT_PORTS = {"apiserver": 6443, "etcd": 2379, "etcd-peer": 2380, "controller-manager": 10257, "scheduler": 10259}
-# The upstream Workload API (scheduling.k8s.io/v1alpha2 Workload and PodGroup) and the default scheduler's gang
-# scheduling, both alpha in v1.36: the same gates on the apiserver, the scheduler and the controller-manager.
-FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
-RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+# The upstream Workload API (scheduling.k8s.io/v1alpha2 Workload and PodGroup, what `gang: Workload` creates) and the
+# default scheduler's gang scheduling, both alpha in v1.36: the same gates on the apiserver, the scheduler and the
+# controller-manager. Keyed by minor: no other release serves v1alpha2 (1.35 has v1alpha1, 1.37 v1alpha3 and no
+# GangScheduling gate, 1.33 and 1.34 neither gate), and a component refuses to start on a gate or a group version
+# it does not know, so theirs start without the Workload API.
+WORKLOAD_API = {36: ("GenericWorkload=true,GangScheduling=true", "scheduling.k8s.io/v1alpha2=true")}
 # The apiserver listens on every address: 127.0.0.1 for kubeconfigs on this host, and the pod bridge's address,
 # which it advertises as the `kubernetes` Service's endpoint so that pods reach it (in-cluster config).
 APISERVER_BIND = "0.0.0.0"
+
+
+def release(bin_dir: Path) -> str:
+    """The Kubernetes version of the binaries in bin_dir (build.sh builds one release per bin dir), e.g. v1.33.13."""
+    out = subprocess.run([str(bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return out.split()[-1]
+
+
+def _minor(bin_dir: Path) -> int:
+    return int(release(bin_dir).split(".")[1])
+
+
+def _feature_gates(bin_dir: Path) -> list[str]:
+    gates = WORKLOAD_API.get(_minor(bin_dir))
+    return [f"--feature-gates={gates[0]}"] if gates else []
+
+
+def _runtime_config(bin_dir: Path) -> list[str]:
+    gates = WORKLOAD_API.get(_minor(bin_dir))
+    return [f"--runtime-config={gates[1]}"] if gates else []
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -109,7 +133,7 @@ def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         str(bin_dir / "kube-apiserver"),
         f"--bind-address={APISERVER_BIND}", f"--advertise-address={BRIDGE_IP}",
         f"--secure-port={endpoints.ports['apiserver']}",
-        f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
+        *_feature_gates(bin_dir), *_runtime_config(bin_dir),
         f"--etcd-servers=http://127.0.0.1:{endpoints.ports['etcd']}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
@@ -152,7 +176,7 @@ def controller_manager_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         f"--secure-port={endpoints.ports['controller-manager']}",
         f"--cert-dir={layout.state / 'controller-manager-certs'}",
         "--controllers=*", "--leader-elect=false", "--use-service-account-credentials=true",
-        f"--feature-gates={FEATURE_GATES}",
+        *_feature_gates(bin_dir),
         f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
         f"--cluster-cidr={CLUSTER_CIDR}", "--allocate-node-cidrs=false", f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -168,7 +192,7 @@ def scheduler_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         *_delegating_flags(layout.kubeconfigs / "scheduler.yaml"),
         f"--secure-port={endpoints.ports['scheduler']}",
         f"--cert-dir={layout.state / 'scheduler-certs'}",
-        "--leader-elect=false", "--profiling=false", f"--feature-gates={FEATURE_GATES}",
+        "--leader-elect=false", "--profiling=false", *_feature_gates(bin_dir),
     ]
 
 

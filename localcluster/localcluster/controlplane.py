@@ -28,7 +28,6 @@ from localcluster.layout import Endpoints, Layout, load_endpoints, record, recor
 from localcluster.nodes import node_names
 from localcluster.realnodes import preflight
 
-VERSION = "v1.36.3"
 CORE = {"etcd", "apiserver", "controller-manager", "scheduler"}
 STOP_ORDER = [*ADDONS, "nodeagent", "scheduler", "controller-manager", "apiserver", "etcd"]
 STOP_GROUPS = [list(ADDONS), ["nodeagent"], ["scheduler", "controller-manager", "apiserver"], ["etcd"]]
@@ -260,11 +259,12 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
         log("found a partly running cluster: stopping it first")
         _down_locked(layout, log)
     started = time.monotonic()
-    log(f"starting local Kubernetes {VERSION} control plane in {layout.state}")
+    log(f"starting a local Kubernetes control plane in {layout.state}")
     # The real nodes' images need nothing from the Go build: they build beside it, and the nodes take them.
     images = realnodes.project_images(layout, log) if nodes.kind == "real" and nodes.count else None
     with images or contextlib.nullcontext():
         bin_dir = ensure_binaries(layout.root, log)
+        log(f"  Kubernetes {components.release(bin_dir)} from {bin_dir}")
         pki_mod.ensure_pki(layout.pki)
         _fresh_state(layout)
         endpoints = Endpoints(layout, components.choose_ports(apiserver_port))

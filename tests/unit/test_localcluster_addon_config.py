@@ -51,13 +51,37 @@ def test_a_serving_certificate_is_reissued_when_a_name_is_added(tmp_path):
     assert "IP:10.244.0.1" in pki._sans_of(tmp_path / "kueue-webhook.crt")
 
 
+def _bin_dir_of(tmp_path: Path, version: str) -> Path:
+    """A bin dir whose kube-apiserver reports `version`, as the built one does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kube-apiserver").write_text(f"#!/bin/sh\necho 'Kubernetes {version}'\n")
+    (bin_dir / "kube-apiserver").chmod(0o755)
+    return bin_dir
+
+
 def test_control_plane_flags_turn_on_the_workload_api_and_the_endpoint_reconciler(tmp_path):
     endpoints = Endpoints(Layout(tmp_path), {"apiserver": 6443, "etcd": 2379})
-    argv = components.apiserver_argv(Path("/bin"), endpoints)
+    argv = components.apiserver_argv(_bin_dir_of(tmp_path, "v1.36.3"), endpoints)
     assert "--feature-gates=GenericWorkload=true,GangScheduling=true" in argv
     assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in argv
     assert "--advertise-address=10.244.0.1" in argv and "--bind-address=0.0.0.0" in argv
     assert not any(arg.startswith("--endpoint-reconciler-type") for arg in argv)
+
+
+# Only 1.36 serves scheduling.k8s.io/v1alpha2, and each release refuses a gate or group version it does not know.
+@pytest.mark.parametrize("version, workload_api", [
+    ("v1.33.13", False), ("v1.34.4", False), ("v1.35.4", False), ("v1.36.3", True), ("v1.37.2", False),
+])
+def test_the_workload_api_is_asked_only_of_the_release_that_serves_it(tmp_path, version, workload_api):
+    bin_dir = _bin_dir_of(tmp_path, version)
+    endpoints = Endpoints(Layout(tmp_path), {"apiserver": 6443, "etcd": 2379, "controller-manager": 10257,
+                                            "scheduler": 10259})
+    for argv in (components.apiserver_argv(bin_dir, endpoints), components.controller_manager_argv(bin_dir, endpoints),
+                 components.scheduler_argv(bin_dir, endpoints)):
+        assert any(arg.startswith("--feature-gates=") for arg in argv) == workload_api, argv[0]
+    apiserver = components.apiserver_argv(bin_dir, endpoints)
+    assert any(arg.startswith("--runtime-config=") for arg in apiserver) == workload_api
 
 
 def test_kueue_objects_call_its_webhooks_by_url(tmp_path):

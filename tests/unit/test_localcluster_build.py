@@ -31,8 +31,10 @@ case $verb in
   build)
     out=; pkgs=()
     while (($#)); do
-      case $1 in -o) out=$2; shift 2 ;; -ldflags) shift 2 ;; -*) shift ;; *) pkgs+=("$1"); shift ;; esac
+      case $1 in -o) out=$2; shift 2 ;; -ldflags) echo "ldflags $2" >>"$FAKE_LOG.seen"; shift 2 ;;
+        -*) shift ;; *) pkgs+=("$1"); shift ;; esac
     done
+    echo "build in $PWD" >>"$FAKE_LOG.seen"
     echo "start build $(date +%s.%N)" >>"$FAKE_LOG"
     for p in "${pkgs[@]}"; do echo "$p"; done
     nap "${FAKE_BUILD_SECONDS:-1}"
@@ -42,6 +44,11 @@ case $verb in
       touch "$target"; chmod +x "$target"
     done
     echo "end build $(date +%s.%N)" >>"$FAKE_LOG" ;;
+  mod)
+    case $1 in
+      download) printf '{\n\t"Path": "k8s.io/kubernetes",\n\t"GoMod": "%s",\n\t"Sum": "h1:x="\n}\n' "$FAKE_UPSTREAM" ;;
+      tidy) echo "tidy $PWD" >>"$FAKE_LOG.seen"; touch go.sum ;;
+    esac ;;
   install)
     target=${!#}; name=${target%@*}; name=${name##*/}
     echo "start $name $(date +%s.%N)" >>"$FAKE_LOG"
@@ -115,3 +122,82 @@ def test_a_failed_control_plane_build_stops_the_module_builds(tmp_path: Path) ->
     assert time.monotonic() - started < 10  # not held up by the 30 s installs: they were stopped
     assert "start coredns" in times and "end coredns" not in times
     assert not list((tmp_path / "cache").glob("localcluster-*/bin"))
+
+
+PINNED = next(line.split()[1] for line in (ROOT / "localcluster" / "go.mod").read_text().splitlines()
+              if line.strip().startswith("k8s.io/kubernetes v"))
+# The release's own go.mod, as the module proxy serves it: its etcd and its staging modules, not ours.
+UPSTREAM_GOMOD = """module k8s.io/kubernetes
+
+go 1.24.0
+
+godebug default=go1.24
+
+require (
+	go.etcd.io/etcd/client/v3 v3.5.21
+	go.etcd.io/etcd/server/v3 v3.5.21 // indirect
+)
+
+replace (
+	k8s.io/api => ./staging/src/k8s.io/api
+	k8s.io/client-go => ./staging/src/k8s.io/client-go
+	k8s.io/only-in-this-release => ./staging/src/k8s.io/only-in-this-release
+)
+"""
+
+
+def _bin_dir(version: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(BUILD), "--bin-dir"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "ELASTICJOB_CACHE": "/cache", "ELASTICJOB_K8S_VERSION": version})
+
+
+@pytest.mark.parametrize("asked, built", [
+    ("", PINNED),  # unset: the pinned release, what `make test` uses
+    ("1.33", "v1.33.13"),  # a minor: its newest patch in the table
+    ("v1.33", "v1.33.13"),
+    ("1.33.5", "v1.33.5"),  # a full version: itself
+    ("1.34", "v1.34.4"), ("1.35", "v1.35.4"), ("1.37", "v1.37.2"),
+    (PINNED[1:].rsplit(".", 1)[0], PINNED),  # the pinned minor is the pinned release
+])
+def test_the_asked_release_picks_its_bin_dir(asked: str, built: str) -> None:
+    result = _bin_dir(asked)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"/cache/localcluster-{built}/bin"
+
+
+@pytest.mark.parametrize("asked", ["1.32", "1.38", "1.32.4", "2.0", "latest", "1.33.x"])
+def test_a_release_outside_the_supported_minors_is_refused(asked: str) -> None:
+    result = _bin_dir(asked)
+    assert result.returncode == 2 and not result.stdout
+    assert f"Kubernetes {asked} is not supported" in result.stderr and "1.33 1.34 1.35 1.36 1.37" in result.stderr
+
+
+def test_another_release_builds_from_a_module_of_its_own(tmp_path: Path) -> None:
+    upstream = tmp_path / "v1.33.13.mod"
+    upstream.write_text(UPSTREAM_GOMOD)
+    result, _ = _build(tmp_path, ELASTICJOB_K8S_VERSION="1.33", FAKE_UPSTREAM=str(upstream),
+                       FAKE_BUILD_SECONDS="0", FAKE_INSTALL_SECONDS="0")
+    assert result.returncode == 0, result.stderr
+    release = tmp_path / "cache" / "localcluster-v1.33.13"
+    assert result.stdout.strip() == str(release / "bin")
+    assert {p.name for p in (release / "bin").iterdir()} == CONTROL_PLANE | MODULES
+    module = release / "module"
+    gomod = module / "go.mod"
+    requires = [line.split() for line in gomod.read_text().splitlines() if line.startswith("\t") and "=>" not in line]
+    assert requires == [["go.etcd.io/etcd/server/v3", "v3.5.21"], ["k8s.io/kubernetes", "v1.33.13"]]
+    replaces = [line.split() for line in gomod.read_text().splitlines() if "=>" in line]
+    assert replaces == [[m, "=>", m, "v0.33.13"] for m in ("k8s.io/api", "k8s.io/client-go", "k8s.io/only-in-this-release")]
+    assert "godebug default=go1.24" in gomod.read_text()
+    for copied in ("cmd/etcd/main.go", "cmd/pause/main.go", "tools.go"):
+        assert (module / copied).read_text() == (ROOT / "localcluster" / copied).read_text()
+    seen = (tmp_path / "go.log.seen").read_text().splitlines()
+    assert f"tidy {module}.partial" in seen and f"build in {module}" in seen
+    assert any("gitVersion=v1.33.13" in line and "gitMinor=33 " in line for line in seen if line.startswith("ldflags"))
+    assert not module.with_name("module.partial").exists()
+
+
+def test_the_pinned_release_builds_from_this_directory(tmp_path: Path) -> None:
+    result, _ = _build(tmp_path, FAKE_BUILD_SECONDS="0", FAKE_INSTALL_SECONDS="0")
+    assert result.returncode == 0, result.stderr
+    assert f"build in {ROOT / 'localcluster'}" in (tmp_path / "go.log.seen").read_text().splitlines()
+    assert not (tmp_path / "cache" / f"localcluster-{PINNED}" / "module").exists()
