@@ -75,6 +75,15 @@ def bin_dir(root: Path) -> Path:
     return builds.bin_dir(Layout(root).build_script)
 
 
+def running_another_release(layout: Layout) -> Path | None:
+    """The running API server's binary when it is not of the release asked for (ELASTICJOB_K8S_VERSION picks
+    build.sh's bin dir), else None: a cluster of another release is not reused as if it were the one asked for."""
+    pid = sessions.read_pid(layout, "apiserver")
+    args = sessions.cmdline(pid).split() if pid else []
+    program = next((Path(arg) for arg in args if arg.endswith("/kube-apiserver")), None)
+    return program if program and program.parent != bin_dir(layout.root) else None
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
@@ -251,6 +260,9 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
         raise RuntimeError("real nodes cannot start on this machine:\n  " + "\n  ".join(missing))
     endpoints = load_endpoints(layout)
     if endpoints and _healthy(status(layout.root), CORE):
+        if other := running_another_release(layout):
+            raise RuntimeError(f"the running local cluster's API server is {other}, of another Kubernetes release "
+                               "than the one asked for (K8S_VERSION): stop it first (localcluster down)")
         log(f"local cluster already running at {endpoints.server}")
         count = _add_missing_nodes(layout, endpoints, nodes, log)
         ensure_addons(layout, endpoints, wanted, log)

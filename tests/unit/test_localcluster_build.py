@@ -201,3 +201,29 @@ def test_the_pinned_release_builds_from_this_directory(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"build in {ROOT / 'localcluster'}" in (tmp_path / "go.log.seen").read_text().splitlines()
     assert not (tmp_path / "cache" / f"localcluster-{PINNED}" / "module").exists()
+
+
+def test_a_running_cluster_of_another_release_is_told_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localcluster.controlplane import running_another_release
+    from localcluster.layout import Layout
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "localcluster").symlink_to(ROOT / "localcluster")
+    layout = Layout(root)
+    monkeypatch.setenv("ELASTICJOB_CACHE", str(tmp_path / "cache"))
+    # An "API server" of the pinned release: a sleep by that name, its pid where `up` records it.
+    program = tmp_path / "cache" / f"localcluster-{PINNED}" / "bin" / "kube-apiserver"
+    program.parent.mkdir(parents=True)
+    program.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(program), "60"])
+    try:
+        layout.pids.mkdir(parents=True)
+        layout.pid_file("apiserver").write_text(f"{proc.pid}\n")
+        monkeypatch.setenv("ELASTICJOB_K8S_VERSION", "")
+        assert running_another_release(layout) is None
+        monkeypatch.setenv("ELASTICJOB_K8S_VERSION", "1.33")
+        assert running_another_release(layout) == program
+    finally:
+        proc.kill()
+        proc.wait()
