@@ -1,5 +1,6 @@
-"""The local control plane is a real one: pinned version, RBAC, ServiceAccount tokens, the controller-manager's
-controllers (ReplicaSets, garbage collector, namespaces, node lifecycle) and the scheduler all work.
+"""The local control plane is a real one: the release asked for (the pinned one by default), RBAC, ServiceAccount
+tokens, the controller-manager's controllers (ReplicaSets, garbage collector, namespaces, node lifecycle) and the
+scheduler all work.
 
 Nodes here are bare Node objects this test creates (no kubelet), so the tests need no node agent; pods of
 the Deployment test are pinned to a label no node has, so a node agent that is running never sees them.
@@ -8,14 +9,18 @@ the Deployment test are pinned to a label no node has, so a node agent that is r
 from __future__ import annotations
 
 import datetime as dt
+import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NO_NODE = {"elasticjob.dev/test-node": "none"}
 TEST_NODE_LABEL = "elasticjob.dev/test-node"
@@ -39,10 +44,16 @@ def _impersonating(cluster, user: str) -> client.ApiClient:
     return api
 
 
-def test_server_is_kubernetes_v1_36_3(cluster, kube):
+def test_server_is_the_release_asked_for(cluster, kube):
+    """v1.36.3, the release go.mod pins; K8S_VERSION (ELASTICJOB_K8S_VERSION) may ask for another."""
     if cluster.kind != "local":
-        pytest.skip("the pinned version is a property of the local cluster")
-    assert client.VersionApi(kube).get_code().git_version == "v1.36.3"
+        pytest.skip("the release is a property of the local cluster")
+    from localcluster import components, controlplane
+
+    asked = components.release(controlplane.bin_dir(ROOT))
+    assert client.VersionApi(kube).get_code().git_version == asked
+    if not os.environ.get("ELASTICJOB_K8S_VERSION"):
+        assert asked == "v1.36.3"
 
 
 def test_rbac_denies_an_unprivileged_service_account_listing_secrets(cluster, kube, namespace):
