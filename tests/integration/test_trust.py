@@ -98,3 +98,101 @@ def test_a_pod_labelled_as_the_store_gets_no_traffic(api, namespace, operator, k
                       until=lambda s: s.get("readyReplicas") == 3 and s.get("observedGeneration") == 2)
     assert slice_addresses(kube, namespace, "train-rdzv") == [store.status.pod_ip]
     assert (status["phase"], status["restarts"], status["rendezvous"]["restarts"]) == ("Running", 0, 0)
+
+
+# --- the rendezvous Service's endpoints and name (issue 33 M2, M3) -----------------------------------------------
+
+FOREIGN_IP = "10.9.9.9"
+
+
+def events(api, namespace, reason):
+    return [e.message for e in api[1].list_namespaced_event(namespace).items if e.reason == reason]
+
+
+def running_store(api, namespace, name="train"):
+    wait_phase(api, namespace, name, "Running")
+    return wait_for(lambda: pods(api, namespace, "rendezvous"), 30, "the store pod", until=lambda p: len(p) == 1)[0]
+
+
+def test_an_endpoint_slice_the_operator_did_not_make_is_deleted(api, namespace, operator, kube):
+    create(api, namespace, job_manifest("train"))
+    store = running_store(api, namespace)
+    wait_for(lambda: slice_addresses(kube, namespace, "train-rdzv"), 30, "the store's endpoint",
+             until=lambda found: found == [store.status.pod_ip])
+    foreign = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+               "metadata": {"name": "train-extra", "labels": {"kubernetes.io/service-name": "train-rdzv"}},
+               "endpoints": [{"addresses": [FOREIGN_IP], "conditions": {"ready": True}}],
+               "ports": [{"name": "rendezvous", "port": 29400, "protocol": "TCP"}]}
+    client.DiscoveryV1Api(kube).create_namespaced_endpoint_slice(namespace, foreign)
+    wait_for(lambda: slice_addresses(kube, namespace, "train-rdzv"), 30, "the foreign slice deleted",
+             until=lambda found: found == [store.status.pod_ip])
+    messages = wait_for(lambda: events(api, namespace, "ForeignEndpoints"), 30, "a ForeignEndpoints Event")
+    assert "train-extra" in messages[0] and FOREIGN_IP in messages[0]
+
+
+def test_an_endpoints_object_of_the_service_name_is_not_mirrored_into_it(api, namespace, operator, kube):
+    create(api, namespace, job_manifest("train"))
+    store = running_store(api, namespace)
+    endpoints = {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "train-rdzv"},
+                 "subsets": [{"addresses": [{"ip": FOREIGN_IP}], "ports": [{"name": "rendezvous", "port": 29400}]}]}
+    api[1].create_namespaced_endpoints(namespace, endpoints)
+
+    def left():
+        names = [e.metadata.name for e in api[1].list_namespaced_endpoints(namespace).items]
+        return "train-rdzv" in names, slice_addresses(kube, namespace, "train-rdzv")
+
+    # Kubernetes' mirroring controller copies it into a slice of the Service; the operator deletes both.
+    wait_for(left, 30, "the Endpoints object and its mirrored slice gone",
+             until=lambda found: found == (False, [store.status.pod_ip]))
+    wait_for(lambda: events(api, namespace, "ForeignEndpoints"), 30, "a ForeignEndpoints Event")
+
+
+def test_a_service_made_again_by_someone_else_is_replaced_not_adopted(api, namespace, operator_factory):
+    first = operator_factory()
+    create(api, namespace, job_manifest("train"))
+    running_store(api, namespace)
+    real = api[1].read_namespaced_service("train-rdzv", namespace)
+    wait_for(lambda: status_of(api, namespace, "train")["rendezvous"].get("serviceUid"), 30,
+             "the Service's uid recorded", until=lambda uid: uid == real.metadata.uid)
+    first.stop()
+    # Its labels, owner reference and mark copied onto a Service made after it was deleted, with a selector.
+    api[1].delete_namespaced_service("train-rdzv", namespace)
+    wait_for(lambda: [s.metadata.name for s in api[1].list_namespaced_service(namespace).items], 30,
+             "the Service gone", until=lambda names: "train-rdzv" not in names)
+    meta = real.metadata
+    copy = {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "train-rdzv", "labels": meta.labels, "annotations": meta.annotations,
+                         "ownerReferences": [{"apiVersion": r.api_version, "kind": r.kind, "name": r.name,
+                                              "uid": r.uid, "controller": r.controller} for r in meta.owner_references]},
+            "spec": {"selector": {"elasticjob.dev/role": "rendezvous"},
+                     "ports": [{"name": "rendezvous", "port": 29400, "targetPort": 29400}]}}
+    impostor = api[1].create_namespaced_service(namespace, copy).metadata.uid
+    operator_factory()
+    service = wait_for(lambda: api[1].read_namespaced_service("train-rdzv", namespace), 60,
+                       "the Service replaced", until=lambda s: s.metadata.uid not in (impostor, meta.uid),
+                       ignore=(client.exceptions.ApiException,))
+    assert not service.spec.selector
+    assert wait_for(lambda: events(api, namespace, "ServiceReplaced"), 30, "a ServiceReplaced Event")
+    wait_for(lambda: status_of(api, namespace, "train")["rendezvous"].get("serviceUid"), 30,
+             "the new Service's uid recorded", until=lambda uid: uid == service.metadata.uid)
+
+
+def test_a_name_another_object_holds_is_taken_under_a_suffix(api, namespace, operator):
+    """An unlabelled pod and Service under the names the job's store and Service would have."""
+    squatter = forged_pod({"metadata": {"name": "train", "uid": "0"}}, "train-rdzv", ["python", "-c", "pass"])
+    del squatter["metadata"]["labels"]
+    del squatter["metadata"]["ownerReferences"]
+    api[1].create_namespaced_pod(namespace, squatter)
+    api[1].create_namespaced_service(namespace, {"apiVersion": "v1", "kind": "Service",
+                                                 "metadata": {"name": "train-rdzv"},
+                                                 "spec": {"ports": [{"port": 80}]}})
+    create(api, namespace, job_manifest("train"))
+    store = running_store(api, namespace)
+    renamed = status_of(api, namespace, "train")["renamed"]
+    assert set(renamed) == {"Pod/train-rdzv", "Service/train-rdzv"}
+    assert store.metadata.name == renamed["Pod/train-rdzv"] and store.metadata.name.startswith("train-rdzv-")
+    service = api[1].read_namespaced_service(renamed["Service/train-rdzv"], namespace)
+    assert status_of(api, namespace, "train")["rendezvous"]["endpoint"].startswith(service.spec.cluster_ip)
+    messages = events(api, namespace, "NameTaken")
+    assert any("Pod train-rdzv" in m for m in messages) and any("Service train-rdzv" in m for m in messages)
+    assert api[1].read_namespaced_pod("train-rdzv", namespace).metadata.labels is None  # left alone
