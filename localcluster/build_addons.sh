@@ -5,6 +5,8 @@
 #   kueue-manager                     sigs.k8s.io/kueue/cmd/kueue
 #   kwok-<version>                    sigs.k8s.io/kwok/cmd/kwok (fake nodes; its version in the name, so that a new
 #                                     kwok/go.mod builds a new binary beside the others)
+#   kube-network-policies-<version>   sigs.k8s.io/kube-network-policies' controller with netpol/main.go (the real
+#                                     nodes' NetworkPolicy enforcement; its version in the name, as kwok's)
 # Arguments name the binaries wanted (default: all), so a caller that needs one does not wait for the other.
 # stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
 set -euo pipefail
@@ -19,8 +21,10 @@ kueue_version=$(modversion sigs.k8s.io/kueue "$here/kueue/go.mod")
 kueue_k8s=$(modversion k8s.io/kubernetes "$here/kueue/go.mod")
 kwok_version=$(modversion sigs.k8s.io/kwok "$here/kwok/go.mod")
 kwok_k8s=$(modversion k8s.io/client-go "$here/kwok/go.mod")
-for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s; do
-  [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/, kueue/ or kwok/go.mod" >&2; exit 1; }
+netpol_version=$(modversion sigs.k8s.io/kube-network-policies "$here/netpol/go.mod")
+netpol_k8s=$(modversion k8s.io/client-go "$here/netpol/go.mod")
+for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s netpol_version netpol_k8s; do
+  [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/, kueue/, kwok/ or netpol/go.mod" >&2; exit 1; }
 done
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
 bin=$cache/addons-scheduler-plugins-$sp_version-kueue-$kueue_version/bin
@@ -31,6 +35,7 @@ declare -A builds=(
   [scheduler-plugins-kube-scheduler]="schedplugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|$sp_k8s"
   [kueue-manager]="kueue|sigs.k8s.io/kueue/cmd/kueue|$kueue_k8s"
   [kwok-$kwok_version]="kwok|sigs.k8s.io/kwok/cmd/kwok|v1.${kwok_k8s#v0.}"
+  [kube-network-policies-$netpol_version]="netpol|github.com/elasticjob-dev/elasticjob-operator/localcluster/netpol|v1.${netpol_k8s#v0.}"
 )
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${!builds[@]}")
@@ -51,7 +56,7 @@ mapfile -t todo < <(missing)
 [[ ${#todo[@]} == 0 ]] && { echo "$bin"; exit 0; }
 source "$here/progress.sh"
 export CGO_ENABLED=0
-echo "building ${todo[*]} into $bin (first time only; on 2 cores with cold Go caches about 3.5 minutes for scheduler-plugins, 6-7 for Kueue, 1.5 for kwok after the control plane)" >&2
+echo "building ${todo[*]} into $bin (first time only; on 2 cores with cold Go caches about 3.5 minutes for scheduler-plugins, 6-7 for Kueue, 1.5 for kwok after the control plane, 1 for kube-network-policies)" >&2
 rm -rf "$bin.partial" && mkdir -p "$bin.partial"
 for b in "${todo[@]}"; do
   IFS='|' read -r dir pkg k8s <<<"${builds[$b]}"

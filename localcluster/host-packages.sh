@@ -6,7 +6,7 @@
 set -euo pipefail
 declare -A wanted=(
   [containerd]=containerd [runc]=runc [buildah]=buildah [mmdebstrap]=mmdebstrap [iptables]=iptables
-  [nsenter]=util-linux [ip]=iproute2
+  [nsenter]=util-linux [ip]=iproute2 [nft]=nftables
 )
 missing=()
 for cmd in "${!wanted[@]}"; do command -v "$cmd" >/dev/null || missing+=("${wanted[$cmd]}"); done

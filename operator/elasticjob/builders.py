@@ -19,6 +19,8 @@ NODE_LOST_TOLERATION_SECONDS = 30
 AGENT_RESTART_BACKSTOP = 10000
 # The one NetworkPolicy per namespace that fences every store in it (see network_policy).
 NAMESPACE_POLICY = "elasticjob-rendezvous"
+# The one per namespace around every worker in it (see worker_network_policy).
+WORKER_POLICY = "elasticjob-workers"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "elasticjob-operator"}
 # Who writes the rendezvous Service's EndpointSlice (Kubernetes' own controller leaves other managers' slices be).
 ENDPOINTS_MANAGER = "elasticjob-operator"
@@ -186,7 +188,6 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
     if settings.operator_namespace:
         operator["namespaceSelector"] = {"matchLabels": {
             "kubernetes.io/metadata.name": settings.operator_namespace}}
-    job_pods = {"podSelector": {"matchExpressions": [{"key": naming.JOB_LABEL, "operator": "Exists"}]}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -195,11 +196,34 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
             "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [job_pods], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
+                {"from": [_job_pods()], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": "control"}]},
             ],
         },
     }
+
+
+def worker_network_policy(namespace: str) -> dict[str, Any]:
+    """One per namespace, around every worker in it: any port (rank 0's TCPStore at MASTER_PORT, the
+    collectives' ports, which torch picks) admits only the namespace's ElasticJob pods. The operator never
+    connects to a worker (it reads their logs through the API server), and the kubelet's probes come from the
+    node, which implementations admit. Egress stays open. Other pods that must reach the workers (a metrics
+    scraper) need a policy of their own that admits them: policies add up."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": WORKER_POLICY, "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_WORKER}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [_job_pods()]}],
+        },
+    }
+
+
+def _job_pods() -> dict[str, Any]:
+    """The namespace's ElasticJob pods: every job's, as a label is all that tells them apart (see network_policy)."""
+    return {"podSelector": {"matchExpressions": [{"key": naming.JOB_LABEL, "operator": "Exists"}]}}
 
 
 def rendezvous_service(job: JobRef, name: str | None = None) -> dict[str, Any]:

@@ -72,20 +72,24 @@ def test_an_exhausted_quota_is_shown_retried_with_backoff_and_cleared(api, names
 
 
 def test_one_network_policy_per_namespace_and_no_token_secret(api, namespace, operator, kube):
-    """Jobs of a namespace share one NetworkPolicy around their stores, made by one create however many jobs
-    start at once; once the namespace's last job is gone the operator forgets it, so a policy deleted then is
-    made again for the next job. No job gets a Secret: its store pod holds the token's digest."""
+    """Jobs of a namespace share one NetworkPolicy around their stores (and one around their workers), made by
+    one create however many jobs start at once; once the namespace's last job is gone the operator forgets it,
+    so a policy deleted then is made again for the next job. No job gets a Secret: its store pod holds the
+    token's digest."""
     networking = client.NetworkingV1Api(kube)
 
     def policies():
-        return networking.list_namespaced_network_policy(namespace).items
+        return sorted(networking.list_namespaced_network_policy(namespace).items, key=lambda p: p.metadata.name)
 
     for name in ("train", "other"):
         create(api, namespace, job_manifest(name, replicas=1))
     wait_for(lambda: len(pods(api, namespace, "rendezvous")) == 2, 60, "both stores")
-    (policy,) = wait_for(policies, 30, "the namespace's NetworkPolicy")
+    policy, workers = wait_for(policies, 30, "the namespace's NetworkPolicies",
+                               until=lambda seen: len(seen) == 2)
     assert policy.metadata.name == "elasticjob-rendezvous" and not policy.metadata.owner_references
     assert policy.spec.pod_selector.match_labels == {"elasticjob.dev/role": "rendezvous"}
+    assert workers.metadata.name == "elasticjob-workers" and not workers.metadata.owner_references
+    assert workers.spec.pod_selector.match_labels == {"elasticjob.dev/role": "worker"}
     assert api[1].list_namespaced_secret(namespace).items == []
     store = pods(api, namespace, "rendezvous")[0]
     env = {e.name: e.value for e in store.spec.containers[0].env}
@@ -95,7 +99,8 @@ def test_one_network_policy_per_namespace_and_no_token_secret(api, namespace, op
         api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     wait_for(lambda: not api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], 60,
              "both jobs gone")
-    networking.delete_namespaced_network_policy("elasticjob-rendezvous", namespace)
-    wait_for(lambda: not policies(), 30, "the policy deleted")
+    for each in ("elasticjob-rendezvous", "elasticjob-workers"):
+        networking.delete_namespaced_network_policy(each, namespace)
+    wait_for(lambda: not policies(), 30, "the policies deleted")
     create(api, namespace, job_manifest("third", replicas=1))
-    wait_for(policies, 30, "the policy made again for the namespace's next job")
+    wait_for(policies, 30, "the policies made again for the namespace's next job", until=lambda seen: len(seen) == 2)

@@ -129,6 +129,19 @@ def test_one_network_policy_fences_every_store_of_a_namespace():
         "matchLabels": {"kubernetes.io/metadata.name": "elasticjob-system"}}
 
 
+def test_one_network_policy_fences_every_worker_of_a_namespace():
+    """Every port of every worker (rank 0's TCPStore, the collectives) admits only the namespace's job pods."""
+    policy = builders.worker_network_policy("ml")
+    assert policy["metadata"] == {"name": "elasticjob-workers", "namespace": "ml",
+                                  "labels": {"app.kubernetes.io/managed-by": "elasticjob-operator"}}
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == {"elasticjob.dev/role": "worker"}
+    assert selector.items() <= builders.worker_pod(ref(), 0, "10.96.0.42:29400")["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchExpressions": [
+        {"key": "elasticjob.dev/job-name", "operator": "Exists"}]}}]}]
+
+
 def test_rendezvous_image_can_be_overridden():
     pod = builders.rendezvous_pod(ref(rendezvous={"image": "torch-store:2.13"}))
     assert pod["spec"]["containers"][0]["image"] == "torch-store:2.13"

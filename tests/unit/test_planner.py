@@ -61,8 +61,10 @@ def test_the_services_event_says_only_that_it_was_made_again():
     start = plan(job(), [], service=None).actions
     (first,) = [a for a in start if a.manifest["kind"] == "Service"]
     assert first.event is None  # every job gets one at its start
-    (policy,) = [a for a in start if a.manifest["kind"] == "NetworkPolicy"]
-    assert policy.per_namespace and not first.per_namespace  # the namespace's, made once for all its jobs
+    policies = [a for a in start if a.manifest["kind"] == "NetworkPolicy"]
+    assert [p.manifest["metadata"]["name"] for p in policies] == ["elasticjob-rendezvous", "elasticjob-workers"]
+    # the namespace's, made once for all its jobs
+    assert all(p.per_namespace for p in policies) and not first.per_namespace
     (again,) = [a for a in plan(job(running_status()), [rdzv(), worker(0), worker(1)], service=None).actions
                 if getattr(a, "manifest", {}).get("kind") == "Service"]
     assert again.event.reason == "RendezvousCreated" and "10.96.0.42:29400" in again.event.message

@@ -15,7 +15,7 @@ from pathlib import Path
 from localcluster import sessions
 from localcluster.health import api_json
 from localcluster.layout import Layout, load_endpoints
-from localcluster.realnodes import hostproxy, images, netns, node, plan, systemapps
+from localcluster.realnodes import hostproxy, images, netns, netpolicy, node, plan, systemapps
 
 Log = Callable[[str], None]
 READY_TIMEOUT = 120.0
@@ -39,6 +39,8 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
         raise RuntimeError("no control plane is running (localcluster up first)")
     everyone = plan.nodes(layout.state, names)
     bins = binaries(bin_dir)
+    netpolicy.ensure_binary(layout, log)
+    netpolicy.apply_rbac(layout, endpoints)
     # Every image is built before a node starts, as before: pods of a running cluster land on a node once it is up.
     with project or project_images(layout, log) as building:
         tarballs = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
@@ -62,7 +64,7 @@ def down(layout: Layout, bin_dir: Path, log: Log) -> None:
     hostproxy.stop(layout, bin_dir)
     for each in existing(layout):
         node.stop(layout, each)
-        log(f"  stopped {each.name} (kubelet, kube-proxy, containerd and its pods)")
+        log(f"  stopped {each.name} (kubelet, kube-proxy, network policies, containerd and its pods)")
 
 
 def restart(layout: Layout, name: str) -> None:
@@ -77,7 +79,7 @@ def restart(layout: Layout, name: str) -> None:
 
 
 def running(layout: Layout) -> list[plan.RealNode]:
-    """The real nodes whose three processes all run."""
+    """The real nodes whose processes (node.PARTS) all run."""
     return [each for each in existing(layout)
             if all(_alive(layout, node.component(each, part)) for part in node.PARTS)]
 

@@ -1,5 +1,6 @@
-"""Start, stop and lose one real node: containerd, the kubelet and kube-proxy in the node's network namespace,
-each a session of its own (sessions.py), named `<node>-containerd`, `<node>-kubelet`, `<node>-kube-proxy`.
+"""Start, stop and lose one real node: containerd, the kubelet, kube-proxy and kube-network-policies in the node's
+network namespace, each a session of its own (sessions.py), named `<node>-containerd`, `<node>-kubelet`,
+`<node>-kube-proxy`, `<node>-network-policies`.
 
 What outlives those processes is swept by `sweep`: the runc shims (started by containerd, in its session but
 re-parented), every process in the node's cgroups (its pods), the mounts under the node's directory and its
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from localcluster import components, pki, sessions
 from localcluster.layout import Endpoints, Layout
-from localcluster.realnodes import netns
+from localcluster.realnodes import netns, netpolicy
 from localcluster.realnodes.plan import (
     RealNode,
     cni_config,
@@ -33,7 +34,7 @@ from localcluster.realnodes.plan import (
 )
 from localcluster.state import BRIDGE_IP
 
-PARTS = ("containerd", "kubelet", "kube-proxy")
+PARTS = ("containerd", "kubelet", "kube-proxy", netpolicy.PART)
 CGROUP_FS = Path("/sys/fs/cgroup")
 STOP_GRACE_SECONDS = 10.0
 
@@ -57,6 +58,7 @@ def write_files(layout: Layout, endpoints: Endpoints, node: RealNode) -> None:
     pki.issue_client_cert(layout.pki, "kube-proxy", "system:kube-proxy")
     components.write_kubeconfig(node.path("kube-proxy.kubeconfig"), server, layout.pki, "kube-proxy", "kube-proxy")
     node.path("kube-proxy.yaml").write_text(kube_proxy_config(node, node.path("kube-proxy.kubeconfig")))
+    netpolicy.write_files(layout, endpoints, node)
 
 
 def make_cgroups(node: RealNode) -> None:
@@ -81,6 +83,8 @@ def start(layout: Layout, endpoints: Endpoints, node: RealNode, everyone: list[R
     sessions.start(layout, component(node, "kubelet"), in_netns(node, kubelet), restart=True)
     sessions.start(layout, component(node, "kube-proxy"), in_netns(node, kube_proxy_argv(bin_dir / "kube-proxy", node)),
                    restart=True)
+    policies = netpolicy.argv(netpolicy.binary(layout), node, netpolicy.kernel_has_nft_queue())
+    sessions.start(layout, component(node, netpolicy.PART), policies, restart=True)
 
 
 def wait_for_socket(layout: Layout, node: RealNode, timeout: float) -> None:
@@ -97,8 +101,8 @@ def wait_for_socket(layout: Layout, node: RealNode, timeout: float) -> None:
 
 
 def stop(layout: Layout, node: RealNode, grace: float = STOP_GRACE_SECONDS) -> None:
-    """The kubelet and kube-proxy first, then the runtime, then whatever the pods left."""
-    for part in ("kubelet", "kube-proxy", "containerd"):
+    """The kubelet, kube-proxy and the policies first, then the runtime, then whatever the pods left."""
+    for part in ("kubelet", "kube-proxy", netpolicy.PART, "containerd"):
         _stop_component(layout, component(node, part), grace)
     sweep(layout, node)
 

@@ -1,5 +1,5 @@
 """The job's rendezvous: its Service and the one endpoint behind it, the store pod (its token's digest in its
-spec), the namespace's NetworkPolicy around the stores, and whether the store serves. Pure."""
+spec), the namespace's NetworkPolicies around the stores and the workers, and whether the store serves. Pure."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def ensure_service(plan: Plan, job: Job, observed: Observed, settings: Settings,
     plan.act(CreateObject(service_manifest, again if status.endpoint else None))
     if settings.network_policy:
         plan.act(CreateObject(builders.network_policy(job.ref.namespace, settings), per_namespace=True))
+        plan.act(CreateObject(builders.worker_network_policy(job.ref.namespace), per_namespace=True))
     return None
 
 
