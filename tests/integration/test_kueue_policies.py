@@ -62,10 +62,15 @@ def test_the_template_of_an_admitted_job_changes_only_while_it_is_suspended(kube
             api[0].patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {
                 "status": {"admission": {"workload": f"elasticjob-{name}", "state": "Admitted"}}})
         template = api[0].get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "running")["spec"]["template"]
-        template["spec"]["containers"][0]["resources"] = BIG
 
-        # Policies take effect once the API server has loaded them: retry until the change is refused.
-        refused = wait_for(lambda: attempt(patch(api, namespace, "running", {"spec": {"template": template}})), 30,
+        def bigger(cpus: int) -> dict:
+            template["spec"]["containers"][0]["resources"] = {**BIG, "requests": {**BIG["requests"], "cpu": str(cpus)}}
+            return {"spec": {"template": template}}
+
+        # Policies take effect once the API server has loaded them: retry until the change is refused (a new
+        # template each time: one let through before that is the template now).
+        tries = iter(range(64, 10_000))
+        refused = wait_for(lambda: attempt(patch(api, namespace, "running", bigger(next(tries)))), 30,
                            "the template change refused", until=lambda exc: exc is not None)
         assert refused.status == 403 and "suspend the job" in refused.body, refused.body
         # Suspended by the same change, or before it: accepted (the operator then requeues it).
