@@ -7,6 +7,8 @@
 #                                     kwok/go.mod builds a new binary beside the others)
 #   kube-network-policies-<version>   sigs.k8s.io/kube-network-policies' controller with netpol/main.go (the real
 #                                     nodes' NetworkPolicy enforcement; its version in the name, as kwok's)
+#   fakegpu-<hash>                    fakegpu/main.go, the real nodes' fake GPU device plugin (its sources' hash
+#                                     in the name)
 # Arguments name the binaries wanted (default: all), so a caller that needs one does not wait for the other.
 # stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
 set -euo pipefail
@@ -23,7 +25,10 @@ kwok_version=$(modversion sigs.k8s.io/kwok "$here/kwok/go.mod")
 kwok_k8s=$(modversion k8s.io/client-go "$here/kwok/go.mod")
 netpol_version=$(modversion sigs.k8s.io/kube-network-policies "$here/netpol/go.mod")
 netpol_k8s=$(modversion k8s.io/client-go "$here/netpol/go.mod")
-for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s netpol_version netpol_k8s; do
+# Our own device plugin: its sources' hash in its name (realnodes/gpus.py computes the same).
+fakegpu=fakegpu-$(cat "$here/fakegpu/main.go" "$here/fakegpu/go.mod" "$here/fakegpu/go.sum" | sha256sum | cut -c1-12)
+fakegpu_k8s=$(modversion k8s.io/kubelet "$here/fakegpu/go.mod")
+for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s netpol_version netpol_k8s fakegpu_k8s; do
   [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/, kueue/, kwok/ or netpol/go.mod" >&2; exit 1; }
 done
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
@@ -36,6 +41,7 @@ declare -A builds=(
   [kueue-manager]="kueue|sigs.k8s.io/kueue/cmd/kueue|$kueue_k8s"
   [kwok-$kwok_version]="kwok|sigs.k8s.io/kwok/cmd/kwok|v1.${kwok_k8s#v0.}"
   [kube-network-policies-$netpol_version]="netpol|github.com/elasticjob-dev/elasticjob-operator/localcluster/netpol|v1.${netpol_k8s#v0.}"
+  [$fakegpu]="fakegpu|github.com/elasticjob-dev/elasticjob-operator/localcluster/fakegpu|v1.${fakegpu_k8s#v0.}"
 )
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${!builds[@]}")

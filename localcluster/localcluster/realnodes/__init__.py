@@ -15,7 +15,7 @@ from pathlib import Path
 from localcluster import sessions
 from localcluster.health import api_json
 from localcluster.layout import Layout, load_endpoints
-from localcluster.realnodes import hostproxy, images, netns, netpolicy, node, plan, systemapps
+from localcluster.realnodes import gpus, hostproxy, images, netns, netpolicy, node, plan, systemapps
 
 Log = Callable[[str], None]
 READY_TIMEOUT = 120.0
@@ -40,6 +40,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
     everyone = plan.nodes(layout.state, names)
     bins = binaries(bin_dir)
     netpolicy.ensure_binary(layout, log)
+    gpus.ensure_binary(layout, log)
     netpolicy.apply_rbac(layout, endpoints)
     # Every image is built before a node starts, as before: pods of a running cluster land on a node once it is up.
     with project or project_images(layout, log) as building:

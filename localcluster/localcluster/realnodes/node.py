@@ -1,6 +1,6 @@
 """Start, stop and lose one real node: containerd, the kubelet, kube-proxy and kube-network-policies in the node's
-network namespace, each a session of its own (sessions.py), named `<node>-containerd`, `<node>-kubelet`,
-`<node>-kube-proxy`, `<node>-network-policies`.
+network namespace, and its fake GPUs' device plugin (gpus.py), each a session of its own (sessions.py), named
+`<node>-containerd`, `<node>-kubelet`, `<node>-kube-proxy`, `<node>-network-policies`, `<node>-fakegpu`.
 
 What outlives those processes is swept by `sweep`: the runc shims (started by containerd, in its session but
 re-parented), every process in the node's cgroups (its pods), the mounts under the node's directory and its
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from localcluster import components, pki, sessions
 from localcluster.layout import Endpoints, Layout
-from localcluster.realnodes import netns, netpolicy
+from localcluster.realnodes import gpus, netns, netpolicy
 from localcluster.realnodes.plan import (
     RealNode,
     cni_config,
@@ -34,7 +34,7 @@ from localcluster.realnodes.plan import (
 )
 from localcluster.state import BRIDGE_IP
 
-PARTS = ("containerd", "kubelet", "kube-proxy", netpolicy.PART)
+PARTS = ("containerd", "kubelet", "kube-proxy", netpolicy.PART, gpus.PART)
 CGROUP_FS = Path("/sys/fs/cgroup")
 STOP_GRACE_SECONDS = 10.0
 
@@ -79,8 +79,10 @@ def start(layout: Layout, endpoints: Endpoints, node: RealNode, everyone: list[R
     # still initializing, which a containerd that has just opened its socket may be.
     sessions.start(layout, component(node, "containerd"), in_netns(node, containerd_argv(node)), restart=True)
     wait_for_socket(layout, node, 30)
-    kubelet = kubelet_argv(bin_dir / "kubelet", node, node.path("kubelet.kubeconfig"))
+    gpus.prepare(node)
+    kubelet = gpus.kubelet_argv(node, kubelet_argv(bin_dir / "kubelet", node, node.path("kubelet.kubeconfig")))
     sessions.start(layout, component(node, "kubelet"), in_netns(node, kubelet), restart=True)
+    sessions.start(layout, component(node, gpus.PART), gpus.argv(gpus.binary(layout), node), restart=True)
     sessions.start(layout, component(node, "kube-proxy"), in_netns(node, kube_proxy_argv(bin_dir / "kube-proxy", node)),
                    restart=True)
     policies = netpolicy.argv(netpolicy.binary(layout), node, netpolicy.kernel_has_nft_queue())
@@ -101,8 +103,9 @@ def wait_for_socket(layout: Layout, node: RealNode, timeout: float) -> None:
 
 
 def stop(layout: Layout, node: RealNode, grace: float = STOP_GRACE_SECONDS) -> None:
-    """The kubelet, kube-proxy and the policies first, then the runtime, then whatever the pods left."""
-    for part in ("kubelet", "kube-proxy", netpolicy.PART, "containerd"):
+    """The kubelet, kube-proxy, the policies and the device plugin first, then the runtime, then whatever the pods
+    left."""
+    for part in ("kubelet", "kube-proxy", netpolicy.PART, gpus.PART, "containerd"):
         _stop_component(layout, component(node, part), grace)
     sweep(layout, node)
 

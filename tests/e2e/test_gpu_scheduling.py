@@ -1,0 +1,48 @@
+"""GPUs scheduled for real: each real node's kubelet has fake GPUs from a device plugin speaking its real gRPC API
+(localcluster/fakegpu, 2 `nvidia.com/gpu` per node). The scheduler places workers by them, the kubelet allocates
+them (NVIDIA_VISIBLE_DEVICES), and `nprocPerNode: auto` starts one process per GPU the worker asks for; training
+runs on gloo, the CPU. A worker asking for more GPUs than any node has stays Pending, and the job says why.
+"""
+
+from __future__ import annotations
+
+from e2e_support import Jobs, job_manifest, train_args
+from helpers import wait_for
+
+GPUS_PER_NODE = 2  # localcluster/localcluster/realnodes/gpus.py
+START_TIMEOUT = 120  # two processes per pod import torch on 2 cores
+
+
+def gpu_worker(manifest: dict, gpus: int) -> dict:
+    """Requests equal to limits, as the API server requires of extended resources."""
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    container["resources"] = {"requests": {"cpu": "100m", "nvidia.com/gpu": gpus},
+                              "limits": {"nvidia.com/gpu": gpus}}
+    manifest["spec"]["nprocPerNode"] = "auto"
+    return manifest
+
+
+def test_nproc_auto_runs_a_process_per_gpu_the_kubelet_allocated(real_nodes, operator, jobs: Jobs, progress):
+    nodes = jobs.core.list_node().items
+    assert all(n.status.allocatable.get("nvidia.com/gpu") == str(GPUS_PER_NODE) for n in nodes), (
+        f"every real node advertises {GPUS_PER_NODE} GPUs: "
+        f"{[(n.metadata.name, n.status.allocatable.get('nvidia.com/gpu')) for n in nodes]}")
+    steps = 6
+    jobs.create(gpu_worker(job_manifest(jobs.namespace, replicas=2, train_args=train_args(steps)), GPUS_PER_NODE))
+    done = wait_for(progress, START_TIMEOUT, "a step at world size 4 (2 pods x 2 GPUs)",
+                    until=lambda p: any(r["world_size"] == 4 and r["step"] >= 2 for r in p.records))
+    assert {(r["rank"], r["local_rank"]) for r in done.records if r["world_size"] == 4} >= {
+        (0, 0), (1, 1), (2, 0), (3, 1)}, done
+    pods = jobs.worker_pods()
+    assert len({p.spec.node_name for p in pods}) == 2, "each node holds one 2-GPU worker at most"
+    jobs.wait_phase("Succeeded", START_TIMEOUT)
+
+
+def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_why(real_nodes, operator, jobs: Jobs):
+    manifest = gpu_worker(job_manifest(jobs.namespace, replicas=1, train_args=train_args(1)), GPUS_PER_NODE + 1)
+    jobs.create(manifest)
+    status = wait_for(jobs.status, 60, "the job naming the scheduler's reason",
+                      until=lambda s: "Insufficient nvidia.com/gpu" in (s.get("message") or ""))
+    assert status["phase"] == "Pending", status
+    (pod,) = jobs.worker_pods()
+    assert pod.status.phase == "Pending" and not pod.spec.node_name, pod.status
