@@ -1,0 +1,48 @@
+"""Every ElasticJob under examples/ is one the operator starts as written: the model parses it, the operator's own
+checks pass, and extended resources (GPUs) carry limits equal to requests, which the API server requires."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from elasticjob import builders, torchrun
+from elasticjob.domain import JobRef
+from elasticjob.models import ElasticJobSpec
+from elasticjob.planner import lifecycle
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STANDARD = {"cpu", "memory", "ephemeral-storage"}
+
+
+def jobs() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "ElasticJob":
+                found.append((str(path.relative_to(EXAMPLES)), doc))
+    return found
+
+
+def test_the_examples_include_a_gpu_job() -> None:
+    assert "gpu/elasticjob.yaml" in [name for name, _ in jobs()]
+
+
+@pytest.mark.parametrize("name, doc", jobs(), ids=[name for name, _ in jobs()])
+def test_an_example_starts_as_written(name: str, doc: dict[str, Any]) -> None:
+    spec = ElasticJobSpec.model_validate(doc["spec"])
+    assert lifecycle.validate(JobRef(namespace="default", name=doc["metadata"]["name"], uid="u", spec=spec)) == []
+    for container in doc["spec"]["template"]["spec"]["containers"]:
+        resources = container.get("resources") or {}
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        extended = {key for key in {*requests, *limits} if key not in STANDARD}
+        assert {key: requests.get(key) for key in extended} == {key: limits.get(key) for key in extended}, name
+
+
+def test_the_gpu_example_runs_a_process_per_gpu() -> None:
+    (doc,) = [doc for name, doc in jobs() if name == "gpu/elasticjob.yaml"]
+    spec = ElasticJobSpec.model_validate(doc["spec"])
+    assert torchrun.nproc_per_node(spec, builders.worker_container(spec.template) or {}) == 8
