@@ -109,20 +109,25 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
 def _nudges_off(torch: _Torch | None) -> str | None:
     if torch is None or torch.nudges:
         return None
-    return torch.why or f"the store turned its nudges off on torch {torch.version or '(unknown)'}"
+    return printable(torch.why) or f"the store turned its nudges off on torch {printable(torch.version) or '(unknown)'}"
 
 
 def _plain_torchrun(torch: _Torch | None) -> str | None:
     plain = torch.plain_torchrun if torch is not None else None
     if plain is None or plain.agents == 0:
         return None
-    return f"{plain.agents} agent start(s) ran plain torchrun instead of elasticjob_warm's: {plain.why}"
+    return f"{plain.agents} agent start(s) ran plain torchrun instead of elasticjob_warm's: {printable(plain.why)}"
 
 
 def store_text(value: object) -> str:
     """A store's own words, fit for a log line: printable characters only, MAX_STORE_TEXT at most."""
-    text = "".join(ch if ch.isprintable() else " " for ch in str(value)[:MAX_STORE_TEXT * 4])
-    return text[:MAX_STORE_TEXT]
+    return printable(str(value)[:MAX_STORE_TEXT * 4])[:MAX_STORE_TEXT]
+
+
+def printable(text: str) -> str:
+    """Without control characters (newlines, escapes), which a store's words would otherwise carry into the
+    job's conditions, Events and the operator's log: every character the store sends is the tenant's."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def derive_token(key: bytes, job_uid: str) -> str:

@@ -218,3 +218,14 @@ def test_a_store_that_changes_at_every_answer_wakes_the_job_once_per_interval():
     finally:
         server.shutdown()
     assert all(later - earlier >= 0.5 - 0.01 for earlier, later in zip(seen, seen[1:])), seen
+
+
+def test_what_a_store_says_of_its_torch_reaches_the_job_without_control_characters():
+    """torch.why and plainTorchrun.why become the job's condition messages and Events."""
+    said = "old torch\x1b[2J\r\nWarning FakeEvent"
+    view = rendezvous_client.parse_state(json.dumps({**GOOD, "torch": {
+        "version": "2.1\n", "nudges": False, "why": said,
+        "plainTorchrun": {"agents": 1, "why": said}}}).encode())
+    assert view is not None and view.nudges_off is not None and view.plain_torchrun is not None
+    for text in (view.nudges_off, view.plain_torchrun):
+        assert all(ch.isprintable() for ch in text) and "Warning FakeEvent" in text, text
