@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from elasticjob import cli
 from elasticjob.cli import parse_args
 
 
@@ -17,3 +18,12 @@ def test_concurrent_reconciles_below_one_or_not_a_number_is_refused(value, capsy
     with pytest.raises(SystemExit):
         parse_args(["run", "--concurrent-reconciles", value])
     assert "--concurrent-reconciles" in capsys.readouterr().err
+
+
+def test_a_rendezvous_key_file_shorter_than_32_bytes_stops_the_operator_at_start(tmp_path):
+    short = tmp_path / "key"
+    short.write_bytes(b"k" * 31 + b"\n")
+    with pytest.raises(SystemExit, match="31 bytes; it needs at least 32"):
+        cli.rendezvous_key(str(short))
+    short.write_bytes(b"k" * 32)
+    assert cli.rendezvous_key(str(short)) == b"k" * 32
