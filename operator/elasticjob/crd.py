@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from elasticjob.models import (
+    API_VERSION,
     GROUP,
     KIND,
     MAX_FAILURES_KEPT,
@@ -44,12 +45,23 @@ TEMPLATE_SCHEMA = {
     "type": "object",
     "required": ["spec"],
     "properties": {
-        "metadata": _OPEN_OBJECT,
+        "metadata": {**_OPEN_OBJECT, "description": "Labels and annotations of every worker pod (an ObjectMeta); "
+                     "the operator adds its own labels elasticjob.dev/job-name, elasticjob.dev/role and "
+                     "elasticjob.dev/replica-index."},
         "spec": {
             **_OPEN_OBJECT,
+            "description": "The worker pod's spec (a PodSpec). The operator sets restartPolicy Never, gives the "
+                           "torchrun container its settings as environment (PET_*) and, with warm starts, the "
+                           "init container and volume elasticjob-kit; the API server validates the rest when the "
+                           "operator creates the pods.",
             "required": ["containers"],
-            "properties": {"containers": {"type": "array", "minItems": 1, "items": {
-                **_OPEN_OBJECT, "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+            "properties": {"containers": {
+                "type": "array", "minItems": 1,
+                "description": "The worker pod's containers (at least one); the one named worker, else the first, "
+                               "runs torchrun.",
+                "items": {**_OPEN_OBJECT, "required": ["name"], "properties": {"name": {
+                    "type": "string", "description": "The container's name; worker marks the one that runs "
+                                                     "torchrun."}}}}},
         },
     },
 }
@@ -165,9 +177,10 @@ def crd() -> dict[str, Any]:
                     "description": "An elastic PyTorch training job run by torchrun agents.",
                     "required": ["spec"],
                     "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
+                        "apiVersion": {"type": "string", "description": f"The API version: {API_VERSION}."},
+                        "kind": {"type": "string", "description": f"The kind: {KIND}."},
+                        "metadata": {"type": "object", "description": "The job's name, namespace, labels and "
+                                     "annotations (the label kueue.x-k8s.io/queue-name queues it in Kueue)."},
                         "spec": spec_schema(),
                         "status": status_schema(),
                     },
