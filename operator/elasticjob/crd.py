@@ -179,8 +179,8 @@ def crd() -> dict[str, Any]:
                     "properties": {
                         "apiVersion": {"type": "string", "description": f"The API version: {API_VERSION}."},
                         "kind": {"type": "string", "description": f"The kind: {KIND}."},
-                        "metadata": {"type": "object", "description": "The job's name, namespace, labels and "
-                                     "annotations (the label kueue.x-k8s.io/queue-name queues it in Kueue)."},
+                        # The API server refuses anything here but the type: it describes ObjectMeta itself.
+                        "metadata": {"type": "object"},
                         "spec": spec_schema(),
                         "status": status_schema(),
                     },
