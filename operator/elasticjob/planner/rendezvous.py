@@ -98,14 +98,17 @@ def evict_foreign_endpoints(plan: Plan, job: Job, observed: Observed, service: S
         if found.name == service.name:
             continue  # the operator's own (route applies it, forced, whoever made it first)
         what = f"EndpointSlice {found.name}"
-        source = found.mirrored_from
-        if source is not None and source[0] == service.name:
+        source = found.mirrored_from if found.mirrored_from and found.mirrored_from[0] == service.name else None
+        if source is not None:
             what = f"Endpoints {source[0]} (mirrored into EndpointSlice {found.name})"
-            plan.act(DeleteObject("v1", "Endpoints", "endpoints", source[0], source[1]))
+        event = Event("Warning", "ForeignEndpoints", f"{what} added {', '.join(found.addresses) or 'no address'} "
+                      f"to Service {service.name}, whose one endpoint is the store pod the operator made: deleted it")
+        if source is not None:
+            # The mirroring controller deletes its slice once the Endpoints is gone, often before the operator
+            # does (a 404, which posts nothing): the Event goes with the Endpoints' deletion.
+            plan.act(DeleteObject("v1", "Endpoints", "endpoints", source[0], source[1], event=event))
         plan.act(DeleteObject("discovery.k8s.io/v1", "EndpointSlice", "endpointslices", found.name, found.uid,
-                              event=Event("Warning", "ForeignEndpoints", f"{what} added "
-                                          f"{', '.join(found.addresses) or 'no address'} to Service {service.name}, "
-                                          f"whose one endpoint is the store pod the operator made: deleted it")))
+                              event=None if source is not None else event))
 
 
 def route(plan: Plan, job: Job, store: PodView | None, service: ServiceView | None) -> None:
