@@ -75,12 +75,17 @@ class Queues:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads", name)
 
     def cleanup(self) -> None:
-        for plural, name in reversed(self.created):
-            try:
-                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+        delete_cluster_scoped(self.custom, self.created)
+
+
+def delete_cluster_scoped(custom, created: list[tuple[str, str]]) -> None:
+    """Kueue's cluster-scoped objects a test made, newest first (a ClusterQueue before its flavor); gone is fine."""
+    for plural, name in reversed(created):
+        try:
+            custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
 
 @pytest.fixture(scope="module")

@@ -188,19 +188,10 @@ def network_policy(namespace: str, settings: Settings) -> dict[str, Any]:
     if settings.operator_namespace:
         operator["namespaceSelector"] = {"matchLabels": {
             "kubernetes.io/metadata.name": settings.operator_namespace}}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": NAMESPACE_POLICY, "namespace": namespace, "labels": dict(MANAGED_BY)},
-        "spec": {
-            "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [_job_pods()], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
-                {"from": [operator], "ports": [{"protocol": "TCP", "port": "control"}]},
-            ],
-        },
-    }
+    return _ingress_policy(NAMESPACE_POLICY, namespace, naming.ROLE_RENDEZVOUS, [
+        {"from": [_job_pods()], "ports": [{"protocol": "TCP", "port": "rendezvous"}]},
+        {"from": [operator], "ports": [{"protocol": "TCP", "port": "control"}]},
+    ])
 
 
 def worker_network_policy(namespace: str) -> dict[str, Any]:
@@ -209,15 +200,17 @@ def worker_network_policy(namespace: str) -> dict[str, Any]:
     connects to a worker (it reads their logs through the API server), and the kubelet's probes come from the
     node, which implementations admit. Egress stays open. Other pods that must reach the workers (a metrics
     scraper) need a policy of their own that admits them: policies add up."""
+    return _ingress_policy(WORKER_POLICY, namespace, naming.ROLE_WORKER, [{"from": [_job_pods()]}])
+
+
+def _ingress_policy(name: str, namespace: str, role: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    """A NetworkPolicy of the namespace's pods of one role, on ingress alone."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": WORKER_POLICY, "namespace": namespace, "labels": dict(MANAGED_BY)},
-        "spec": {
-            "podSelector": {"matchLabels": {naming.ROLE_LABEL: naming.ROLE_WORKER}},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [_job_pods()]}],
-        },
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "spec": {"podSelector": {"matchLabels": {naming.ROLE_LABEL: role}}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
     }
 
 

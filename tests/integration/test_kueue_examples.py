@@ -20,10 +20,9 @@ import pytest
 import yaml
 from jobapi import create, job_manifest, pods, status_of
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
-from kueue_support import GROUP, VERSION, conditions, kueue, queued  # noqa: F401 (fixtures)
+from kueue_support import GROUP, VERSION, conditions, delete_cluster_scoped, kueue, queued  # noqa: F401 (fixtures)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kueue"
 NODE = "local-node-1"
@@ -77,12 +76,7 @@ class ExampleQueues:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "localqueues", local)
 
     def cleanup(self) -> None:
-        for plural, name in reversed(self.created):
-            try:
-                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+        delete_cluster_scoped(self.custom, self.created)
 
 
 @pytest.fixture
