@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# A reconcile that failed on an API error (controller/reconcile.py), or raised something unexpected (loops.py).
-RECONCILE_ERROR = 5.0
-LOOP_CRASH = 5.0
+# A job's reconcile that failed (an API error, or something unexpected): the Nth failure in a row waits the Nth
+# step, the last one thereafter; a reconcile that succeeds starts the count again (controller/loops.py). Per job,
+# as controller-runtime's per-item rate limiter: one failing job backs off, the others are not slowed. A watch
+# event still wakes the job at once: it is news, and a reconcile is level-based.
+RECONCILE_FAILED = (1, 2, 4, 8, 16, 32, 64, 128, 256, 300)
 # Creating a job's objects again after the API server refused them (quota, Pod Security, a webhook): the Nth
 # refusal in a row waits the Nth step, the last one thereafter.
 REFUSED_CREATE = (2, 4, 8, 15, 30, 60, 120, 300)

@@ -6,8 +6,10 @@ import asyncio
 import functools
 import logging
 
+import pytest
+
 import helpers
-from elasticjob.controller.loops import JobLoops
+from elasticjob.controller.loops import Failed, JobLoops, wait_woken
 
 LOG = logging.getLogger("test")
 
@@ -139,3 +141,77 @@ def test_stopping_starts_no_pass_in_a_slot_the_stopped_loops_free():
         await loops.stop_all()
         assert started == ["holds the slot"] and len(loops) == 0
     asyncio.run(scenario())
+
+
+class Clock:
+    """The loops' wait, on a clock the test moves: every wait is recorded, and time passes at once unless the wait
+    is `hold` or more (then only a wake ends it)."""
+
+    def __init__(self, hold: float = 3600.0) -> None:
+        self.waits: list[float] = []
+        self.hold = hold
+
+    async def wait(self, wake: asyncio.Event, delay: float) -> None:
+        self.waits.append(delay)
+        if delay >= self.hold:
+            await wake.wait()
+
+
+def test_a_failing_reconcile_is_retried_on_the_schedule_which_a_success_starts_again():
+    async def scenario():
+        outcomes = ["crash", "api"] * 6 + ["ok", "api", "crash", "ok"]
+
+        async def reconcile(loop):
+            outcome = outcomes.pop(0)
+            if outcome == "crash":
+                raise RuntimeError("boom")  # unexpected: logged with its traceback
+            if outcome == "api":
+                raise Failed("503 Service Unavailable")  # expected: logged as a warning
+            return 3600.0
+
+        clock = Clock()
+        loops = JobLoops(reconcile, LOG, wait=clock.wait)
+        loops.observe("k")
+        await until(lambda: len(clock.waits) == 13)
+        assert clock.waits == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300, 3600]
+        loops.wake("k")  # news: the next failures back off from the first step again
+        await until(lambda: len(clock.waits) == 16)
+        assert clock.waits[13:] == [1, 2, 3600] and not outcomes
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
+def test_a_wake_runs_a_backing_off_job_at_once():
+    async def scenario():
+        calls, waits = [], []
+
+        async def reconcile(loop):
+            calls.append(loop.failures)
+            raise Failed("500 Internal Server Error")
+
+        async def slow(wake, delay):  # every step an hour: only a wake can end it within the test
+            waits.append(delay)
+            await wait_woken(wake, delay * 3600)
+
+        loops = JobLoops(reconcile, LOG, wait=slow)
+        loops.observe("k")
+        await until(lambda: waits == [1])
+        loops.observe("k")  # a watch event
+        await until(lambda: waits == [1, 2])
+        assert calls == [0, 1], "one run per wake, the failures counted on"
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("delay", [3600.0, float("inf")])
+def test_a_wait_ends_when_woken(delay):
+    async def scenario():
+        wake = asyncio.Event()
+        waiting = asyncio.create_task(wait_woken(wake, delay))
+        wake.set()
+        await asyncio.wait_for(waiting, 2.0)
+    asyncio.run(scenario())
+
+
+def test_a_wait_ends_unwoken_after_its_delay():
+    asyncio.run(asyncio.wait_for(wait_woken(asyncio.Event(), 0.01), 2.0))

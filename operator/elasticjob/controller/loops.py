@@ -5,6 +5,8 @@ uninstalled, deleting a job (or its namespace) would then hang. Owned pods need 
 collection removes them), so the loops live here and end when the job leaves the mirror (a DELETED event,
 or a list after a watch gap that no longer has it).
 Many events between two reconciles coalesce into one wake-up, so the work per event stays bounded.
+A reconcile that fails is retried on backoff.RECONCILE_FAILED, counted per job and reset by a success, as
+controller-runtime's per-item rate limiter: a failing job does not spin, and an event still wakes it at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ class JobLoop:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     memory: Any = None  # what the reconcile keeps between runs
+    failures: int = 0  # reconciles failed in a row: the step of backoff.RECONCILE_FAILED the next retry waits
+
+
+class Failed(Exception):
+    """A reconcile failed in a way it expected (an API error): retried with backoff like any failure, but logged
+    as a warning, without a traceback, on the job's own logger (its lines prefixed [namespace/name])."""
+
+    def __init__(self, message: str, log: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None):
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass
@@ -57,14 +69,23 @@ class Budget:
         return max(0.0, (1 - tokens) * self.every)
 
 
-# Reconcile once; returns the seconds after which to run again unwoken.
+# Reconcile once; returns the seconds after which to run again unwoken, or raises to be retried with backoff.
 Reconcile = Callable[[JobLoop], Awaitable[float]]
+# Wait until the loop is woken or the seconds have passed (a test passes its own clock).
+Wait = Callable[[asyncio.Event, float], Awaitable[None]]
+
+
+async def wait_woken(wake: asyncio.Event, delay: float) -> None:
+    try:
+        await asyncio.wait_for(wake.wait(), delay)
+    except TimeoutError:
+        pass
 
 
 class JobLoops:
     def __init__(self, reconcile: Reconcile, logger: logging.Logger,
-                 concurrency: int = CONCURRENT_RECONCILES) -> None:
-        self._reconcile, self._log = reconcile, logger
+                 concurrency: int = CONCURRENT_RECONCILES, wait: Wait = wait_woken) -> None:
+        self._reconcile, self._log, self._wait = reconcile, logger, wait
         self._loops: dict[Hashable, JobLoop] = {}
         self._slots = asyncio.Semaphore(concurrency)
 
@@ -107,12 +128,19 @@ class JobLoops:
                 async with self._slots:
                     loop.wake.clear()  # after the wait for a slot: what came meanwhile is seen by this pass
                     delay = await self._reconcile(loop)
+                loop.failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # one job's surprise must not end its loop, nor touch the others
-                self._log.exception(f"reconcile of {loop.key} failed; retrying in {backoff.LOOP_CRASH:.0f} s")
-                delay = backoff.LOOP_CRASH
-            try:
-                await asyncio.wait_for(loop.wake.wait(), delay)
-            except TimeoutError:
-                pass
+            except Exception as exc:  # one job's surprise must not end its loop, nor touch the others
+                delay = self._failed(loop, exc)
+            await self._wait(loop.wake, delay)  # a wake meanwhile (news) runs it at once, backing off or not
+
+    def _failed(self, loop: JobLoop, exc: Exception) -> float:
+        delay = float(backoff.step(backoff.RECONCILE_FAILED, loop.failures))
+        loop.failures += 1
+        if isinstance(exc, Failed):
+            (exc.log or self._log).warning(f"reconcile failed ({loop.failures} in a row); retrying in {delay:g} s: "
+                                           f"{exc}")
+        else:
+            self._log.exception(f"reconcile of {loop.key} failed ({loop.failures} in a row); retrying in {delay:g} s")
+        return delay

@@ -16,10 +16,10 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from elasticjob import backoff, k8s, metrics, planner
-from elasticjob.controller import observing, telemetry
+from elasticjob.controller import observing, telemetry, unparsable
 from elasticjob.controller.apply import apply, remember_applied, unapplied
 from elasticjob.controller.context import EVENT_BURST, EVENT_EVERY, Context, JobMemory, Refusal, job_logger, newest
-from elasticjob.controller.loops import JobLoop
+from elasticjob.controller.loops import Failed, JobLoop
 from elasticjob.controller.mirror import JobKey, without_managed_fields
 from elasticjob.domain import JobRef
 from elasticjob.gang import io as gang_io
@@ -67,10 +67,10 @@ async def reconcile(ctx: Context, loop: JobLoop) -> float:
     except k8s.NotFound:
         delay = planner.RESYNC_SECONDS  # deleted meanwhile; the mirror ends this loop
     except k8s.KubeError as exc:
-        log.warning(f"reconcile failed, retrying in {backoff.RECONCILE_ERROR:.0f}s: {exc}")
         metrics.RECONCILES.labels("error").inc()
-        delay = backoff.RECONCILE_ERROR
-    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        raise Failed(str(exc), log) from exc  # the loop retries it with backoff
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     return delay
 
 
@@ -93,8 +93,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     try:
         spec = ElasticJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
-        log.error(f"spec does not parse: {exc}")
-        return planner.RESYNC_SECONDS
+        return await refuse_spec(ctx, memory, body, exc, log)
     now = datetime.now(UTC)
     ref = JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], spec=spec,
                  labels=tuple(sorted((meta.get("labels") or {}).items())))
@@ -112,7 +111,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         return 0.0
     defer = status_deferral(memory, job.status, plan.status)
     if defer is None:
-        body = await write_status(ctx, memory, ref, job.status, plan.status, body, log)
+        body = await write_status(ctx, memory, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, observed.store, now)
     gang_io.after_apply(memory.gang, plan.actions)  # what it changes is read again next time, whatever happens
     actions = unapplied(memory.applied, plan.actions)
@@ -125,7 +124,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     except k8s.Invalid as exc:
         rejected = planner.reject(job, plan.status, f"the API server rejected an object built from the "
                                                     f"template: {exc.message}", now)
-        body = await write_status(ctx, memory, ref, plan.status, rejected.status, body, log)
+        body = await write_status(ctx, memory, plan.status, rejected.status, body, log)
         outbox += rejected.events
         return planner.RESYNC_SECONDS
     finally:
@@ -135,6 +134,21 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     if "Service" in applied.created or applied.taken:
         return 0.0  # the workers wait for its ClusterIP, which the mirror now holds; or a taken name is renamed
     return delay if defer is None else min(delay, defer)
+
+
+async def refuse_spec(ctx: Context, memory: JobMemory, body: dict[str, Any], exc: ValidationError,
+                      log: logging.LoggerAdapter[logging.Logger]) -> float:
+    """A spec that does not parse fails the job once per generation (controller/unparsable.py). Retrying cannot
+    help, so the loop waits for the spec to change: an edit is a watch event, and wakes it."""
+    status = ElasticJobStatus.model_validate(body.get("status") or {})
+    generation = body["metadata"].get("generation", 0)
+    if unparsable.reported(status, generation):
+        return NEVER
+    said = unparsable.message(exc)
+    new = unparsable.failed(status, generation, said, datetime.now(UTC))
+    body = await write_status(ctx, memory, status, new, body, log)
+    post_all(ctx, memory, body, [planner.Event("Warning", "InvalidSpec", said)], log)
+    return NEVER
 
 
 def post_all(ctx: Context, memory: JobMemory, body: dict[str, Any], events: list[planner.Event],
@@ -200,14 +214,14 @@ def _durable(status: ElasticJobStatus) -> dict[str, Any]:
     return durable
 
 
-async def write_status(ctx: Context, memory: JobMemory, ref: JobRef, old: ElasticJobStatus,
-                       new: ElasticJobStatus, body: dict[str, Any],
-                       log: logging.LoggerAdapter[logging.Logger]) -> dict[str, Any]:
+async def write_status(ctx: Context, memory: JobMemory, old: ElasticJobStatus, new: ElasticJobStatus,
+                       body: dict[str, Any], log: logging.LoggerAdapter[logging.Logger]) -> dict[str, Any]:
     wire = new.model_dump(by_alias=True, mode="json")
     if wire == old.model_dump(by_alias=True, mode="json"):
         memory.status_held_since = None
         return body
-    result = await ctx.kube.patch_job_status(ref.namespace, ref.name, wire, body["metadata"]["resourceVersion"])
+    meta = body["metadata"]
+    result = await ctx.kube.patch_job_status(meta["namespace"], meta["name"], wire, meta["resourceVersion"])
     memory.written, memory.status_written_at = without_managed_fields(result), time.monotonic()
     memory.status_held_since = None
     if new.phase != old.phase or new.reason != old.reason:
