@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "localcluster" / "build.sh"
 CONTROL_PLANE = {"kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "etcd", "kubelet",
@@ -218,6 +220,9 @@ def test_a_running_cluster_of_another_release_is_told_apart(tmp_path: Path, monk
     program.symlink_to("/bin/sleep")
     proc = subprocess.Popen([str(program), "60"])
     try:
+        # Until it has exec'd, /proc shows the forking Python's command line.
+        wait_for(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes(), 10, "the stand-in API server started",
+                 until=lambda line: str(program).encode() in line)
         layout.pids.mkdir(parents=True)
         layout.pid_file("apiserver").write_text(f"{proc.pid}\n")
         monkeypatch.setenv("ELASTICJOB_K8S_VERSION", "")
