@@ -11,6 +11,7 @@ nothing more from it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -166,8 +167,11 @@ def _pids_under(root: Path) -> list[int]:
     pids = []
     for folder, _, files in os.walk(root):  # os.walk skips a folder that vanishes before it is listed
         if "cgroup.procs" in files:
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            try:
                 pids += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+            except OSError as gone:  # ENOENT or ESRCH; ENODEV when the cgroup goes between open and read
+                if gone.errno not in (errno.ENOENT, errno.ESRCH, errno.ENODEV):
+                    raise
     return pids
 
 
