@@ -17,7 +17,7 @@ from elasticjob.controller.loops import CONCURRENT_RECONCILES
 from elasticjob.convert import ConversionError, convert_text
 from elasticjob.domain import Settings
 from elasticjob.peering import Peering
-from elasticjob.rendezvous_client import MIN_KEY_BYTES
+from elasticjob.rendezvous_client import check_key
 
 log = logging.getLogger("elasticjob")
 
@@ -104,12 +104,10 @@ def at_least_one(text: str) -> int:
 
 def rendezvous_key(path: str | None) -> bytes:
     if path:
-        key = Path(path).read_bytes().strip()
-        if len(key) < MIN_KEY_BYTES:
-            # Tokens derived from a short key can be guessed: refuse to start rather than run with it.
-            raise SystemExit(f"elasticjob: the rendezvous key in {path} has {len(key)} bytes; it needs at least "
-                             f"{MIN_KEY_BYTES} (the chart makes 48 random characters)")
-        return key
+        try:  # the client's own check (tokens derived from a short key can be guessed), named by its file
+            return check_key(Path(path).read_bytes().strip())
+        except ValueError as short:
+            raise SystemExit(f"elasticjob: {path}: {short}") from None
     log.warning("no --rendezvous-key-file: using a random key; stores created before a restart of this operator "
                 "will refuse it, and their jobs recover at torch's own pace")
     return secrets.token_bytes(32)

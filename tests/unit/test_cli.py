@@ -23,7 +23,7 @@ def test_concurrent_reconciles_below_one_or_not_a_number_is_refused(value, capsy
 def test_a_rendezvous_key_file_shorter_than_32_bytes_stops_the_operator_at_start(tmp_path):
     short = tmp_path / "key"
     short.write_bytes(b"k" * 31 + b"\n")
-    with pytest.raises(SystemExit, match="31 bytes; it needs at least 32"):
+    with pytest.raises(SystemExit, match="key is 31 bytes; at least 32 are needed"):
         cli.rendezvous_key(str(short))
     short.write_bytes(b"k" * 32)
     assert cli.rendezvous_key(str(short)) == b"k" * 32
