@@ -4,6 +4,7 @@ stored state exactly as the pure functions say. Also `python -m elasticjob_store
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.client
 import json
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -404,13 +406,37 @@ def test_bad_configuration_exits_2_with_a_message(env, message):
     assert result.returncode == 2 and message in result.stderr
 
 
+@contextlib.contextmanager
+def _holding_one_of_two_ports(taken: int) -> Iterator[int]:
+    """A store port whose pair (port, port + 1) has exactly `port + taken` held by us and the other free.
+
+    A random held port's neighbour may belong to another test's process (a CI run failed on that), so
+    the neighbour is probed and another pair tried until one is free.
+    """
+    for _ in range(50):
+        with socket.socket() as holder:
+            holder.bind(("", 0))
+            holder.listen()
+            port = holder.getsockname()[1] - taken
+            if _free(port + 1 - taken):
+                yield port
+                return
+    raise AssertionError("no pair of adjacent ports with one free in 50 tries")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("taken", [0, 1])
 def test_a_port_taken_exits_1_naming_it(taken):
     """The store's port or its control endpoint's, held by another process: one line, no traceback."""
-    with socket.socket() as holder:
-        holder.bind(("", 0))
-        holder.listen()
-        port = holder.getsockname()[1] - taken
+    with _holding_one_of_two_ports(taken) as port:
         env = {**os.environ, "ELASTICJOB_RDZV_PORT": str(port), "ELASTICJOB_RDZV_RUN_ID": RUN_ID}
         result = subprocess.run([sys.executable, "-m", "elasticjob_store"], env=env, capture_output=True,
                                 text=True, timeout=120)
