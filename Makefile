@@ -66,10 +66,13 @@ endif
 compat: ## Opt-in, not in `make test`: rendezvous scenarios vs each torch (VERSIONS=2.7.1,2.13.0), local processes; venvs cached in ~/.cache/elasticjob/compat (PyPI's CUDA builds: about 3 GB and 5-7 GB each)
 	python3 tests/compat/run.py --markdown $(if $(VERSIONS),--versions $(VERSIONS))
 
+compat-k8s: $(VENV)/.installed host-packages ## Opt-in, not in `make test`: the core e2e scenarios (plain, kill, scale, Kueue queue and slice) on real nodes of each Kubernetes minor (VERSIONS=1.33,1.37), a table
+	$(PY) tests/compat/k8s.py --markdown $(if $(VERSIONS),--versions $(VERSIONS))
+
 gpu-check: ## Opt-in, on a machine with a CUDA GPU and its torch: warm starts on the GPU, the rendezvous scenarios and the store ride-out against that torch, and bench/gpu_restart.py
 	bash tests/compat/gpu_check.sh
 
-.PHONY: compat gpu-check
+.PHONY: compat compat-k8s gpu-check
 
 run: $(VENV)/.installed host-packages ## Local cluster on real nodes, the operator from its image by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
 	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
