@@ -35,7 +35,8 @@ OPERATOR_NEEDS = [
     ("list", "discovery.k8s.io", "endpointslices", ""), ("watch", "discovery.k8s.io", "endpointslices", ""),
     ("create", "discovery.k8s.io", "endpointslices", ""), ("patch", "discovery.k8s.io", "endpointslices", ""),
     ("delete", "discovery.k8s.io", "endpointslices", ""), ("delete", "", "endpoints", ""),
-    ("create", "networking.k8s.io", "networkpolicies", ""),
+    ("create", "networking.k8s.io", "networkpolicies", ""), ("get", "networking.k8s.io", "networkpolicies", ""),
+    ("delete", "networking.k8s.io", "networkpolicies", ""),
     ("create", "", "events", ""),
 ]
 # Cluster-scoped: the operator reads the node of a pod stuck terminating. kopf scans nothing (no CRD or

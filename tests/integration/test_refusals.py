@@ -73,9 +73,9 @@ def test_an_exhausted_quota_is_shown_retried_with_backoff_and_cleared(api, names
 
 def test_one_network_policy_per_namespace_and_no_token_secret(api, namespace, operator, kube):
     """Jobs of a namespace share one NetworkPolicy around their stores (and one around their workers), made by
-    one create however many jobs start at once; once the namespace's last job is gone the operator forgets it,
-    so a policy deleted then is made again for the next job. No job gets a Secret: its store pod holds the
-    token's digest."""
+    one create however many jobs start at once; once the namespace's last job is gone the operator deletes them
+    (a policy of the same name that is not the operator's stays), and makes them again for the next job. No job
+    gets a Secret: its store pod holds the token's digest."""
     networking = client.NetworkingV1Api(kube)
 
     def policies():
@@ -95,12 +95,24 @@ def test_one_network_policy_per_namespace_and_no_token_secret(api, namespace, op
     env = {e.name: e.value for e in store.spec.containers[0].env}
     assert len(env["ELASTICJOB_RDZV_TOKEN_SHA256"]) == 64 and not store.spec.volumes
 
-    for name in ("train", "other"):
-        api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    wait_for(lambda: not api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], 60,
-             "both jobs gone")
-    for each in ("elasticjob-rendezvous", "elasticjob-workers"):
-        networking.delete_namespaced_network_policy(each, namespace)
-    wait_for(lambda: not policies(), 30, "the policies deleted")
+    delete_jobs(api, namespace, "train", "other")
+    wait_for(policies, 30, "the policies deleted with the namespace's last job", until=lambda seen: not seen)
     create(api, namespace, job_manifest("third", replicas=1))
     wait_for(policies, 30, "the policies made again for the namespace's next job", until=lambda seen: len(seen) == 2)
+
+    delete_jobs(api, namespace, "third")
+    wait_for(policies, 30, "the policies deleted again", until=lambda seen: not seen)
+    networking.create_namespaced_network_policy(namespace, {
+        "metadata": {"name": "elasticjob-workers"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
+    create(api, namespace, job_manifest("fourth", replicas=1))
+    wait_for(policies, 30, "the store's policy made beside the user's", until=lambda seen: len(seen) == 2)
+    delete_jobs(api, namespace, "fourth")
+    wait_for(policies, 30, "only the operator's policy deleted",
+             until=lambda seen: [p.metadata.name for p in seen] == ["elasticjob-workers"])
+
+
+def delete_jobs(api, namespace: str, *names: str) -> None:
+    for name in names:
+        api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    wait_for(lambda: not api[0].list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"], 60,
+             "the jobs gone")

@@ -53,7 +53,7 @@ NAMESPACED_GRANTS = {
     ("", "services"): {"get", "list", "watch", "create", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
     ("", "endpoints"): {"delete"},
-    ("networking.k8s.io", "networkpolicies"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"create", "get", "delete"},
     ("", "events"): {"create"},
 }
 NODES_GRANT = {("", "nodes"): {"get"}}  # nothing for kopf: its scanning is off
@@ -280,6 +280,8 @@ def test_the_rendezvous_key_is_a_secret_mounted_into_the_operator() -> None:
     docs = render()
     (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == f"{FULLNAME}-rendezvous-key"]
     assert len(base64.b64decode(secret["data"]["key"])) == 48
+    # Helm leaves it on uninstall: a reinstall adopts it and still drives the stores of running jobs.
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     pod = deployment(docs)["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "rendezvous-key")
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]

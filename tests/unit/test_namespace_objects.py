@@ -64,3 +64,42 @@ def test_a_cancelled_reconcile_does_not_cancel_the_shared_create():
         server.release.set()
         assert await second is None and server.calls == 1
     asyncio.run(scenario())
+
+
+def test_a_create_after_the_last_job_left_waits_for_the_deletion():
+    """Deleted before created again, never after: a new job's store is not left outside its policy."""
+    async def scenario():
+        objects, server, order = NamespaceObjects(), Server(), []
+        server.release.set()
+        await objects.create(POLICY, server.create)
+        deleting = asyncio.Event()
+
+        async def delete(namespace: str) -> None:
+            await deleting.wait()
+            order.append(f"deleted {namespace}")
+
+        async def create(manifest: dict) -> dict | None:
+            order.append("created")
+            return manifest
+
+        objects.retire("ml", delete)
+        creating = asyncio.create_task(objects.create(POLICY, create))
+        await asyncio.sleep(0)
+        deleting.set()
+        assert await creating == POLICY and order == ["deleted ml", "created"]
+    asyncio.run(scenario())
+
+
+def test_a_failed_deletion_does_not_stop_the_next_create():
+    async def scenario():
+        objects = NamespaceObjects()
+
+        async def delete(namespace: str) -> None:
+            raise k8s.Unavailable(0, "Unavailable", "no answer")
+
+        async def create(manifest: dict) -> dict | None:
+            return manifest
+
+        objects.retire("ml", delete)
+        assert await objects.create(POLICY, create) == POLICY
+    asyncio.run(scenario())

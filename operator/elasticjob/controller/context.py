@@ -65,18 +65,23 @@ class JobMemory:
 
 class NamespaceObjects:
     """Objects a namespace's jobs share (the NetworkPolicy around its stores): created once per namespace, by
-    one request however many reconciles ask at once. Forgotten when the namespace's last job leaves the mirror
-    (the job watch delivers a namespace's deletions before a recreated namespace's new jobs), so a namespace
-    deleted and made again gets its objects again."""
+    one request however many reconciles ask at once. Retired when the namespace's last job leaves the mirror
+    (the job watch delivers a namespace's deletions before a recreated namespace's new jobs): forgotten, so a
+    namespace deleted and made again gets its objects again, and deleted, so that nothing the operator made
+    outlives the jobs it was for. A create in that namespace waits for the deletion first: a new job's store is
+    never left outside its policy by a deletion that lands after the create."""
 
     def __init__(self) -> None:
         self._creates: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self._retiring: dict[str, asyncio.Task[Any]] = {}
 
     async def create(self, manifest: dict[str, Any],
                      create: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
         """The object if this call created it, else None (made by an earlier call, or already there)."""
         meta = manifest["metadata"]
         key = (meta["namespace"], meta["name"])
+        if (retiring := self._retiring.get(key[0])) is not None:
+            await asyncio.wait([retiring])  # its failure is its own (logged there); the create goes on
         task = self._creates.get(key)
         if task is not None and not (task.done() and (task.cancelled() or task.exception())):
             await asyncio.shield(task)
@@ -87,6 +92,20 @@ class NamespaceObjects:
     def forget(self, namespace: str) -> None:
         for key in [k for k in self._creates if k[0] == namespace]:
             del self._creates[key]
+
+    def retire(self, namespace: str, delete: Callable[[str], Awaitable[None]]) -> None:
+        """Forget the namespace's objects and delete them (`delete(namespace)`), after any earlier deletion."""
+        self.forget(namespace)
+        earlier = self._retiring.get(namespace)
+
+        async def run() -> None:
+            if earlier is not None:
+                await asyncio.wait([earlier])
+            await delete(namespace)
+
+        task = self._retiring[namespace] = asyncio.ensure_future(run())
+        task.add_done_callback(lambda done: self._retiring.pop(namespace, None) if
+                               self._retiring.get(namespace) is done else None)
 
 
 class Gate:

@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from elasticjob import metrics, naming, rest
-from elasticjob.controller import reflector, telemetry
+from elasticjob.controller import namespace_cleanup, reflector, telemetry
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
 from elasticjob.kueue import workloads
@@ -85,4 +85,5 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             metrics.forget_job(*key)
             telemetry.forget(key)
             if not ctx.mirror.has_jobs_in(key[0]):
-                ctx.namespace_objects.forget(key[0])
+                ctx.namespace_objects.retire(key[0], functools.partial(namespace_cleanup.delete_policies,
+                                                                       ctx.kube, logger=ctx.logger))
