@@ -8,7 +8,9 @@ checkpoint every 5):
 - opt-out:        the same with spec.warmStarts: false (torchrun runs as written);
 - no help:        the same rendezvous settings, the operator not touching the rendezvous, no warm starts;
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
-Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
+Faults: a container SIGKILLed (kill, kill-rank0, store: the kubelet restarts it in place), a pod deleted at
+once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made), a partition,
+a scale down and up, and the start. Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
 operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
 
     make cluster-up && .venv/bin/python bench/recovery.py [--runs 5] [--only kill,scale-down]
@@ -46,8 +48,9 @@ MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
                        ["--no-rendezvous-nudges"], False),
 }
 KIT_IMAGE = "elasticjob-operator:dev"
-TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 8", "scale-down": "<= 4", "scale-up": "<= 6",
-           "store": "<= 8", "start": "<= 1.3x by hand"}
+TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-down": "<= 4", "scale-up": "<= 6",
+           "store": "<= 8", "start": "<= 1.3x by hand", "delete": "<= 5", "delete-rank0": "<= 3",
+           "delete-store": "<= 4"}
 
 
 @dataclass
@@ -118,6 +121,14 @@ def kill_store(api: Api, ns: str) -> tuple[float, int | None]:
     return when, None
 
 
+def delete(api: Api, ns: str, pod: str) -> tuple[float, int | None]:
+    """The pod deleted at once (grace 0), as a drain past its grace or an eviction of a lost node does: the
+    kubelet kills its containers and the pod object goes, so a replacement must be made, not restarted."""
+    when = time.time()
+    api.core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+    return when, None
+
+
 def other_worker(api: Api, ns: str) -> str:
     return next(p.metadata.name for p in api.workers(ns, "train") if p.metadata.name != rank0_host(ns))
 
@@ -146,6 +157,9 @@ FAULTS = {
     "scale-down": lambda api, ns: scale(api, ns, 1),
     "scale-up": lambda api, ns: scale(api, ns, 3),
     "store": kill_store,
+    "delete": lambda api, ns: delete(api, ns, other_worker(api, ns)),
+    "delete-rank0": lambda api, ns: delete(api, ns, rank0_host(ns)),
+    "delete-store": lambda api, ns: delete(api, ns, "train-rdzv"),
 }
 
 
