@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from elasticjob import builders, torchrun
+from elasticjob.convert import convert_text
 from elasticjob.domain import JobRef
 from elasticjob.models import ElasticJobSpec
 from elasticjob.planner import lifecycle
@@ -46,3 +47,11 @@ def test_the_gpu_example_runs_a_process_per_gpu() -> None:
     (doc,) = [doc for name, doc in jobs() if name == "gpu/elasticjob.yaml"]
     spec = ElasticJobSpec.model_validate(doc["spec"])
     assert torchrun.nproc_per_node(spec, builders.worker_container(spec.template) or {}) == 8
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "pytorchjob").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_pytorchjob_example_converts(path: Path) -> None:
+    """The PyTorchJobs a migrating user starts from (e2e: test_convert_training trains them)."""
+    (job,) = [doc for doc in convert_text(path.read_text()).documents if doc.get("kind") == "ElasticJob"]
+    spec = ElasticJobSpec.model_validate(job["spec"])
+    assert lifecycle.validate(JobRef(namespace="default", name=job["metadata"]["name"], uid="u", spec=spec)) == []
