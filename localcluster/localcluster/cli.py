@@ -65,7 +65,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    # The bin dir first on PATH: kubectl v1.36.3, matching the server (no version-skew warning).
+    # The bin dir first on PATH: the kubectl built with the server (no version-skew warning).
     print(f"export KUBECONFIG={controlplane.Layout(args.root).kubeconfig}")
     print(f'export PATH="{controlplane.bin_dir(args.root)}:$PATH"')
     return 0
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument("addon", choices=["scheduler-plugins", "kueue", "kwok"])
     stop.set_defaults(run=_stop)
     commands.add_parser("status", help="components, health and nodes").set_defaults(run=_status)
-    commands.add_parser("env", help="print KUBECONFIG and PATH (kubectl v1.36.3 first) export lines").set_defaults(
+    commands.add_parser("env", help="print KUBECONFIG and PATH (the cluster kubectl first) export lines").set_defaults(
         run=_env)
     return parser
 

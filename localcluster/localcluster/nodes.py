@@ -57,8 +57,9 @@ def ready_conditions(ready: bool) -> list[dict]:
     return conds
 
 
-def status_body(name: str, cap: dict[str, str], host_ip: str, previous: dict | None) -> dict:
-    """The node's status; its kubelet port is 10250 + its index, since all local nodes share one IP."""
+def status_body(name: str, cap: dict[str, str], host_ip: str, previous: dict | None, version: str) -> dict:
+    """The node's status; its kubelet port is 10250 + its index, since all local nodes share one IP. `version`:
+    the control plane's, which a kubelet of the same build would report."""
     conds = ready_conditions(True)
     old = {c["type"]: c for c in ((previous or {}).get("status") or {}).get("conditions") or []}
     for cond in conds:
@@ -71,7 +72,7 @@ def status_body(name: str, cap: dict[str, str], host_ip: str, previous: dict | N
         "daemonEndpoints": {"kubeletEndpoint": {"Port": kubeletapi.node_port(int(name.rsplit("-", 1)[1]))}},
         "nodeInfo": {"machineID": name, "systemUUID": name, "bootID": name, "kernelVersion": "local",
                      "osImage": socket.gethostname(), "containerRuntimeVersion": "localcluster://0",
-                     "kubeletVersion": "v1.36.3", "kubeProxyVersion": "v1.36.3", "operatingSystem": "linux",
+                     "kubeletVersion": version, "kubeProxyVersion": version, "operatingSystem": "linux",
                      "architecture": "amd64"},
     }}
 
@@ -85,6 +86,7 @@ class Heartbeats(threading.Thread):
         self.core, self.coord = client.CoreV1Api(api), client.CoordinationV1Api(api)
         self.names, self.cap, self.host_ip, self.is_lost, self.stop = names, cap, host_ip, is_lost, stop
         self.last_status: dict[str, float] = {}
+        self.version = client.VersionApi(api).get_code().git_version
 
     def register(self) -> None:
         for name in self.names:
@@ -98,7 +100,7 @@ class Heartbeats(threading.Thread):
 
     def post_status(self, name: str) -> None:
         previous = kube.get_or_none(self.core.read_node, name)
-        self.core.patch_node_status(name, status_body(name, self.cap, self.host_ip, previous),
+        self.core.patch_node_status(name, status_body(name, self.cap, self.host_ip, previous, self.version),
                                     _content_type=kube.STRATEGIC, _preload_content=False)
         self.last_status[name] = time.monotonic()
 
