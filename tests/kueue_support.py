@@ -47,8 +47,9 @@ class Queues:
         self.custom = client.CustomObjectsApi(kube)
         self.created: list[tuple[str, str]] = []  # (plural, name), deleted in reverse
 
-    def make(self, cpu: str, memory: str = "8Gi", node_labels: dict[str, str] | None = None) -> str:
-        """A ClusterQueue for this namespace with `cpu` and `memory` of one flavor; returns its name."""
+    def make(self, cpu: str, memory: str = "8Gi", node_labels: dict[str, str] | None = None,
+             gpus: int | None = None) -> str:
+        """A ClusterQueue for this namespace with `cpu`, `memory` (and `gpus`) of one flavor; returns its name."""
         name = f"cq-{self.namespace}"[:63]
         flavor = self.addon.FLAVOR
         if node_labels:
@@ -57,7 +58,7 @@ class Queues:
             self.custom.create_cluster_custom_object(GROUP, VERSION, "resourceflavors", body)
             self.created.append(("resourceflavors", flavor))
         self.addon.ensure_cluster_queue(self.kube, name, cpu=cpu, memory=memory, namespaces=[self.namespace],
-                                        flavor=flavor)
+                                        flavor=flavor, gpus=gpus)
         self.created.append(("clusterqueues", name))
         self.addon.ensure_local_queue(self.kube, self.namespace, LOCAL_QUEUE, name)
         return name

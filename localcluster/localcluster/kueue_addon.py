@@ -154,7 +154,7 @@ def resource_flavor(name: str = FLAVOR) -> dict:
 
 
 def cluster_queue(name: str, cpu: str, memory: str, *, namespaces: list[str] | None = None,
-                  flavor: str = FLAVOR) -> dict:
+                  flavor: str = FLAVOR, gpus: int | None = None) -> dict:
     """A ClusterQueue with nominal quota on cpu and memory in one flavor; `namespaces` None admits from every
     namespace. Within the queue, a higher-priority workload preempts lower-priority ones."""
     selector = {} if namespaces is None else {"matchExpressions": [
@@ -162,13 +162,15 @@ def cluster_queue(name: str, cpu: str, memory: str, *, namespaces: list[str] | N
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": name},
             "spec": {"namespaceSelector": selector,
                      "preemption": {"withinClusterQueue": "LowerPriority"},
-                     "resourceGroups": [quota_group(cpu, memory, flavor)]}}
+                     "resourceGroups": [quota_group(cpu, memory, flavor, gpus)]}}
 
 
-def quota_group(cpu: str, memory: str, flavor: str = FLAVOR) -> dict:
-    return {"coveredResources": ["cpu", "memory"],
-            "flavors": [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": str(cpu)},
-                                                       {"name": "memory", "nominalQuota": str(memory)}]}]}
+def quota_group(cpu: str, memory: str, flavor: str = FLAVOR, gpus: int | None = None) -> dict:
+    """Quota on cpu and memory, and on `nvidia.com/gpu` when `gpus` is given (the real nodes' fake GPUs)."""
+    resources = [{"name": "cpu", "nominalQuota": str(cpu)}, {"name": "memory", "nominalQuota": str(memory)}]
+    if gpus is not None:
+        resources.append({"name": "nvidia.com/gpu", "nominalQuota": str(gpus)})
+    return {"coveredResources": [r["name"] for r in resources], "flavors": [{"name": flavor, "resources": resources}]}
 
 
 def local_queue(namespace: str, name: str = LOCAL_QUEUE, cluster_queue_name: str = CLUSTER_QUEUE) -> dict:
@@ -246,10 +248,10 @@ def _custom(api):
 
 
 def ensure_cluster_queue(api, name: str, cpu: str, memory: str, *, namespaces: list[str] | None = None,
-                         flavor: str = FLAVOR) -> dict:
+                         flavor: str = FLAVOR, gpus: int | None = None) -> dict:
     """Creates or updates (server-side apply) a ClusterQueue; `api` is a kubernetes.client.ApiClient.
     The flavor must exist (`default-flavor` does on the local cluster)."""
-    body = cluster_queue(name, cpu, memory, namespaces=namespaces, flavor=flavor)
+    body = cluster_queue(name, cpu, memory, namespaces=namespaces, flavor=flavor, gpus=gpus)
     return _custom(api).patch_cluster_custom_object(
         GROUP, VERSION, "clusterqueues", name, body, field_manager="localcluster-tests", force=True,
         _content_type="application/apply-patch+yaml")

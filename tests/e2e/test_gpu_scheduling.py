@@ -1,13 +1,15 @@
 """GPUs scheduled for real: each real node's kubelet has fake GPUs from a device plugin speaking its real gRPC API
 (localcluster/fakegpu, 2 `nvidia.com/gpu` per node). The scheduler places workers by them, the kubelet allocates
 them (NVIDIA_VISIBLE_DEVICES), and `nprocPerNode: auto` starts one process per GPU the worker asks for; training
-runs on gloo, the CPU. A worker asking for more GPUs than any node has stays Pending, and the job says why.
+runs on gloo, the CPU. A worker asking for more GPUs than any node has stays Pending, and the job says why. Kueue
+counts the GPUs against a ClusterQueue's quota: a job past it waits Queued until GPUs free.
 """
 
 from __future__ import annotations
 
 from e2e_support import Jobs, job_manifest, train_args
 from helpers import wait_for
+from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
 
 GPUS_PER_NODE = 2  # localcluster/localcluster/realnodes/gpus.py
 START_TIMEOUT = 120  # two processes per pod import torch on 2 cores
@@ -46,3 +48,24 @@ def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_wh
     assert status["phase"] == "Pending", status
     (pod,) = jobs.worker_pods()
     assert pod.status.phase == "Pending" and not pod.spec.node_name, pod.status
+
+
+def test_kueue_holds_a_job_past_the_gpu_quota_until_gpus_free(real_nodes, kueue, operator_factory, jobs: Jobs,
+                                                             queues: Queues):
+    """A ClusterQueue of 2 GPUs: a job of 2 one-GPU workers is admitted and trains; a second job of one
+    one-GPU worker waits Queued in Kueue's words, holding no pod, until the first finishes."""
+    operator_factory(extra_args=["--kueue"])
+    queues.make(cpu="4", gpus=2)
+    first = queued(gpu_worker(job_manifest(jobs.namespace, name="first", replicas=2, train_args=train_args(8)), 1))
+    jobs.create(first)
+    jobs.wait_phase("Running", START_TIMEOUT, name="first")
+    workload = wait_for(lambda: (jobs.status("first").get("admission") or {}), 30, "the first job admitted",
+                        until=lambda a: a.get("state") == "Admitted")
+    assert workload.get("workers") == 2, workload
+    jobs.create(queued(gpu_worker(job_manifest(jobs.namespace, name="second", replicas=1, train_args=train_args(4)),
+                                  1)))
+    status = wait_for(lambda: jobs.status("second"), 60, "the second job queued for GPUs in Kueue's words",
+                      until=lambda s: s.get("phase") == "Queued" and "nvidia.com/gpu" in (s.get("message") or ""))
+    assert not jobs.worker_pods("second"), status
+    jobs.wait_phase("Succeeded", START_TIMEOUT, name="first")
+    jobs.wait_phase("Succeeded", START_TIMEOUT, name="second")
