@@ -201,6 +201,12 @@ class OperatorProcess:
             self.exit_code = -signal.SIGKILL
         return self.exit_code
 
+    def kill(self) -> None:
+        """SIGKILL, as a lost node or an OOM kill would: nothing is closed or released; no clean exit expected."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.check_log, self.exit_code = False, 0
+
     def assert_clean_exit(self) -> None:
         code = self.stop()
         assert code == 0, f"operator exited with {code} after SIGTERM; log tail:\n{self.log_tail()}"

@@ -34,8 +34,9 @@ NAMESPACE = "default"
 BASIC_TIMEOUT = 900
 # The chart's defaults, but watching only the namespace the demo uses (other tenants' namespaces are theirs), and
 # the operator image the real nodes hold (built from images/operator.Dockerfile; no registry to pull from).
+# One operator pod (the chart's default is two, one leading): the demo follows the log of the one.
 CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]},
-                "image": {"tag": "dev", "pullPolicy": "Never"}}
+                "image": {"tag": "dev", "pullPolicy": "Never"}, "replicas": 1}
 
 
 def install_operator(console: Console, kubeconfig: Path, api: client.ApiClient) -> operatorchart.Release:

@@ -16,7 +16,7 @@ from elasticjob import crd
 from elasticjob.controller.loops import CONCURRENT_RECONCILES
 from elasticjob.convert import ConversionError, convert_text
 from elasticjob.domain import Settings
-from elasticjob.peering import Peering
+from elasticjob.lease import Where
 from elasticjob.rendezvous_client import check_key
 
 log = logging.getLogger("elasticjob")
@@ -30,7 +30,7 @@ class RunConfig:
     key: bytes
     settings: Settings
     identity: str
-    peering: Peering | None
+    leader: Where | None  # with --leader-elect: the Lease this replica competes for
     concurrent_reconciles: int = CONCURRENT_RECONCILES
 
 
@@ -44,11 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--liveness", default=None, metavar="URL",
                      help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
-    run.add_argument("--peering", default=None, metavar="NAME",
-                     help="kopf peering object for running several replicas (one is active); default: standalone")
-    run.add_argument("--priority", type=int, default=None,
-                     help="kopf peering priority; default with --peering: random, so exactly one replica is active "
-                          "(kopf pauses every operator that shares the highest priority)")
+    run.add_argument("--leader-elect", action="store_true",
+                     help="several replicas: only the holder of a coordination.k8s.io Lease in the operator's "
+                     "namespace (--operator-namespace) reconciles, the others watch and wait (the chart turns it "
+                     "on); default: off, this process acts alone")
+    run.add_argument("--leader-lease-name", default="elasticjob-operator", metavar="NAME",
+                     help="name of that Lease (the chart: the release's full name)")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.add_argument("--log-format", choices=["full", "plain", "json"], default="full",
                      help="log lines as text (full: with time and logger) or JSON; each names its job")
@@ -115,18 +116,21 @@ def rendezvous_key(path: str | None) -> bytes:
 
 def run_config(args: argparse.Namespace) -> RunConfig:
     clusterwide = args.all_namespaces or not args.namespace
-    priority = args.priority if args.priority is not None else (secrets.randbelow(2**31) + 1 if args.peering else 0)
+    # In a pod the hostname is the pod's name: `kubectl get lease` names the leader's pod.
     identity = f"elasticjob-{socket.gethostname()}-{secrets.token_hex(4)}"
-    peers = None
-    if args.peering:
-        peers = Peering(args.peering, identity, priority, None if clusterwide else args.namespace[0])
+    leader = None
+    if args.leader_elect:
+        if not args.operator_namespace:
+            raise SystemExit("elasticjob: --leader-elect needs the operator's namespace, where its Lease is: "
+                             "--operator-namespace or POD_NAMESPACE")
+        leader = Where(args.leader_lease_name, args.operator_namespace, identity)
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
                         kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
                         require_queue_name=args.require_queue_name)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
-                     settings, identity, peers, args.concurrent_reconciles)
+                     settings, identity, leader, args.concurrent_reconciles)
 
 
 def run_operator(args: argparse.Namespace) -> None:

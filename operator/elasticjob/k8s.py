@@ -8,8 +8,10 @@ and the generated API classes a third of its memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable
+from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +19,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob import rest
+from elasticjob import lease, rest
 from elasticjob.models import API_VERSION, PLURAL
 
 CLIENT_CONNECTIONS = 32
@@ -93,9 +95,11 @@ def api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(config)
 
 
-async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def _call(fn: Callable[..., Any], *args: Any, executor: Executor | None = None, **kwargs: Any) -> Any:
     try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        if executor is None:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))
     except ApiException as exc:
         raise translate(exc) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -108,11 +112,12 @@ def _json(response: Any) -> dict[str, Any]:
 
 
 class Kube:
-    def __init__(self, client: kubernetes.client.ApiClient):
-        self.client = client
+    def __init__(self, client: kubernetes.client.ApiClient, executor: Executor | None = None):
+        """`executor`: the threads its calls run in (None: the event loop's default pool)."""
+        self.client, self.executor = client, executor
 
     async def _send(self, method: str, url_path: str, **kwargs: Any) -> Any:
-        return await _call(rest.call, self.client, method, url_path, **kwargs)
+        return await _call(rest.call, self.client, method, url_path, executor=self.executor, **kwargs)
 
     async def _get(self, url_path: str, **kwargs: Any) -> dict[str, Any]:
         return _json(await self._send("GET", url_path, **kwargs))
@@ -278,13 +283,24 @@ class Kube:
     async def post_event(self, event: dict[str, Any]) -> None:
         await self._send("POST", rest.resource("v1", event["metadata"]["namespace"], "events"), body=event)
 
-    # --- kopf peering ------------------------------------------------------------------------------------
+    # --- the leader's Lease (coordination.k8s.io) -------------------------------------------------------------
 
-    async def peering_peers(self, name: str, namespace: str | None) -> dict[str, Any]:
-        """The peers kopf records in a (Cluster)KopfPeering's status; empty when the object is missing."""
-        plural = "clusterkopfpeerings" if namespace is None else "kopfpeerings"
-        body = await self.get_object("kopf.dev/v1", plural, namespace, name)
-        return dict((body or {}).get("status") or {})
+    async def get_lease(self, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
+        try:
+            return await self._get(rest.resource(lease.API_VERSION, namespace, lease.PLURAL, name), timeout=timeout)
+        except NotFound:
+            return None
+
+    async def create_lease(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Conflict when another candidate created it first."""
+        url_path = rest.resource(lease.API_VERSION, body["metadata"]["namespace"], lease.PLURAL)
+        return _json(await self._send("POST", url_path, body=body, timeout=timeout))
+
+    async def replace_lease(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """A PUT of the Lease read: Conflict when it changed since (its resourceVersion is in the body)."""
+        meta = body["metadata"]
+        url_path = rest.resource(lease.API_VERSION, meta["namespace"], lease.PLURAL, meta["name"])
+        return _json(await self._send("PUT", url_path, body=body, timeout=timeout))
 
     def close(self) -> None:
         self.client.close()

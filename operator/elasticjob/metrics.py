@@ -27,6 +27,8 @@ RECOVERY_SECONDS = Histogram("elasticjob_recovery_seconds",
                              buckets=(1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
 JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each unfinished job is in", ["namespace", "job", "phase"])
 JOB_RESTARTS = Gauge("elasticjob_job_restarts", "Restarts charged to each unfinished job", ["namespace", "job"])
+# 1 while this replica holds the Lease and reconciles (always, without --leader-elect); 0 while it waits idle.
+LEADER = Gauge("elasticjob_operator_leader", "1 if this operator replica is the leader and reconciles")
 
 PHASES = ("Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 FINISHED = ("Succeeded", "Failed")

@@ -38,8 +38,9 @@ def release(cluster, kube, namespace):
 
     name = f"ej-{secrets.token_hex(3)}"
     # The operator image as the real nodes hold it (imported, no registry to pull from; the node agent ignores it).
+    # One replica: the test stops, restarts and reads the log of the one operator pod (two: test_leader_election).
     values = {"watch": {"allNamespaces": False, "namespaces": [namespace]},
-              "image": {"tag": "dev", "pullPolicy": "Never"}}
+              "image": {"tag": "dev", "pullPolicy": "Never"}, "replicas": 1}
     yield lambda extra=None: operatorchart.install_or_upgrade(cluster.kubeconfig, {**values, **(extra or {})},
                                                               release=name, namespace=namespace)
     import helm_python as helm
@@ -143,7 +144,8 @@ def test_install_liveness_upgrade_uninstall(cluster, kube, jobs, progress, relea
     new_pod = operatorchart.wait_running(core, upgraded)
     assert new_pod.metadata.uid != pod.metadata.uid and "--verbose" in new_pod.spec.containers[0].args
     deployment = apps.read_namespaced_deployment(full, ns)
-    assert deployment.spec.strategy.type == "Recreate" and deployment.status.updated_replicas == 1
+    # The new pod started before the old one stopped (it waited on the Lease the old one released).
+    assert deployment.spec.strategy.rolling_update.max_unavailable == 0 and deployment.status.updated_replicas == 1
     steps_after(progress, upgrade_at)
     assert {p.metadata.name: p.metadata.uid for p in jobs.worker_pods()} == workers, "a worker was replaced"
     wait_for(lambda: operator_log(core, new_pod), 60, "the new operator's watches synced",

@@ -7,15 +7,13 @@ token and must drive a job without a single Forbidden.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from chart_rbac import CHART, allowed, render, service_account_kubeconfig
+from chart_rbac import allowed, service_account_kubeconfig
 from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,78 +203,3 @@ def test_operator_runs_as_its_service_account_without_forbidden(kube, cluster, n
     log = operator.log_text()
     denied = [line for line in log.splitlines() if any(marker in line for marker in PERMISSION_ERRORS)]
     assert not denied, f"operator hit permission errors ({len(events)} events seen):\n" + "\n".join(denied[:10])
-
-
-# ---------------------------------------------------------------- replicas > 1: kopf peering
-
-
-def apply_chart_crd(kube, path: Path) -> None:
-    ext = client.ApiextensionsV1Api(kube)
-    for doc in yaml.safe_load_all(path.read_text()):
-        name = doc["metadata"]["name"]
-        ext.patch_custom_resource_definition(name, doc, field_manager="elasticjob-tests", force=True,
-                                             _content_type="application/apply-patch+yaml")
-        wait_for(lambda: any(c.type == "Established" and c.status == "True"
-                             for c in (ext.read_custom_resource_definition(name).status.conditions or [])),
-                 30, f"CRD {name} to be Established")
-
-
-def test_two_replicas_with_peering_keep_exactly_one_active(kube, cluster, namespace, crds_installed, install_rbac,
-                                                           operator_factory, tmp_path):
-    """The chart's replicas=2: both run with `--peering`, one pauses in favour of the other, the job proceeds.
-
-    kopf pauses *every* operator when peers share a priority, so this needs distinct priorities per replica.
-    """
-    values = {"replicas": 2, "watch": {"allNamespaces": False, "namespaces": [namespace]}}
-    apply_chart_crd(kube, CHART / "crds" / "kopf.dev_peerings.yaml")
-    user = install_rbac(values, namespace)
-    account = user.rsplit(":", 1)[1]
-    release = account.removesuffix("-elasticjob-operator")
-    (peering,) = [d for d in render(values, release, namespace) if d["kind"] == "KopfPeering"]
-    client.CustomObjectsApi(kube).create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", peering)
-    wait_for(lambda: allowed(kube, user, "list", "kopf.dev", "kopfpeerings", "", namespace), 30,
-             f"{user} to be allowed to list kopfpeerings")
-    kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), namespace, account,
-                                            tmp_path / "operator.kubeconfig")
-    peering_args = ["--peering", peering["metadata"]["name"]]
-    operators = [operator_factory(namespaces=[namespace], extra_args=peering_args,
-                                  env={"KUBECONFIG": str(kubeconfig)}) for _ in range(2)]
-    for operator in operators:
-        operator.wait_for_log("elasticjob operator started", timeout=60)
-
-    # kopf starts every peering operator paused. The first up resumes while it sees no peer; whichever has the
-    # lower priority then pauses (or just stays paused, silently, if it never resumed).
-    def active() -> list[bool]:
-        return [_last_peering_word(op.log_text()) == "Resuming" for op in operators]
-
-    custom = client.CustomObjectsApi(kube)
-
-    def registered() -> int:
-        body = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings",
-                                                   peering["metadata"]["name"])
-        return len(body.get("status") or {})
-
-    # Both must be in the peering object first: until the second registers, the first is rightly active alone.
-    wait_for(registered, 60, "both operators registered in the peering object", until=lambda n: n == 2)
-    wait_for(active, 60, "exactly one of the two operators to be active", until=lambda flags: sum(flags) == 1)
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, small_job("peer"))
-    wait_for(lambda: client.CoreV1Api(kube).read_namespaced_service("peer-rdzv", namespace), 60,
-             "the active operator to create the rendezvous Service", ignore=(ApiException,))
-    # A reconcile that writes status logs the phase; a replica that holds back logs only at debug level.
-    wrote = f"[{namespace}/peer] phase "
-    wait_for(lambda: [wrote in op.log_text() for op in operators], 30, "the active operator to reconcile the job",
-             until=any)
-    acting = [wrote in op.log_text() for op in operators]
-    assert acting == active(), f"the paused operator acted on the job too: acting {acting}, active {active()}"
-    for operator in operators:
-        log = operator.log_text()
-        assert "Pausing all operators" not in log, operator.log_tail()
-        denied = [line for line in log.splitlines() if any(m in line for m in PERMISSION_ERRORS)]
-        assert not denied, "\n".join(denied[:10])
-    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "peer")
-
-
-def _last_peering_word(log: str) -> str | None:
-    """'Resuming' or 'Pausing': the last decision kopf's peering logged."""
-    decisions = re.findall(r"(Resuming|Pausing) (?:operations|all operators)", log)
-    return decisions[-1] if decisions else None

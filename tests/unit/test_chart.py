@@ -27,9 +27,9 @@ KUBE_VERSION = "1.36"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
-    "peering": {"replicas": 2},
+    "one-replica": {"replicas": 1},
     "no-network-policy": {"networkPolicy": {"enabled": False}},
-    "peering-namespaced": {"replicas": 3, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
+    "replicas-namespaced": {"replicas": 3, "watch": {"allNamespaces": False, "namespaces": ["team-a"]}},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "debug-no-metrics": {"logLevel": "debug", "metrics": {"enabled": False}},
     "existing-account": {"serviceAccount": {"create": False, "name": "ops-bot"}},
@@ -67,7 +67,7 @@ KUEUE_CLUSTER_GRANTS = {("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"}
                         ("scheduling.k8s.io", "priorityclasses"): {"get"}}
 
 # Kinds with no schema in kubernetes-validate: checked against the CRDs that define them instead.
-CUSTOM_KINDS = {"ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+CUSTOM_KINDS = {"ServiceMonitor"}
 MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 
 
@@ -83,6 +83,14 @@ def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in docs if doc["kind"] == kind]
+
+
+LEASE_ROLE = f"{FULLNAME}-leader-election"
+
+
+def watch_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Roles of the watched namespaces (not the leader election's, in the release's namespace)."""
+    return [doc for doc in by_kind(docs, "Role") if doc["metadata"]["name"] != LEASE_ROLE]
 
 
 def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,14 +183,8 @@ def test_rendered_objects_match_kubernetes_schemas(variant: str) -> None:
 
 
 def test_custom_kinds_are_served_by_a_crd_the_cluster_will_have() -> None:
-    """Peering objects need the chart's own crds/; a ServiceMonitor needs prometheus-operator's CRD."""
-    served = {(doc["spec"]["group"], doc["spec"]["names"]["kind"], doc["spec"]["scope"])
-              for path in (CHART / "crds").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc}
-    for values in (VARIANTS["peering"], VARIANTS["peering-namespaced"]):
-        for doc in render(values):
-            if doc["kind"] in ("KopfPeering", "ClusterKopfPeering"):
-                scope = "Namespaced" if "namespace" in doc["metadata"] else "Cluster"
-                assert ("kopf.dev", doc["kind"], scope) in served, doc
+    """A ServiceMonitor needs prometheus-operator's CRD; the chart's crds/ hold the ElasticJob's alone."""
+    assert sorted(path.name for path in (CHART / "crds").glob("*.yaml")) == ["elasticjob.dev_elasticjobs.yaml"]
     (monitor,) = by_kind(render(VARIANTS["servicemonitor"]), "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
@@ -203,29 +205,31 @@ def test_chart_crd_is_a_byte_identical_copy_of_the_generated_one() -> None:
 
 # The kit's init container comes from the operator's own image by default.
 KIT = ["--kit-image", "elasticjob-operator:0.1.0"]
+# The chart always elects a leader, on a Lease named after the release.
+LEADER = ["--leader-elect", "--leader-lease-name", FULLNAME]
 
 
 @pytest.mark.parametrize("variant, expected_args", [
-    ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("default", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                  "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("namespaced", ["--namespace", "team-a", "--namespace", "team-b", "--liveness",
-                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
-    ("peering", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
-                 "--peering", FULLNAME, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
-    ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--verbose",
+                    "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
+    ("one-replica", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
+                     "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
+    ("debug-no-metrics", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", *LEADER, "--verbose",
                           "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
-    ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("no-network-policy", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                            "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--no-network-policy", *KIT, "--operator-selector", SELECTOR]),
-    ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("kueue", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue", "on", *KIT, "--operator-selector", SELECTOR]),
-    ("kueue-no-slices", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("kueue-no-slices", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                          "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kueue-slices", "off", *KIT,
                          "--operator-selector", SELECTOR]),
-    ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("gangs", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
-    ("no-kit", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("no-kit", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                 "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
-    ("kit-image", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+    ("kit-image", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                    "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kit-image",
                    "mirror.example/elasticjob-operator:0.1.0", "--operator-selector", SELECTOR]),
 ])
@@ -267,9 +271,8 @@ def test_deployment_probe_security_and_rollout() -> None:
     assert pod["securityContext"]["runAsUser"] == 65532
     assert pod["serviceAccountName"] == FULLNAME
     assert container["image"] == "elasticjob-operator:0.1.0"
-    # One standalone replica must not overlap with its successor during a rollout.
-    assert spec["strategy"]["type"] == "Recreate"
-    assert deployment(render(VARIANTS["peering"]))["spec"]["strategy"]["type"] == "RollingUpdate"
+    # A new pod (waiting on the Lease) starts before an old one stops: an upgrade never drops both.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     (service,) = by_kind(docs, "Service")
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert not by_kind(docs, "ServiceMonitor")
@@ -309,7 +312,7 @@ def test_rbac_has_no_wildcards_and_reads_no_secrets(variant: str) -> None:
 
 def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
     docs = render()
-    assert not by_kind(docs, "Role")
+    assert not watch_roles(docs)
     assert grants(by_kind(docs, "ClusterRole")) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
     assert named_grants(by_kind(docs, "ClusterRole")) == set()
     bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")
@@ -320,31 +323,47 @@ def test_rbac_cluster_wide_grants_exactly_the_table() -> None:
 def test_rbac_namespaced_grants_the_table_in_each_listed_namespace_only() -> None:
     docs = render(VARIANTS["namespaced"])
     assert grants(by_kind(docs, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in watch_roles(docs)}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
-    bindings = {b["metadata"]["namespace"]: b["roleRef"] for b in by_kind(docs, "RoleBinding")}
+    bindings = {b["metadata"]["namespace"]: b["roleRef"] for b in by_kind(docs, "RoleBinding")
+                if b["roleRef"]["name"] != LEASE_ROLE}
     assert bindings == {ns: {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
                         for ns in roles}
 
 
-def test_rbac_peering_grants_list_watch_and_get_patch_of_its_own_object() -> None:
-    cluster = render(VARIANTS["peering"])
-    assert grants(by_kind(cluster, "ClusterRole")) == {
-        **NAMESPACED_GRANTS, **KUEUE_GRANTS, **NODES_GRANT, **KUEUE_CLUSTER_GRANTS,
-        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"}}
-    assert named_grants(by_kind(cluster, "ClusterRole")) == {("kopf.dev", "clusterkopfpeerings", FULLNAME, "get"),
-                                                             ("kopf.dev", "clusterkopfpeerings", FULLNAME, "patch")}
-    assert [p["metadata"]["name"] for p in by_kind(cluster, "ClusterKopfPeering")] == [FULLNAME]
+LEASE_GRANTS = {("coordination.k8s.io", "leases", FULLNAME, "get"), ("coordination.k8s.io", "leases", FULLNAME, "update")}
 
-    namespaced = render(VARIANTS["peering-namespaced"])
-    (role,) = by_kind(namespaced, "Role")
-    assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, ("kopf.dev", "kopfpeerings"): {"list", "watch"}}
-    assert named_grants([role]) == {("kopf.dev", "kopfpeerings", FULLNAME, "get"),
-                                    ("kopf.dev", "kopfpeerings", FULLNAME, "patch")}
-    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in by_kind(namespaced, "KopfPeering")] == [
-        ("team-a", FULLNAME)]
+
+@pytest.mark.parametrize("variant", ["default", "namespaced", "one-replica", "existing-account"])
+def test_leader_election_may_create_its_lease_and_read_and_renew_only_that_one(variant: str) -> None:
+    docs = render(VARIANTS[variant])
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == LEASE_ROLE]
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert grants([role]) == {("coordination.k8s.io", "leases"): {"create"}}
+    assert named_grants([role]) == LEASE_GRANTS
+    everything_else = [r for r in [*by_kind(docs, "Role"), *by_kind(docs, "ClusterRole")] if r is not role]
+    assert not any(group == "coordination.k8s.io" for r in everything_else for rule in r["rules"]
+                   for group in rule["apiGroups"])
+    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["roleRef"]["name"] == LEASE_ROLE]
+    account = deployment(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}]
+
+
+def test_the_defaults_run_two_replicas_that_a_drain_never_takes_both_of() -> None:
+    docs = render()
+    spec = deployment(docs)["spec"]
+    assert spec["replicas"] == 2
+    (budget,) = by_kind(docs, "PodDisruptionBudget")
+    assert budget["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": spec["selector"]["matchLabels"]}}
+    assert spec["template"]["metadata"]["labels"].items() >= spec["selector"]["matchLabels"].items()
+    assert "--leader-elect" in spec["template"]["spec"]["containers"][0]["args"]
+    # One replica: a budget of 1 would block every node drain.
+    assert not by_kind(render(VARIANTS["one-replica"]), "PodDisruptionBudget")
+    assert len(by_kind(render(VARIANTS["replicas-namespaced"]), "PodDisruptionBudget")) == 1
 
 
 def test_existing_service_account_is_bound_not_created() -> None:
@@ -372,7 +391,7 @@ def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() ->
     assert grants(by_kind(cluster, "ClusterRole")) == {**NAMESPACED_GRANTS, **NODES_GRANT, **KUEUE_GRANTS,
                                                        **KUEUE_CLUSTER_GRANTS}
     namespaced = render(VARIANTS["kueue-namespaced"])
-    (role,) = by_kind(namespaced, "Role")
+    (role,) = watch_roles(namespaced)
     assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
     assert grants(by_kind(namespaced, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
 

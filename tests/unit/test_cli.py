@@ -27,3 +27,19 @@ def test_a_rendezvous_key_file_shorter_than_32_bytes_stops_the_operator_at_start
         cli.rendezvous_key(str(short))
     short.write_bytes(b"k" * 32)
     assert cli.rendezvous_key(str(short)) == b"k" * 32
+
+
+def test_leader_election_is_off_by_default_and_competes_for_the_named_lease_in_the_operators_namespace(tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 48)
+    common = ["run", "--rendezvous-key-file", str(key), "--operator-namespace", "ops"]
+    assert cli.run_config(parse_args(common)).leader is None
+    where = cli.run_config(parse_args([*common, "--leader-elect", "--leader-lease-name", "ej"])).leader
+    assert where is not None and (where.name, where.namespace) == ("ej", "ops")
+    assert where.identity.startswith("elasticjob-")  # the pod's name (its hostname) and a random part
+
+
+def test_leader_election_without_the_operators_namespace_stops_at_start(tmp_path, monkeypatch):
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit, match="--leader-elect needs the operator's namespace"):
+        cli.run_config(parse_args(["run", "--leader-elect"]))

@@ -35,11 +35,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* Several replicas need kopf peering, or each would act on every job. */}}
-{{- define "elasticjob-operator.peering" -}}
-{{- if gt (int .Values.replicas) 1 }}{{ include "elasticjob-operator.fullname" . }}{{ end }}
-{{- end }}
-
 {{- define "elasticjob-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- with .Values.image.digest }}@{{ . }}{{ end }}

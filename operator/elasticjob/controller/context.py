@@ -109,7 +109,8 @@ class NamespaceObjects:
 
 
 class Gate:
-    """Whether this replica may act (kopf peering); always open for a standalone operator."""
+    """Whether this replica may act: open while it holds the leader's Lease (controller/leader.py), and always
+    without --leader-elect."""
 
     active: bool = True
 

@@ -1,6 +1,7 @@
 """The one module that imports kopf: it runs the operator's process (start-up, the liveness probe, clean-up,
-peering) and holds every process-wide setting in one place: the clients, the watches and the loops, kept in
-kopf's memo. The reconciling itself is this package's own (watch.py, reconcile.py): kopf serves no resource."""
+leader election) and holds every process-wide setting in one place: the clients, the watches and the loops, kept
+in kopf's memo. The reconciling itself is this package's own (watch.py, reconcile.py): kopf serves no resource,
+and runs standalone (its peering is not used: the replicas elect a leader on a Lease, leader.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from elasticjob import k8s, peering
+from elasticjob import k8s, metrics
 from elasticjob.controller import watch
 from elasticjob.controller.context import Context
+from elasticjob.controller.leader import Elector
 from elasticjob.controller.loops import JobLoops
 from elasticjob.controller.mirror import Mirror
 from elasticjob.controller.reconcile import reconcile
@@ -26,20 +28,18 @@ from elasticjob.kueue import discovery
 from elasticjob.rendezvous_client import StoreClient
 
 API_THREADS = 32
-PEERING_CHECK_SECONDS = 5.0
 # A watch silent this long (bookmarks arrive about every minute) means the operator lost the API server.
 SILENT_LIMIT_SECONDS = 600.0
 CLOSE_STEP_SECONDS = 5.0
+LOST_LEASE_EXIT = 3
 
 
 def run(config: Any, verbose: bool, log_format: str, liveness: str | None) -> None:
     """kopf's loop until SIGTERM; `config` is cli.RunConfig."""
     # kopf's formatter prefixes every line about a job with [namespace/name].
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat[log_format.upper()], log_prefix=True)
-    peers = config.peering
     kopf.run(clusterwide=config.namespaces is None, namespaces=config.namespaces or [], liveness_endpoint=liveness,
-             standalone=peers is None, peering_name=peers.name if peers else None,
-             priority=peers.priority if peers else 0, identity=config.identity, memo=kopf.Memo(config=config))
+             standalone=True, identity=config.identity, memo=kopf.Memo(config=config))
 
 
 @kopf.on.startup()  # type: ignore[arg-type]  # kopf types handlers as taking **kwargs only
@@ -62,28 +62,35 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     if ctx.settings.kueue_mode == "auto":
         memo.tasks.append(asyncio.create_task(discovery.follow(ctx.kube, kueue_on, ctx.logger),
                                               name="kueue discovery"))
-    if config.peering is not None:
+    metrics.LEADER.set(1)
+    if config.leader is not None:
+        # The watches run in every replica, so that a new leader reconciles from a warm mirror at once.
         ctx.gate.active = False
-        memo.tasks.append(asyncio.create_task(follow_peering(ctx, config.peering), name="peering"))
+        metrics.LEADER.set(0)
+        memo.elector = Elector(k8s.Kube(k8s.api_client(), ThreadPoolExecutor(1, "lease")), config.leader, ctx.logger)
+        memo.tasks.append(asyncio.create_task(memo.elector.run(functools.partial(lead, ctx), lost_lease),
+                                              name="leader election"))
     logger.info("elasticjob operator started")
 
 
-async def follow_peering(ctx: Context, peers: peering.Peering) -> None:
-    """One replica acts: the same rule kopf pauses its own watches by, checked every few seconds."""
-    while True:
-        try:
-            recorded = await ctx.kube.peering_peers(peers.name, peers.namespace)
-            active = peering.is_active(recorded, peers.identity, peers.priority, datetime.now(UTC))
-            if active and not ctx.gate.active:
-                ctx.logger.info("this replica is now the active one (kopf peering)")
-                for key in ctx.mirror.jobs.keys():
-                    if ctx.loops is not None:
-                        ctx.loops.wake(key)
-            ctx.gate.active = active
-        except k8s.KubeError as exc:
-            ctx.logger.warning(f"could not read the peering object: {exc}")
-            ctx.gate.active = False
-        await asyncio.sleep(PEERING_CHECK_SECONDS)
+def lead(ctx: Context) -> None:
+    ctx.gate.active = True
+    metrics.LEADER.set(1)
+    if ctx.loops is not None:
+        for key in ctx.mirror.jobs.keys():
+            ctx.loops.wake(key)
+
+
+def lost_lease() -> None:
+    """Exit at once, as kube-controller-manager does, for the kubelet to restart the container as a fresh
+    candidate. Safer than closing the gate and staying up: a reconcile in flight would still write after the
+    Lease is gone (a graceful stop gives each clean-up step 5 s), and each job's memory of writes, refusals and
+    taken names would carry over from a term this replica no longer holds. A restarted operator starts from
+    the API server's state alone, as after any restart."""
+    metrics.LEADER.set(0)
+    logging.getLogger("elasticjob").error("exiting: this replica lost the leader's Lease; the kubelet restarts it")
+    logging.shutdown()
+    os._exit(LOST_LEASE_EXIT)
 
 
 @kopf.on.probe(id="watches")
@@ -108,14 +115,22 @@ async def close(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     if ctx is not None:
         if ctx.watches is not None:
             ctx.watches.stop_all()
-        if ctx.loops is not None:
-            await bounded("the job loops", ctx.loops.stop_all(), logger)
+        stopped = ctx.loops is None or await bounded("the job loops", ctx.loops.stop_all(), logger)
+        elector: Elector | None = getattr(memo, "elector", None)
+        # Only once no reconcile can write any more: the next leader starts at its next read of the Lease.
+        if elector is not None and stopped:
+            await bounded("releasing the Lease", elector.release(), logger)
+        if elector is not None:
+            elector.kube.close()
         await bounded("the store connections", ctx.stores.close(), logger)
         ctx.kube.close()
 
 
-async def bounded(what: str, step: Awaitable[Any], logger: logging.Logger) -> None:
+async def bounded(what: str, step: Awaitable[Any], logger: logging.Logger) -> bool:
+    """Whether the step finished in time."""
     try:
         await asyncio.wait_for(step, CLOSE_STEP_SECONDS)
     except TimeoutError:
         logger.warning(f"shutdown: {what} did not stop within {CLOSE_STEP_SECONDS:.0f}s; going on without them")
+        return False
+    return True

@@ -58,7 +58,7 @@ async def reconcile(ctx: Context, loop: JobLoop) -> float:
         memory.written = None  # the watch has caught up; 4.5 KB a job less to hold at fleet size
     log = job_logger(ctx.logger, key, uid)
     if not ctx.gate.active:
-        log.debug("another operator replica is active (kopf peering); not reconciling")
+        log.debug("not the leader: not reconciling")
         return planner.RESYNC_SECONDS
     started = time.monotonic()
     try:

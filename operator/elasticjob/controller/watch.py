@@ -84,6 +84,7 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
                 ctx.watches.stop(key)
             metrics.forget_job(*key)
             telemetry.forget(key)
-            if not ctx.mirror.has_jobs_in(key[0]):
+            # A replica that is not the leader writes nothing, deletions included.
+            if ctx.gate.active and not ctx.mirror.has_jobs_in(key[0]):
                 ctx.namespace_objects.retire(key[0], functools.partial(namespace_cleanup.delete_policies,
                                                                        ctx.kube, logger=ctx.logger))
