@@ -37,6 +37,11 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 	$(VENV)/bin/elasticjob crd > crds/elasticjob.dev_elasticjobs.yaml
 	cp crds/elasticjob.dev_elasticjobs.yaml charts/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml
 
+pod-schema: $(VENV)/.installed ## Regenerate spec.template's schema (operator/elasticjob/pod_template_schema.json) from the OpenAPI of the Kubernetes release localcluster/go.mod pins (Go module cache), then the CRDs
+	dir=$$(go -C localcluster mod download -json k8s.io/kubernetes | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') && \
+	$(PY) -m elasticjob.podschema "$$dir" > operator/elasticjob/pod_template_schema.json
+	$(MAKE) crds
+
 lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the operator) and the import layers (controller -> planner -> models)
 	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
 	$(VENV)/bin/mypy -p elasticjob
@@ -110,7 +115,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
 
 images: ## Build the images: with Docker when its daemon answers, else as tarballs (buildah; root)
 	@if docker info >/dev/null 2>&1; then \

@@ -1,7 +1,8 @@
 """Generates the ElasticJob CustomResourceDefinition from the pydantic models.
 
 pydantic emits JSON Schema (with $refs, anyOf-null and titles); Kubernetes wants a structural OpenAPI v3 schema
-(inlined, no nulls, x-kubernetes-* markers). The CEL rules live here, next to the schema they guard.
+(inlined, no nulls, x-kubernetes-* markers). The CEL rules live here, next to the schema they guard. spec.template
+is Kubernetes' own PodTemplateSpec, resolved from its OpenAPI and vendored (podschema.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from elasticjob import podschema
 from elasticjob.models import (
     API_VERSION,
     GROUP,
@@ -39,32 +41,34 @@ NPROC_RULES = [
 EXIT_CODE_RULES = [
     {"rule": "self.all(c, c >= 1 && c <= 255)", "message": "fatalExitCodes must be between 1 and 255"},
 ]
-_OPEN_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-# A PodTemplateSpec, kept open (the API server validates the pods built from it) but for what must be there.
-TEMPLATE_SCHEMA = {
-    "type": "object",
-    "required": ["spec"],
-    "properties": {
-        "metadata": {**_OPEN_OBJECT, "description": "Labels and annotations of every worker pod (an ObjectMeta); "
-                     "the operator adds its own labels elasticjob.dev/job-name, elasticjob.dev/role and "
-                     "elasticjob.dev/replica-index."},
-        "spec": {
-            **_OPEN_OBJECT,
-            "description": "The worker pod's spec (a PodSpec). The operator sets restartPolicy Never, gives the "
-                           "torchrun container its settings as environment (PET_*) and, with warm starts, the "
-                           "init container and volume elasticjob-kit; the API server validates the rest when the "
-                           "operator creates the pods.",
-            "required": ["containers"],
-            "properties": {"containers": {
-                "type": "array", "minItems": 1,
-                "description": "The worker pod's containers (at least one); the one named worker, else the first, "
-                               "runs torchrun.",
-                "items": {**_OPEN_OBJECT, "required": ["name"], "properties": {"name": {
-                    "type": "string", "description": "The container's name; worker marks the one that runs "
-                                                     "torchrun."}}}}},
-        },
-    },
+# What the operator says of the template's parts, over upstream's words for a pod's.
+TEMPLATE_DESCRIPTIONS = {
+    "metadata": "Labels and annotations of every worker pod; the operator adds its own labels "
+                "elasticjob.dev/job-name, elasticjob.dev/role and elasticjob.dev/replica-index.",
+    "spec": "The worker pod's spec. The operator sets restartPolicy Never, gives the torchrun container its "
+            "settings as environment (PET_*) and, with warm starts, the init container and volume elasticjob-kit; "
+            "the API server validates the pods when the operator creates them.",
+    "containers": "The worker pod's containers (at least one); the one named worker, else the first, runs "
+                  "torchrun.",
+    "name": "The container's name; worker marks the one that runs torchrun.",
 }
+
+
+def template_schema(description: str) -> dict[str, Any]:
+    """Kubernetes' PodTemplateSpec (podschema.py: upstream's OpenAPI, vendored), with the operator's words on the
+    parts it acts on; a template must have a spec with at least one container."""
+    template = podschema.template_schema()
+    template["description"] = description
+    template["required"] = ["spec"]
+    props = template["properties"]
+    props["metadata"]["description"] = TEMPLATE_DESCRIPTIONS["metadata"]
+    props["spec"]["description"] = TEMPLATE_DESCRIPTIONS["spec"]
+    containers = props["spec"]["properties"]["containers"]
+    containers["description"] = TEMPLATE_DESCRIPTIONS["containers"]
+    containers["minItems"] = 1
+    containers["items"]["properties"]["name"]["description"] = TEMPLATE_DESCRIPTIONS["name"]
+    return template
+
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -145,7 +149,7 @@ def spec_schema() -> dict[str, Any]:
     props = schema["properties"]
     props["nprocPerNode"]["x-kubernetes-validations"] = NPROC_RULES
     props["failurePolicy"]["properties"]["fatalExitCodes"]["x-kubernetes-validations"] = EXIT_CODE_RULES
-    props["template"] = {**TEMPLATE_SCHEMA, "description": props["template"]["description"]}
+    props["template"] = template_schema(props["template"]["description"])
     schema["x-kubernetes-validations"] = SPEC_RULES
     return schema
 
