@@ -105,3 +105,16 @@ def test_a_pending_workload_follows_the_template():
     assert workers["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "64"
     assert workers["metadata"]["annotations"][workloads.TEMPLATE_HASH_ANNOTATION] == workloads.template_hash(
         job(template=BIG).ref.spec)
+
+
+def test_a_port_protocol_the_schema_defaults_is_no_change_of_template():
+    """A job stored before the CRD carried the pod template's schema reads back with `protocol: TCP` on its
+    ports: the Workload made from it still charges the same template, and the job is not requeued."""
+    before = template(ports=[{"containerPort": 8080}])
+    after = template(ports=[{"containerPort": 8080, "protocol": "TCP"}])
+    wl = made_from(before)
+    assert wl.template_hash == workloads.template_hash(job(template=after).ref.spec)
+    result = plan(after, [rdzv(), worker(0), worker(1)], wl)
+    assert result.status.admission.state == "Admitted" and not deletes(result)
+    udp = template(ports=[{"containerPort": 8080, "protocol": "UDP"}])
+    assert workloads.template_hash(job(template=udp).ref.spec) != wl.template_hash

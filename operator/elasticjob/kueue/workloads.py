@@ -168,9 +168,24 @@ def queue_name(labels: Mapping[str, str]) -> str | None:
 
 def template_hash(spec: ElasticJobSpec) -> str:
     """What identifies the worker template Kueue is asked to charge: the job's spec.template as written (not the
-    kit's init container, which an operator upgrade changes: that is no change of the user's)."""
-    text = json.dumps(spec.template, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    kit's init container, which an operator upgrade changes: that is no change of the user's), less the defaults
+    the CRD's schema fills in (a port's TCP): a job stored before the schema had them reads back with them."""
+    text = json.dumps(without_schema_defaults(spec.template), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def without_schema_defaults(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The template with each container port's `protocol: TCP` dropped: the API server defaults it on every read
+    since the CRD carries the pod template's schema, so `TCP` and nothing are the same template."""
+    copied: dict[str, Any] = json.loads(json.dumps(template))
+    pod = copied.get("spec") or {}
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for container in pod.get(kind) or []:
+            for port in container.get("ports") or []:
+                if port.get("protocol") == "TCP":
+                    del port["protocol"]
+    return copied
 
 
 def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
