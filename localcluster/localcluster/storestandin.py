@@ -4,7 +4,7 @@
 
 The real store (`python -m elasticjob_store`) imports torch: about 2 s and 300 MB per store pod, which at fleet
 size is most of this 2-core machine. This program has the same outside: it listens on ELASTICJOB_RDZV_PORT (so
-the pod's tcpSocket readiness probe passes) and serves the control endpoint on port + 1 exactly as
+the pod's tcpSocket readiness probe passes) and serves the control endpoint on the next port exactly as
 operator/elasticjob_store/server.py does for a store no agent has written to yet: GET /healthz without a token;
 GET /v1/state with the bearer token (checked by elasticjob_store.auth against ELASTICJOB_RDZV_TOKEN_SHA256), a
 long-poll with ?after=&epoch=&wait= (answered at once when the epoch is not this process's or the version
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from elasticjob_store import wire
+from elasticjob_store import protocol, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 
@@ -51,16 +51,16 @@ def make_server(host: str, port: int, credential: Credential, run_id: str = "", 
     stop = threading.Event()
 
     def state_view(_body: Any, query: wire.Query) -> dict[str, Any]:
-        after, wait = wire.query_int(query, "after", -1), wire.query_float(query, "wait", 0.0)
-        if query.get("epoch", [epoch])[0] == epoch and after >= version and wait > 0:
-            stop.wait(wait)  # nothing changes here: the long-poll runs its full course
+        asked = protocol.StateQuery.from_query(query)
+        if asked.holds(epoch) and asked.after >= version:
+            stop.wait(asked.wait)  # nothing changes here: the long-poll runs its full course
         return state_body(epoch, run_id, min_nodes, max_nodes)
 
     def unchanged(_body: Any, _query: wire.Query) -> dict[str, Any]:
-        return {"changed": False, "reason": "stand-in store: no rendezvous here"}
+        return protocol.ActionReply(False, "stand-in store: no rendezvous here").to_wire()
 
-    routes: dict[tuple[str, str], wire.Route] = {("GET", "/v1/state"): state_view,
-                                                  **{("POST", path): unchanged for path in wire.ACTIONS}}
+    routes: dict[tuple[str, str], wire.Route] = {("GET", protocol.STATE): state_view,
+                                                  **{("POST", path): unchanged for path in protocol.ACTIONS}}
     server = wire.make_server(routes, host, port, credential, name="elasticjob-rendezvous-standin")
     server.epoch = epoch  # type: ignore[attr-defined]
     return server
@@ -89,10 +89,11 @@ def main() -> None:
     min_nodes = int(os.environ.get("ELASTICJOB_RDZV_MIN_NODES") or 1)
     max_nodes = int(os.environ.get("ELASTICJOB_RDZV_MAX_NODES") or min_nodes)
     wire.listen_or_exit(PROGRAM, port, lambda: accept_and_close(port))
-    server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_server(
-        "", port + 1, Credential.from_env(), os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes, max_nodes))
+    control = protocol.control_port(port)
+    server = wire.listen_or_exit(PROGRAM, control, lambda: make_server(
+        "", control, Credential.from_env(), os.environ.get("ELASTICJOB_RDZV_RUN_ID", ""), min_nodes, max_nodes))
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
-    print(f"elasticjob rendezvous stand-in listening on port {port}, control on {port + 1}", flush=True)
+    print(f"elasticjob rendezvous stand-in listening on port {port}, control on {control}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     print("elasticjob rendezvous stand-in stopping", flush=True)
     sys.exit(0)

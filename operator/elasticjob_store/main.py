@@ -1,7 +1,8 @@
 """The rendezvous pod's process: the TCPStore the agents meet in, the control endpoint, the round poller.
 
 Environment (set by the operator on the pod):
-  ELASTICJOB_RDZV_PORT           the store's port; the control endpoint listens on port + 1
+  ELASTICJOB_RDZV_PORT           the store's port; the control endpoint listens on the next
+                                 (protocol.control_port)
   ELASTICJOB_RDZV_RUN_ID         torch's run id (the job's UID): the state is under torch.rendezvous.<run id>
   ELASTICJOB_RDZV_MIN_NODES      the job's min nodes, as the agents' --nnodes (default 1)
   ELASTICJOB_RDZV_MAX_NODES      the job's max nodes (default: no limit). The agents recheck both before they
@@ -68,6 +69,7 @@ def main() -> None:
 
     from elasticjob_store import compat, wire
     from elasticjob_store.auth import TOKEN_MIN_BYTES, Credential
+    from elasticjob_store.protocol import control_port
 
     verdict = compat.probe()
     print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
@@ -77,6 +79,7 @@ def main() -> None:
         "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
         timeout=timedelta(seconds=read_timeout)))
     credential = Credential.from_env()
+    control_at = control_port(port)
     try:
         from elasticjob_store.control import Control, start_poller
         from elasticjob_store.server import make_server
@@ -84,16 +87,17 @@ def main() -> None:
         from elasticjob_store.plain import make_plain_server
         if verdict.nudges:
             verdict = compat.Verdict(verdict.torch, False, str(err))
-        server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_plain_server(verdict, "", port + 1, credential))
+        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_plain_server(verdict, "", control_at,
+                                                                                    credential))
     else:
         control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
                           stale_after=stale_ms / 1000, verdict=verdict)
-        server = wire.listen_or_exit(PROGRAM, port + 1, lambda: make_server(control, "", port + 1, credential))
+        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential))
         start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     auth = "token required" if credential.configured() else \
         f"no token configured (or one shorter than {TOKEN_MIN_BYTES} bytes): control requests refused"
-    print(f"elasticjob rendezvous store listening on port {port}, control on {port + 1} ({auth}); "
+    print(f"elasticjob rendezvous store listening on port {port}, control on {control_at} ({auth}); "
           f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
     signal.sigwait(STOP_SIGNALS)
     print("elasticjob rendezvous store stopping", flush=True)

@@ -9,7 +9,7 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-from elasticjob_store import wire
+from elasticjob_store import protocol, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.compat import Verdict
@@ -24,12 +24,12 @@ def make_plain_server(verdict: Verdict, host: str, port: int, credential: Creden
 
     def state_view(_body: Any, query: wire.Query) -> dict[str, Any]:
         # Nothing here ever changes: a long-poll is held as long as asked (capped), never spun on.
-        time.sleep(wire.query_float(query, "wait", 0.0))
+        time.sleep(protocol.StateQuery.from_query(query).wait)
         return body
 
     def refuse(_body: Any, _query: wire.Query) -> dict[str, Any]:
         raise NudgesOff(verdict.why)
 
-    routes: dict[tuple[str, str], wire.Route] = {("GET", "/v1/state"): state_view,
-                                                  **{("POST", path): refuse for path in wire.ACTIONS}}
+    routes: dict[tuple[str, str], wire.Route] = {("GET", protocol.STATE): state_view,
+                                                  **{("POST", path): refuse for path in protocol.ACTIONS}}
     return wire.make_server(routes, host, port, credential, ((NudgesOff, HTTPStatus.CONFLICT, "nudges are off: "),))

@@ -1,8 +1,10 @@
-"""The store's control endpoint on port + 1: the operator reads the rendezvous and nudges it, over HTTP only.
+"""The store's control endpoint (protocol.control_port): the operator reads the rendezvous and nudges it, over
+HTTP only.
 
 Every request but GET /healthz needs `Authorization: Bearer <token>`, checked as auth.Credential says (the pod
 holds the token's digest; with no token configured every control request is refused). The HTTP shell and the
-checks on each request are wire.py's; here are the routes, on the Control of this store.
+checks on each request are wire.py's, what each request and reply holds protocol.py's; here are the routes, on
+the Control of this store.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import secrets
 from http import HTTPStatus
 from typing import Any
 
-from elasticjob_store import wire
+from elasticjob_store import protocol, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.control import ConflictError, Control, wait_for_change
-from elasticjob_store.report import describe, node_ref
+from elasticjob_store.report import describe
 from elasticjob_store.state import StateError
 
 ERRORS: tuple[wire.ErrorAnswer, ...] = (
@@ -32,9 +34,9 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         """With ?after=N&epoch=E&wait=S: answered once the summary's version passes N (or the epoch is not E,
         i.e. this store restarted), or after S seconds: a long-poll, so the operator learns of a failure
         round or a stale heartbeat within the poller's tick without polling every store."""
-        after, wait = wire.query_int(query, "after", -1), wire.query_float(query, "wait", 0.0)
-        if query.get("epoch", [epoch])[0] == epoch and wait > 0:
-            wait_for_change(control, after, wait)
+        asked = protocol.StateQuery.from_query(query)
+        if asked.holds(epoch):
+            wait_for_change(control, asked.after, asked.wait)
         _, state = control.read()
         with control.lock:
             return describe(state, control.tracker, now=control.now(), epoch=epoch, run_id=control.run_id,
@@ -42,26 +44,25 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
                             stale_after=control.stale_after, torch=control.torch_report())
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
-        args = wire.fields(body, {"addr": wire.ip, "heartbeatBefore": wire.unix_time})
-        outcome = control.remove(args["addr"], args["heartbeatBefore"])
-        return {"removed": [node_ref(node) for node in outcome.nodes], "changed": outcome.state is not None,
-                "refused": outcome.reason if outcome.refused else None, "reason": outcome.reason}
+        asked = protocol.Remove.from_wire(body)
+        outcome = control.remove(asked.addr, asked.heartbeat_before)
+        removed = tuple(protocol.NodeRef(node.addr, node.pid, node.local_id) for node in outcome.nodes)
+        return protocol.RemoveReply(outcome.state is not None, outcome.reason,
+                                    outcome.reason if outcome.refused else None, removed).to_wire()
 
     def complete(body: Any, _query: wire.Query) -> dict[str, Any]:
-        args = wire.fields(body, {"liveNodes": wire.integer(1, wire.MAX_INT)})
-        outcome = control.complete(args["liveNodes"])
-        return {"completed": outcome.done, "changed": outcome.state is not None, "reason": outcome.reason}
+        outcome = control.complete(protocol.Complete.from_wire(body).live_nodes)
+        return protocol.CompleteReply(outcome.state is not None, outcome.reason, completed=outcome.done).to_wire()
 
     def restart(body: Any, _query: wire.Query) -> dict[str, Any]:
-        args = wire.fields(body, {"round": wire.integer(0, wire.MAX_INT)})
-        outcome = control.restart(args["round"])
-        return {"restarting": outcome.done, "changed": outcome.state is not None, "reason": outcome.reason}
+        outcome = control.restart(protocol.Restart.from_wire(body).round)
+        return protocol.RestartReply(outcome.state is not None, outcome.reason, restarting=outcome.done).to_wire()
 
     routes: dict[tuple[str, str], wire.Route] = {
-        ("GET", "/v1/state"): state_view,
-        ("POST", "/v1/remove"): remove,
-        ("POST", "/v1/complete"): complete,
-        ("POST", "/v1/restart"): restart,
+        ("GET", protocol.STATE): state_view,
+        ("POST", protocol.path(protocol.Remove)): remove,
+        ("POST", protocol.path(protocol.Complete)): complete,
+        ("POST", protocol.path(protocol.Restart)): restart,
     }
     return wire.make_server(routes, host, port, credential, ERRORS,
                             log=lambda line: control.log(f"refusing the stored state: {line}"))

@@ -1,18 +1,13 @@
-"""The control endpoint's HTTP shell: bearer token, routes, JSON bodies, the checks on what a request may carry,
-and the status codes, written once. Standard library only (no torch), so that the local cluster's stand-in store
-(localcluster/storestandin.py) answers on the same wire as the real one (server.py). Named wire, not http:
-run from inside this folder, a module named http would stand in for the standard library's.
-
-    GET  /healthz                                   no token: the liveness probe
-    GET  /v1/state?after=N&epoch=E&wait=S           a long-poll (S at most MAX_WAIT seconds)
-    POST /v1/remove|complete|restart                a JSON object of at most MAX_BODY bytes
+"""The control endpoint's HTTP shell: bearer token, routes, JSON bodies and the status codes, written once.
+What each request and reply holds, and the checks on a request's fields, are protocol.py's. Standard library
+only (no torch), so that the local cluster's stand-in store (localcluster/storestandin.py) answers on the same
+wire as the real one (server.py). Named wire, not http: run from inside this folder, a module named http would
+stand in for the standard library's.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import math
 import socket
 import sys
 import threading
@@ -24,93 +19,34 @@ from urllib.parse import parse_qs, urlsplit
 
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
+from elasticjob_store.protocol import HEALTHZ, ErrorReply, Invalid
 
 MAX_BODY = 4096
-MAX_INT = 2**31 - 1
-# Unix seconds up to the year 5138: enough for any heartbeat, small enough to stay a valid datetime.
-MAX_UNIX = 1e11
-# The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
-MAX_WAIT = 60.0
-ACTIONS = ("/v1/remove", "/v1/complete", "/v1/restart")
 # A request (its line, headers and body) must be in within this long of the connection: a client that sends a
 # byte every few seconds would otherwise hold its slot for ever, one receive timeout at a time.
 REQUEST_DEADLINE = 5.0
 
 T = TypeVar("T")
-Query = dict[str, list[str]]
+Query = dict[str, list[str]]  # as parse_qs makes it
 Route = Callable[[Any, Query], dict[str, Any]]
 # An error a route may raise, the status it answers with, and the prefix of its message.
 ErrorAnswer = tuple[type[BaseException], HTTPStatus, str]
 
 
-class BadRequest(ValueError):
+class BadRequest(Invalid):
+    """A request the shell refuses before any route reads it (its length, its JSON), with its status."""
+
     def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
         super().__init__(message)
         self.status = status
-
-
-def fields(body: Any, required: dict[str, Callable[[str, Any], Any]]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    unknown = sorted(set(body) - set(required))
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
-    missing = sorted(set(required) - set(body))
-    if missing:
-        raise BadRequest(f"missing field(s): {', '.join(missing)}")
-    return {name: check(name, body[name]) for name, check in required.items()}
-
-
-def integer(low: int, high: int) -> Callable[[str, Any], int]:
-    def check(name: str, value: Any) -> int:
-        if type(value) is not int or not low <= value <= high:  # JSON true is not a count
-            raise BadRequest(f"{name} must be an integer from {low} to {high}")
-        return value
-    return check
-
-
-def unix_time(name: str, value: Any) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_UNIX:
-        raise BadRequest(f"{name} must be unix seconds (a number from 0 to {MAX_UNIX:.0f})")
-    return float(value)
-
-
-def ip(name: str, value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 64:
-        raise BadRequest(f"{name} must be an IPv4 or IPv6 address")
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise BadRequest(f"{name} must be an IPv4 or IPv6 address, not {value!r}") from None
-
-
-def query_int(query: Query, name: str, default: int) -> int:
-    value = query.get(name, [None])[0]
-    if value is None:
-        return default
-    if not value.lstrip("-").isdigit() or not -1 <= int(value) <= MAX_INT:
-        raise BadRequest(f"{name} must be an integer from -1 to {MAX_INT}")
-    return int(value)
-
-
-def query_float(query: Query, name: str, default: float) -> float:
-    value = query.get(name, [None])[0]
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise BadRequest(f"{name} must be a number of seconds") from None
-    if not math.isfinite(number) or not 0 <= number <= MAX_WAIT:
-        raise BadRequest(f"{name} must be from 0 to {MAX_WAIT:.0f} seconds")
-    return number
 
 
 def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, credential: Credential,
                 errors: Sequence[ErrorAnswer] = (), name: str = "elasticjob-rendezvous",
                 log: Callable[[str], None] | None = None) -> CappedHTTPServer:
     """Serves `routes` ((method, path) -> route(body, query) -> JSON) behind the bearer token. A route's
-    BadRequest answers with its status; the `errors` with theirs, in order (the first that matches)."""
+    protocol.Invalid (a body or query that is not the protocol's) answers 400, a BadRequest with its status;
+    the `errors` with theirs, in order (the first that matches)."""
 
     class Handler(BaseHTTPRequestHandler):
         # A client that stops sending mid-request frees its thread after this long (REQUEST_DEADLINE in all).
@@ -137,7 +73,7 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
 
         def do_GET(self) -> None:
             self.deadline.cancel()  # the request is in; a long-poll may now wait as long as it asked
-            if self.path == "/healthz":  # the liveness probe: no token, no store access
+            if self.path == HEALTHZ:  # the liveness probe: no token, no store access
                 self._send(HTTPStatus.OK, b"ok", "text/plain")
                 return
             self._handle("GET")
@@ -147,29 +83,29 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
 
         def _handle(self, method: str) -> None:
             if not credential.accepts(self.headers.get("Authorization", "")):
-                self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"},
-                           {"WWW-Authenticate": 'Bearer realm="elasticjob-rendezvous"'})
+                self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token",
+                            {"WWW-Authenticate": 'Bearer realm="elasticjob-rendezvous"'})
                 return
             url = urlsplit(self.path)
             route = routes.get((method, url.path))
             if route is None:
                 known = any(path == url.path for _, path in routes)
                 status = HTTPStatus.METHOD_NOT_ALLOWED if known else HTTPStatus.NOT_FOUND
-                self._json(status, {"error": f"no {method} {url.path}"})
+                self._error(status, f"no {method} {url.path}")
                 return
             try:
                 body = self._body() if method == "POST" else None
                 self.deadline.cancel()
                 self._json(HTTPStatus.OK, route(body, parse_qs(url.query)))
-            except BadRequest as err:
-                self._json(err.status, {"error": str(err)})
+            except Invalid as err:
+                self._error(err.status if isinstance(err, BadRequest) else HTTPStatus.BAD_REQUEST, str(err))
             except Exception as err:
                 answer = next(((status, prefix) for kind, status, prefix in errors if isinstance(err, kind)), None)
                 if answer is None:
                     raise
                 if log is not None and answer[0] == HTTPStatus.INTERNAL_SERVER_ERROR:
                     log(str(err))
-                self._json(answer[0], {"error": f"{answer[1]}{err}"})
+                self._error(answer[0], f"{answer[1]}{err}")
 
         def _body(self) -> Any:
             length = self.headers.get("Content-Length")
@@ -185,6 +121,9 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
 
         def _json(self, status: HTTPStatus, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             self._send(status, json.dumps(body).encode(), "application/json", headers)
+
+        def _error(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
+            self._json(status, ErrorReply(message).to_wire(), headers)
 
         def _send(self, status: HTTPStatus, data: bytes, content_type: str,
                   headers: dict[str, str] | None = None) -> None:

@@ -1,0 +1,317 @@
+"""The store's control protocol, written once: its port, its paths, and each request and reply as a type.
+
+Both sides use this module. The store (server.py) checks a request body into its type and writes its reply
+from one; the operator's planner builds requests as types, its client (elasticjob.rendezvous_client) sends
+them and reads the replies back into types. So this module imports the standard library only, and no other
+module of this package: it is the one module of the store the operator imports (the contract in pyproject.toml
+allows that one import; test_store_protocol checks what importing it pulls in). Python 3.10, as the store.
+
+    GET  /healthz                         no token: the liveness probe
+    GET  /v1/state?after=N&epoch=E&wait=S StateQuery; the reply is report.describe's, which the operator
+                                          checks field by field (rendezvous_client.parse_state)
+    POST /v1/remove                       Remove   -> RemoveReply
+    POST /v1/complete                     Complete -> CompleteReply
+    POST /v1/restart                      Restart  -> RestartReply
+    any refusal                           ErrorReply, with a status other than 200
+
+Request bodies are checked strictly (a field the store does not know is refused: a nudge must not be taken
+for another). Replies are read leniently about what they add: a field this side does not know is skipped, so
+a store may grow its replies (and an operator read an older store's) without a step in between.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+MAX_INT = 2**31 - 1
+# Unix seconds up to the year 5138: enough for any heartbeat, small enough to stay a valid datetime.
+MAX_UNIX = 1e11
+# The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
+MAX_WAIT = 60.0
+HEALTHZ = "/healthz"
+STATE = "/v1/state"
+
+Check = Callable[[str, Any], Any]
+
+
+def control_port(store_port: int) -> int:
+    """The control endpoint's port: the one after the c10d store's (spec.rendezvous.port)."""
+    return store_port + 1
+
+
+class Invalid(ValueError):
+    """A body or a query that is not this protocol's; the message says which field and why."""
+
+
+# The checks on a request's fields: each takes the field's name and its JSON value, and returns the value.
+
+def integer(low: int, high: int) -> Callable[[str, Any], int]:
+    def check(name: str, value: Any) -> int:
+        if type(value) is not int or not low <= value <= high:  # JSON true is not a count
+            raise Invalid(f"{name} must be an integer from {low} to {high}")
+        return value
+    return check
+
+
+def unix_time(name: str, value: Any) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_UNIX:
+        raise Invalid(f"{name} must be unix seconds (a number from 0 to {MAX_UNIX:.0f})")
+    return float(value)
+
+
+def ip(name: str, value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 64:
+        raise Invalid(f"{name} must be an IPv4 or IPv6 address")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise Invalid(f"{name} must be an IPv4 or IPv6 address, not {value!r}") from None
+
+
+def fields(body: Any, required: dict[str, Check]) -> dict[str, Any]:
+    """A request body: a JSON object with exactly these fields, each checked."""
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object")
+    unknown = sorted(set(body) - set(required))
+    if unknown:
+        raise Invalid(f"unknown field(s): {', '.join(unknown)}")
+    missing = sorted(set(required) - set(body))
+    if missing:
+        raise Invalid(f"missing field(s): {', '.join(missing)}")
+    return {name: check(name, body[name]) for name, check in required.items()}
+
+
+# The state's long-poll.
+
+Query = Mapping[str, list[str]]
+
+
+def _query_int(query: Query, name: str, default: int) -> int:
+    value = query.get(name, [None])[0]
+    if value is None:
+        return default
+    if not value.lstrip("-").isdigit() or not -1 <= int(value) <= MAX_INT:
+        raise Invalid(f"{name} must be an integer from -1 to {MAX_INT}")
+    return int(value)
+
+
+def _query_float(query: Query, name: str, default: float) -> float:
+    value = query.get(name, [None])[0]
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise Invalid(f"{name} must be a number of seconds") from None
+    if not math.isfinite(number) or not 0 <= number <= MAX_WAIT:
+        raise Invalid(f"{name} must be from 0 to {MAX_WAIT:.0f} seconds")
+    return number
+
+
+@dataclass(frozen=True)
+class StateQuery:
+    """GET /v1/state, answered at once; with `wait`, held until the summary's version passes `after`, or at
+    once when the store's epoch is not `epoch` (it restarted: its versions started over), or for `wait`
+    seconds at most."""
+
+    after: int = -1
+    epoch: str | None = None  # None: whichever epoch the store is in
+    wait: float = 0.0
+
+    def path(self) -> str:
+        if not self.wait:
+            return STATE
+        return f"{STATE}?after={self.after}&epoch={self.epoch or ''}&wait={self.wait:g}"
+
+    def holds(self, epoch: str) -> bool:
+        """Whether a store in `epoch` holds the answer back (until its version passes `after`)."""
+        return self.wait > 0 and self.epoch in (None, epoch)
+
+    @classmethod
+    def from_query(cls, query: Query) -> StateQuery:
+        epoch = query.get("epoch", [None])[0]  # parse_qs leaves out a blank epoch=: any epoch, as none
+        return cls(_query_int(query, "after", -1), epoch, _query_float(query, "wait", 0.0))
+
+
+# Replies: read leniently (fields added later are skipped), each known field checked for its type.
+
+_REQUIRED = object()
+
+
+def _get(body: Any, name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    if not isinstance(body, dict):
+        raise Invalid("a reply must be a JSON object")
+    if name not in body:
+        if default is _REQUIRED:
+            raise Invalid(f"the reply has no {name}")
+        return default
+    value = body[name]
+    if type(value) not in kinds:  # type(), not isinstance: JSON true is not a count
+        raise Invalid(f"the reply's {name} is a {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """An agent as torch names it: the address it rendezvoused with, its pid and its local id."""
+
+    addr: str
+    pid: int
+    local_id: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"addr": self.addr, "pid": self.pid, "localId": self.local_id}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> NodeRef:
+        return cls(_get(body, "addr", (str,), _REQUIRED), _get(body, "pid", (int,), _REQUIRED),
+                   _get(body, "localId", (int,), _REQUIRED))
+
+
+@dataclass(frozen=True)
+class ActionReply:
+    """What every action answers: whether the store changed the rendezvous (a repeat finds it done and says
+    False) and why; `refused` when the action would have been unsafe, not merely unneeded."""
+
+    changed: bool
+    reason: str = ""
+    refused: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"changed": self.changed, "reason": self.reason}
+
+    @staticmethod
+    def _common(body: Any) -> tuple[bool, str]:
+        return _get(body, "changed", (bool,), _REQUIRED), _get(body, "reason", (str,), "")
+
+
+@dataclass(frozen=True)
+class RemoveReply(ActionReply):
+    removed: tuple[NodeRef, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"removed": [node.to_wire() for node in self.removed], **super().to_wire(), "refused": self.refused}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> RemoveReply:
+        changed, reason = cls._common(body)
+        removed = _get(body, "removed", (list,), [])
+        return cls(changed, reason, _get(body, "refused", (str, type(None)), None),
+                   tuple(NodeRef.from_wire(node) for node in removed))
+
+
+@dataclass(frozen=True)
+class CompleteReply(ActionReply):
+    completed: bool = False  # the round completes (or had completed) at the agents' next poll
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"completed": self.completed, **super().to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> CompleteReply:
+        changed, reason = cls._common(body)
+        return cls(changed, reason, completed=_get(body, "completed", (bool,), False))
+
+
+@dataclass(frozen=True)
+class RestartReply(ActionReply):
+    restarting: bool = False  # the round's agents restart their workers (or were already doing so)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"restarting": self.restarting, **super().to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> RestartReply:
+        changed, reason = cls._common(body)
+        return cls(changed, reason, restarting=_get(body, "restarting", (bool,), False))
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """The body of every answer but 200: a bad request, a missing token, a state the store refuses to read."""
+
+    error: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> ErrorReply:
+        return cls(_get(body, "error", (str,), _REQUIRED))
+
+
+# Requests: checked strictly, every field required and none other allowed.
+
+@dataclass(frozen=True)
+class Remove:
+    """Take out every agent at `addr` whose last heartbeat is older than `heartbeat_before` (unix seconds): a
+    replacement pod that reused the address heartbeats after it."""
+
+    KIND: ClassVar[str] = "remove"
+    addr: str
+    heartbeat_before: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"addr": self.addr, "heartbeatBefore": self.heartbeat_before}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Remove:
+        args = fields(body, {"addr": ip, "heartbeatBefore": unix_time})
+        return cls(args["addr"], args["heartbeatBefore"])
+
+    @staticmethod
+    def reply(body: Any) -> RemoveReply:
+        return RemoveReply.from_wire(body)
+
+
+@dataclass(frozen=True)
+class Complete:
+    """End the last call now: `live_nodes` agents are every live one, and all have joined."""
+
+    KIND: ClassVar[str] = "complete"
+    live_nodes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"liveNodes": self.live_nodes}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Complete:
+        return cls(fields(body, {"liveNodes": integer(1, MAX_INT)})["liveNodes"])
+
+    @staticmethod
+    def reply(body: Any) -> CompleteReply:
+        return CompleteReply.from_wire(body)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Make the agents of `round` restart their workers (fenced: another round is left alone)."""
+
+    KIND: ClassVar[str] = "restart"
+    round: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"round": self.round}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Restart:
+        return cls(fields(body, {"round": integer(0, MAX_INT)})["round"])
+
+    @staticmethod
+    def reply(body: Any) -> RestartReply:
+        return RestartReply.from_wire(body)
+
+
+Request = Union[Remove, Complete, Restart]  # not `|`: the store runs on Python 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart], ...] = (Remove, Complete, Restart)
+
+
+def path(request: Request | type[Request]) -> str:
+    return f"/v1/{request.KIND}"
+
+
+ACTIONS = tuple(path(kind) for kind in REQUESTS)
