@@ -11,6 +11,7 @@ from typing import Any
 from elasticjob import kit, naming, torchrun
 from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
 from elasticjob.models import API_VERSION, KIND
+from elasticjob_store.protocol import control_port
 
 # A lost node's pods are evicted this long after the node stops answering (Kubernetes' default is 300 s).
 NODE_LOST_TOLERATION_SECONDS = 30
@@ -150,7 +151,7 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
                      "value": str(int(rdzv.keep_alive_interval_seconds * torchrun.STALE_FACTOR * 1000))},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
-                      {"name": "control", "containerPort": rdzv.port + 1, "protocol": "TCP"}],
+                      {"name": "control", "containerPort": control_port(rdzv.port), "protocol": "TCP"}],
             # Every second: the job is Running, and recovers from a lost store, once this passes.
             "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 1},
             # Measured with `python -m elasticjob_store` and 4 real torchrun agents training, 24 control
@@ -232,7 +233,8 @@ def rendezvous_service(job: JobRef, name: str | None = None) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"},
-                      {"name": "control", "port": port + 1, "targetPort": port + 1, "protocol": "TCP"}],
+                      {"name": "control", "port": control_port(port), "targetPort": control_port(port),
+                       "protocol": "TCP"}],
         },
     }
 
@@ -256,7 +258,7 @@ def rendezvous_endpoints(job: JobRef, store: tuple[str, str, str] | None, name: 
         "addressType": "IPv6" if store is not None and ":" in store[2] else "IPv4",
         "endpoints": endpoints,
         "ports": [{"name": "rendezvous", "port": port, "protocol": "TCP"},
-                  {"name": "control", "port": port + 1, "protocol": "TCP"}],
+                  {"name": "control", "port": control_port(port), "protocol": "TCP"}],
     }
 
 

@@ -16,6 +16,7 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from elasticjob import backoff
 from elasticjob.observe import StoreNode, StoreView
+from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
 MIN_KEY_BYTES = 32
@@ -163,25 +165,23 @@ class StoreClient:
     async def state(self, host: str, port: int, job_uid: str, *, after: int = -1, epoch: str = "",
                     wait: float = 0.0, max_nodes: int = MAX_NODES) -> StoreView | None:
         """The store's state; with `wait`, once it changed since (`epoch`, `after`), or after `wait` seconds."""
-        path = f"/v1/state?after={after}&epoch={epoch}&wait={wait:g}" if wait else "/v1/state"
+        path = protocol.StateQuery(after, epoch, wait).path()
         raw = await self._request("GET", host, port, path, job_uid, timeout=wait + TIMEOUT_SECONDS + 3)
         return parse_state(raw, max_nodes=max_nodes) if raw is not None else None
 
-    async def act(self, host: str, port: int, job_uid: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one control action; the store's JSON reply, or {"error": ...} when there was none."""
-        raw = await self._request("POST", host, port, f"/v1/{action}", job_uid, body)
+    async def act(self, host: str, port: int, job_uid: str, request: protocol.Request
+                  ) -> protocol.ActionReply | protocol.ErrorReply:
+        """POST one control request; the store's reply as its type, or an ErrorReply when there was none. The
+        texts in it are the tenant's words, tamed (the caller logs them)."""
+        raw = await self._request("POST", host, port, protocol.path(request), job_uid, request.to_wire())
         if raw is None:
-            return {"error": "no answer from the store"}
+            return protocol.ErrorReply("no answer from the store")
         try:
-            reply = json.loads(raw) if len(raw) <= MAX_REPLY_BYTES else None
-        except ValueError:
-            reply = None
-        if not isinstance(reply, dict):
-            return {"error": "the store's answer was not a JSON object"}
-        for said in ("error", "refused", "reason"):  # logged by the caller: the tenant's words, tamed
-            if reply.get(said) is not None:
-                reply[said] = store_text(reply[said])
-        return reply
+            reply = request.reply(json.loads(raw) if len(raw) <= MAX_REPLY_BYTES else None)
+        except ValueError as err:  # not JSON, or protocol.Invalid
+            return protocol.ErrorReply(f"the store's answer was not a {request.KIND} reply: {store_text(str(err))}")
+        refused = store_text(reply.refused) if reply.refused is not None else None
+        return replace(reply, reason=store_text(reply.reason), refused=refused)
 
     async def _request(self, method: str, host: str, port: int, path: str, job_uid: str,
                        body: dict[str, Any] | None = None, timeout: float = TIMEOUT_SECONDS) -> bytes | None:

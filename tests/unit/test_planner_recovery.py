@@ -10,6 +10,7 @@ from factory import NOW, SERVICE, job, observed, rdzv, running_status, worker
 
 from elasticjob import planner
 from elasticjob.observe import StoreNode, StoreView
+from elasticjob_store import protocol
 
 IP = {i: f"10.244.0.{10 + i}" for i in range(4)}
 
@@ -23,8 +24,13 @@ def node(i: int, age: float = 0.5, stale: bool | None = None) -> StoreNode:
     return StoreNode(IP[i], age, age > 2.5 if stale is None else stale)
 
 
+def requests(result: planner.Plan) -> list[protocol.Request]:
+    return [a.request for a in result.actions if isinstance(a, planner.StoreAction)]
+
+
 def nudges(result: planner.Plan) -> list[tuple[str, dict]]:
-    return [(a.kind, a.body) for a in result.actions if isinstance(a, planner.StoreAction)]
+    """As the store reads them: (kind, body)."""
+    return [(r.KIND, r.to_wire()) for r in requests(result)]
 
 
 def plan(pods, store, now=NOW, **fields):
@@ -37,8 +43,8 @@ def killed(i: int, ago: float = 0.5):
 
 def test_a_killed_pods_agent_is_removed_with_its_termination_as_the_fence():
     result = plan([worker(0), killed(1), worker(2)], view(node(0), node(1), node(2)), replicas=3)
-    (kind, body), = [n for n in nudges(result) if n[0] == "remove"]
-    assert body == {"addr": IP[1], "heartbeatBefore": (NOW - timedelta(seconds=0.5)).timestamp()}
+    removed, = [r for r in requests(result) if isinstance(r, protocol.Remove)]
+    assert removed == protocol.Remove(IP[1], (NOW - timedelta(seconds=0.5)).timestamp())
     event = next(a.event for a in result.actions if isinstance(a, planner.StoreAction))
     assert "train-worker-1 terminated" in event.message
 

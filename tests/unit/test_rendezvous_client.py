@@ -12,6 +12,7 @@ import pytest
 
 from elasticjob import rendezvous_client
 from elasticjob.observe import StoreNode
+from elasticjob_store import protocol
 
 KEY = b"operator-key-" * 3
 GOOD = {"epoch": "ab12", "round": 3, "complete": True, "closed": False, "failureRounds": 1,
@@ -59,7 +60,10 @@ def test_tokens_differ_per_job_and_per_key():
     assert a != rendezvous_client.derive_token(b"k2", "uid-1")
 
 
-def serve(reply, seen: list, post_reply: bytes = b'{"removed": []}'):
+NOTHING_REMOVED = b'{"removed": [], "changed": false, "refused": null, "reason": "no node at 10.0.0.1"}'
+
+
+def serve(reply, seen: list, post_reply: bytes = NOTHING_REMOVED):
     """A stand-in store: `reply` (bytes, or a function making them) to every GET, `post_reply` to every POST."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -92,7 +96,7 @@ def test_requests_carry_the_jobs_token_and_replies_are_parsed():
         try:
             port = server.server_address[1]
             return (await client.state("127.0.0.1", port, "uid-1"),
-                    await client.act("127.0.0.1", port, "uid-1", "remove", {"addr": "10.0.0.1"}))
+                    await client.act("127.0.0.1", port, "uid-1", protocol.Remove("10.0.0.1", 1.5)))
         finally:
             await client.close()
 
@@ -101,9 +105,9 @@ def test_requests_carry_the_jobs_token_and_replies_are_parsed():
     finally:
         server.shutdown()
     token = rendezvous_client.derive_token(KEY, "uid-1")
-    assert view.round == 3 and reply == {"removed": []}
+    assert view.round == 3 and reply == protocol.RemoveReply(False, "no node at 10.0.0.1")
     assert seen[0] == ("/v1/state", f"Bearer {token}")
-    assert seen[1] == ("/v1/remove", f"Bearer {token}", {"addr": "10.0.0.1"})
+    assert seen[1] == ("/v1/remove", f"Bearer {token}", {"addr": "10.0.0.1", "heartbeatBefore": 1.5})
 
 
 def test_nothing_listening_is_unknown():
@@ -114,12 +118,13 @@ def test_nothing_listening_is_unknown():
 
     async def talk():
         try:
-            return await client.state("127.0.0.1", port, "u"), await client.act("127.0.0.1", port, "u", "complete", {})
+            return await client.state("127.0.0.1", port, "u"), await client.act("127.0.0.1", port, "u",
+                                                                                protocol.Complete(2))
         finally:
             await client.close()
 
     state, reply = asyncio.run(talk())
-    assert state is None and "error" in reply
+    assert state is None and reply == protocol.ErrorReply("no answer from the store")
 
 
 def test_a_store_that_turned_its_nudges_off_says_why():
@@ -169,14 +174,15 @@ def test_an_operator_key_shorter_than_32_bytes_is_refused_with_a_clear_error(key
         rendezvous_client.StoreClient(key)
 
 
-def test_a_stores_error_text_is_truncated_and_stripped_of_control_characters():
+def test_a_stores_words_are_truncated_and_stripped_of_control_characters():
     said = "bad\x1b[31m\r\nFAKE LOG LINE\x00" + "y" * 10_000
-    server = serve(json.dumps(GOOD).encode(), [], post_reply=json.dumps({"error": said, "refused": said}).encode())
+    server = serve(json.dumps(GOOD).encode(), [],
+                   post_reply=json.dumps({"changed": False, "reason": said, "refused": said}).encode())
     client = rendezvous_client.StoreClient(KEY)
 
     async def talk():
         try:
-            return await client.act("127.0.0.1", server.server_address[1], "uid-1", "remove", {})
+            return await client.act("127.0.0.1", server.server_address[1], "uid-1", protocol.Remove("10.0.0.1", 1.0))
         finally:
             await client.close()
 
@@ -184,7 +190,7 @@ def test_a_stores_error_text_is_truncated_and_stripped_of_control_characters():
         reply = asyncio.run(talk())
     finally:
         server.shutdown()
-    for text in (reply["error"], reply["refused"]):
+    for text in (reply.reason, reply.refused):
         assert len(text) <= rendezvous_client.MAX_STORE_TEXT and text.isprintable()
         assert text.startswith("bad [31m  FAKE LOG LINE")
 

@@ -17,6 +17,7 @@ from elasticjob.controller.context import Context
 from elasticjob.domain import JobRef
 from elasticjob.kueue import io as kueue_io
 from elasticjob.models import API_VERSION, KIND
+from elasticjob_store.protocol import ActionReply, ErrorReply
 
 MAX_EVENT_MESSAGE = 1024  # events.k8s.io's limit on a note; core Events are read through it
 
@@ -164,13 +165,14 @@ async def change_object(ctx: Context, ref: JobRef, action: planner.DeleteObject 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction,
                 log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """One control request to the job's store: whether the store changed the rendezvous (a repeat finds it
-    done; only then is its Event posted), its answer in the log."""
+    done; only then is its Event posted), a refusal or an error in the log."""
     host, port = action.endpoint.rsplit(":", 1)
-    reply = await ctx.stores.act(host, int(port), ref.uid, action.kind, action.body)
-    done = reply.get("changed") is True
+    reply = await ctx.stores.act(host, int(port), ref.uid, action.request)
+    done = isinstance(reply, ActionReply) and reply.changed
     metrics.STORE_ACTIONS.labels(action.kind, "done" if done else "noop").inc()
-    if not done and (reply.get("refused") or reply.get("error")):
-        log.info(f"store {action.kind} {action.body}: {reply.get('refused') or reply.get('error')}")
+    trouble = reply.error if isinstance(reply, ErrorReply) else reply.refused
+    if not done and trouble:
+        log.info(f"store {action.kind} {action.request.to_wire()}: {trouble}")
     return done
 
 

@@ -13,6 +13,7 @@ from elasticjob.controller.context import Context, JobMemory
 from elasticjob.gang import io as gang_io
 from elasticjob.kueue import io as kueue_io
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure, parse_time
+from elasticjob_store.protocol import control_port
 
 # Agents' logs are read only when the store reports a new in-place restart (paced: JobMemory.log_reads), from at
 # most this many pods.
@@ -69,7 +70,7 @@ def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: Ser
     if service is None or not service.cluster_ip or not serving or job.status.phase.finished:
         ctx.watches.stop(key)
         return None
-    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, job.ref.spec.rendezvous.port + 1,
+    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, control_port(job.ref.spec.rendezvous.port),
                             job.ref.spec.max_replicas)
 
 

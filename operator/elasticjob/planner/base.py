@@ -14,6 +14,7 @@ from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView
 from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, SliceView, StoreView
+from elasticjob_store import protocol
 
 RESYNC_SECONDS = 300.0
 
@@ -49,12 +50,16 @@ class DeleteService:
 
 @dataclass(frozen=True)
 class StoreAction:
-    """A nudge to the job's store through its control endpoint: remove, complete or restart."""
+    """A nudge to the job's store through its control endpoint: remove, complete or restart, as the store's
+    protocol types them (the controller's client writes them on the wire)."""
 
-    kind: str
-    body: dict[str, Any]
+    request: protocol.Request
     endpoint: str  # host:port of the control endpoint
     event: Event | None = None  # posted only when the store did it
+
+    @property
+    def kind(self) -> str:
+        return self.request.KIND
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
 from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition, stamp
 from elasticjob.planner.failures import book
+from elasticjob_store.protocol import Complete, Remove, Restart, control_port
 
 
 def stale_after(job: Job) -> float:
@@ -101,7 +102,7 @@ def control_endpoint(plan: Plan, job: Job) -> str | None:
     endpoint = plan.status.rendezvous.endpoint
     if not endpoint:
         return None
-    return f"{endpoint.rsplit(':', 1)[0]}:{job.ref.spec.rendezvous.port + 1}"
+    return f"{endpoint.rsplit(':', 1)[0]}:{control_port(job.ref.spec.rendezvous.port)}"
 
 
 def by_address(observed: Observed) -> dict[str, list[PodView]]:
@@ -123,7 +124,7 @@ def remove_dead(plan: Plan, job: Job, pods: dict[str, list[PodView]], store: Sto
             continue
         before, why = evidence
         removed.add(node.addr)
-        plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": before.timestamp()}, endpoint,
+        plan.act(StoreAction(Remove(node.addr, before.timestamp()), endpoint,
                              Event("Normal", "RemovedFromRendezvous", f"agent {node.addr} removed from the "
                                    f"rendezvous: {why}; its last heartbeat was older than that")))
     return removed
@@ -142,7 +143,7 @@ def death(node: StoreNode, pods: list[PodView], job: Job, now: datetime) -> tupl
 
 def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[str, list[PodView]],
                           store: StoreView, endpoint: str, now: datetime) -> set[str]:
-    if not store.complete:
+    if not store.complete or store.round is None:  # no round: drive_rendezvous never gets here
         return set()
     fresh = {n.addr for n in store.participants if (store.age(n, now) or 0.0) <= stale_after(job)}
     cut = set()
@@ -165,7 +166,7 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
         else:
             leave_pod(plan, job, live[0], node, endpoint, why, now)
     if cut:
-        plan.act(StoreAction("restart", {"round": store.round}, endpoint, Event(
+        plan.act(StoreAction(Restart(store.round), endpoint, Event(
             "Warning", "RestartedSurvivors", f"restarted the survivors of round {store.round}, who were waiting "
             f"on {', '.join(sorted(cut))} in a collective")))
     return cut
@@ -195,8 +196,7 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
 def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
     """Out of the rendezvous on the store's word alone; its pod, Ready to the operator, is left running and no
     failure is booked: the survivors go on, and the agent, once it wakes, finds its round gone and joins anew."""
-    plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": (now - timedelta(
-        seconds=stale_after(job))).timestamp()}, endpoint, Event(
+    plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint, Event(
         "Warning", "RemovedFromRendezvous", f"agent {node.addr} (pod {pod.name}) removed from the rendezvous: "
         f"{why}, as the store reports it; its pod is Ready, so it is not stopped")))
 
@@ -204,8 +204,7 @@ def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str
 def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
     """Out of the rendezvous, and its pod stopped (the operator sees it silent too): a frozen process that wakes
     up must not write a stale checkpoint beside the new world. Recorded once, as an infrastructure failure."""
-    plan.act(StoreAction("remove", {"addr": node.addr, "heartbeatBefore": (now - timedelta(
-        seconds=stale_after(job))).timestamp()}, endpoint))
+    plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint))
     status = plan.status
     if pod.uid in status.counted_failures:
         return
@@ -234,7 +233,7 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
         return
     if {n.addr for n in present} != {p.ip for p in live}:
         return
-    plan.act(StoreAction("complete", {"liveNodes": len(live)}, endpoint, Event(
+    plan.act(StoreAction(Complete(len(live)), endpoint, Event(
         "Normal", "RoundCompleted", f"round {store.round} completed with all {len(live)} live agents, without "
         f"waiting out the last call")))
 
