@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elasticjob_store.protocol import control_port
 from helpers import wait_for
 
 # Below the ephemeral range and below kube's NodePorts (30000+), above the well-known kube ports (10250...).
@@ -44,7 +45,7 @@ def free_port_pair() -> int:
     highest = min(_HIGHEST, _ephemeral_low() - 2)
     for _ in range(200):
         port = random.randint(_LOWEST, highest)
-        if _bindable(port) and _bindable(port + 1):
+        if _bindable(port) and _bindable(control_port(port)):
             return port
     raise AssertionError(f"no two consecutive free ports in {_LOWEST}..{highest + 1}")
 

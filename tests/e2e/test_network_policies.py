@@ -89,11 +89,12 @@ def test_another_namespace_reaches_neither_the_store_nor_the_workers(real_nodes,
 
     service = core.read_namespaced_service(STORE_POD, jobs.namespace).spec
     port = next(p.port for p in service.ports if p.name == "rendezvous")
+    control = next(p.port for p in service.ports if p.name == "control")
     service_ip = service.cluster_ip
     store = jobs.pod(STORE_POD)
     rank0 = jobs.pod(before.rank0_host())
-    targets = {"service rendezvous": (service_ip, port), "service control": (service_ip, port + 1),
-               "store pod rendezvous": (store.status.pod_ip, port), "store pod control": (store.status.pod_ip, port + 1),
+    targets = {"service rendezvous": (service_ip, port), "service control": (service_ip, control),
+               "store pod rendezvous": (store.status.pod_ip, port), "store pod control": (store.status.pod_ip, control),
                "rank 0 worker": (rank0.status.pod_ip, CLOSED_PORT), "cluster DNS": CLUSTER_DNS}
     blocked = {name: "timeout" for name in targets if name != "cluster DNS"}
     for node in nodes:

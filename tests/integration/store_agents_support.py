@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from elasticjob_store.protocol import control_port
 from helpers import wait_for
 from store_process import start_store_process
 
@@ -68,7 +69,7 @@ class Store:
     output: Path
 
     def api(self, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port + 1, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", control_port(self.port), timeout=10)
         try:
             conn.request(method, path, body=None if body is None else json.dumps(body),
                          headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})

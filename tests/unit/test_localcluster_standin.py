@@ -16,6 +16,7 @@ import pytest
 from elasticjob import builders
 from elasticjob.rendezvous_client import StoreClient, parse_state
 from elasticjob_store.auth import Credential
+from elasticjob_store.protocol import control_port
 from localcluster import containers, images, storestandin
 from store_process import start_store_process
 
@@ -88,7 +89,7 @@ def test_the_program_starts_light_and_serves(tmp_path):
     env = {"PATH": str(Path(sys.executable).parent), "ELASTICJOB_RDZV_TOKEN_SHA256": builders.token_digest("t")}
 
     def healthy(port: int) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1):
+        with urllib.request.urlopen(f"http://127.0.0.1:{control_port(port)}/healthz", timeout=1):
             return True
 
     proc, _ = start_store_process([sys.executable, "-m", "localcluster.storestandin"], env, tmp_path / "standin.log",

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from elasticjob_store import compat
 from elasticjob_store.control import Control
+from elasticjob_store.protocol import control_port
 from elasticjob_warm import notice
 from store_process import start_store_process
 
@@ -38,7 +39,7 @@ ALTERATIONS = {
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", control_port(port), timeout=10)
     try:
         conn.request(method, path, body=None if body is None else json.dumps(body),
                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import store_process
+from elasticjob_store.protocol import control_port
 from store_process import StoreExited, start_store_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ STANDIN = [sys.executable, "-m", "localcluster.storestandin"]
 
 
 def healthy(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/healthz", timeout=1):
+    with urllib.request.urlopen(f"http://127.0.0.1:{control_port(port)}/healthz", timeout=1):
         return True
 
 
@@ -26,7 +27,7 @@ def taken_pair():
     """A pair another process holds: its control port is bound and listening."""
     port = store_process.free_port_pair()
     with socket.socket() as holder:
-        holder.bind(("", port + 1))
+        holder.bind(("", control_port(port)))
         holder.listen()
         yield port
 

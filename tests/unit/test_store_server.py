@@ -28,6 +28,7 @@ from elasticjob_store import actions, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import MAX_CONNECTIONS, MAX_PER_PEER
 from elasticjob_store.control import Control
+from elasticjob_store.protocol import control_port
 from elasticjob_store.server import make_server
 from elasticjob_store.state import StateError, decode, state_key
 from elasticjob_store.wire import REQUEST_DEADLINE
@@ -364,7 +365,7 @@ def test_python_m_elasticjob_store_as_the_pod_runs_it(tmp_path):
            "ELASTICJOB_RDZV_MAX_NODES": "3", "ELASTICJOB_RDZV_TOKEN_SHA256": DIGEST}
 
     def state(port, token):
-        conn = http.client.HTTPConnection("127.0.0.1", port + 1, timeout=2)
+        conn = http.client.HTTPConnection("127.0.0.1", control_port(port), timeout=2)
         conn.request("GET", "/v1/state", headers={"Authorization": f"Bearer {token}"})
         response = conn.getresponse()
         return response.status, response.read()
@@ -388,7 +389,7 @@ def test_python_m_elasticjob_store_as_the_pod_runs_it(tmp_path):
             proc.wait(timeout=30)
     output = log.read_text()
     assert proc.returncode == 0, output
-    assert f"listening on port {port}, control on {port + 1}" in output
+    assert f"listening on port {port}, control on {control_port(port)}" in output
     assert "rendezvous store stopping" in output
 
 
