@@ -45,7 +45,7 @@ pod-schema: $(VENV)/.installed ## Regenerate spec.template's schema (operator/el
 lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the operator) and the import layers (controller -> planner -> models)
 	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
 	$(VENV)/bin/mypy -p elasticjob
-	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit
+	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit -p elasticjob_progress
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes

@@ -36,7 +36,25 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+try:  # the operator's progress API: in its worker image and its kit; shown in the job's downtime ledger
+    import elasticjob_progress
+except ImportError:  # run without it (another image, plain torchrun): report nothing
+    elasticjob_progress = None
+
 CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class NoProgress:
+    """elasticjob_progress.Progress's calls, doing nothing: where the package is not installed."""
+
+    def step(self, n): pass
+    def saved(self, n): pass
+    def loading(self): pass
+    def loaded(self, n): pass
+
+
+def make_progress():
+    return elasticjob_progress.Progress() if elasticjob_progress is not None else NoProgress()
 
 
 def parse_args(argv=None):
@@ -214,6 +232,7 @@ class Run:
     resumed_from: int
     host: str
     started: float
+    progress: object = None  # elasticjob_progress.Progress, or NoProgress
 
 
 def start(args) -> Run:
@@ -230,11 +249,14 @@ def start(args) -> Run:
     model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     checkpoint = os.path.join(args.checkpoint_dir, CHECKPOINT_NAME)
+    progress = make_progress()
+    progress.loading()
     resumed_from = agreed_start_step(load_checkpoint(checkpoint, model, optimizer), device)
+    progress.loaded(resumed_from)
     ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     host = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
     return Run(args, rank, world_size, local_rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), device,
-               model, ddp_model, optimizer, checkpoint, resumed_from, host, started)
+               model, ddp_model, optimizer, checkpoint, resumed_from, host, started, progress)
 
 
 def main(argv=None):
@@ -278,13 +300,16 @@ def train(run: Run, timed_step) -> None:
             # Which world: rank 0's store for this round. Two worlds stepping at once would be split brain.
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         })
+        run.progress.step(step)
         if Stop.requested:
             save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+            run.progress.saved(step)
             append_progress(args.events_file, {"event": "checkpoint-on-sigterm", "step": step, "rank": run.rank,
                                                "host": run.host, "time": time.time()})
             return
         if run.rank == 0 and (step % args.checkpoint_every == 0 or step == args.steps):
             save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+            run.progress.saved(step)
 
 
 if __name__ == "__main__":

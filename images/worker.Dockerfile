@@ -15,6 +15,8 @@ COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
 # `python -m elasticjob_warm.torchrun train.py`: torchrun whose workers are forked from a process that imported
 # torch once (restarts without `import torch`).
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
+# `import elasticjob_progress` in a training script: its steps and checkpoints shown in the job's downtime ledger.
+COPY operator/elasticjob_progress /opt/elasticjob/elasticjob_progress
 ENV PYTHONPATH=/opt/elasticjob
 # torchrun comes with the base image; the operator supplies every PET_* setting through the environment.
 CMD ["torchrun", "/workspace/train_ddp.py"]

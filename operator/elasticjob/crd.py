@@ -77,6 +77,8 @@ PRINTER_COLUMNS = [
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput.goodputPercent",
+     "description": "Percent of wall time spent training (ETTR), as of the last incident closed"},
     {"name": "Admission", "type": "string", "jsonPath": ".status.admission.state",
      "description": "Kueue admission: Queued, Admitted, Preempted, Evicted, Finished (empty without Kueue)"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},

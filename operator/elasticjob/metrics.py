@@ -25,6 +25,10 @@ TIME_TO_RUNNING = Histogram("elasticjob_time_to_running_seconds", "From a job's 
 RECOVERY_SECONDS = Histogram("elasticjob_recovery_seconds",
                              "From a failure or membership change to the worker group re-formed",
                              buckets=(1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
+LOST_SECONDS = Histogram("elasticjob_lost_seconds", "Training seconds lost per closed incident, by phase of the "
+                         "downtime ledger (detect, replace, rendezvous, workerStart, checkpointLoad, recompute; the "
+                         "phases the operator could not see are not observed)", ["phase"],
+                         buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
 JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each unfinished job is in", ["namespace", "job", "phase"])
 JOB_RESTARTS = Gauge("elasticjob_job_restarts", "Restarts charged to each unfinished job", ["namespace", "job"])
 # 1 while this replica holds the Lease and reconciles (always, without --leader-elect); 0 while it waits idle.

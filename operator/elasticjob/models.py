@@ -23,6 +23,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # The most nodes one job may ask for; it also bounds the cost of the CEL rules.
 MAX_NODES = 1024
 MAX_FAILURES_KEPT = 10
+MAX_INCIDENTS_KEPT = 5
 
 
 class Model(BaseModel):
@@ -278,6 +279,68 @@ class AdmissionStatus(Model):
     last_transition_time: str | None = Field(None, description="When state last changed (RFC 3339, UTC).")
 
 
+class LostPhases(Model):
+    """Where one incident's seconds went. Null: not seen (the phases after the round need the training's progress
+    reports, elasticjob_progress), never zero."""
+
+    detect: float | None = Field(None, description="From the fault to the operator seeing it.")
+    replace: float | None = Field(None, description="Until every wanted worker pod was scheduled and running "
+                                  "again (0 when no pod was replaced).")
+    rendezvous: float | None = Field(None, description="Until the store reported the worker group re-formed.")
+    worker_start: float | None = Field(None, description="From the round to the checkpoint load's start "
+                                       "(progress.loading()), or to its end without it: imports, the process "
+                                       "group. Needs the progress API.")
+    checkpoint_load: float | None = Field(None, description="The checkpoint load (progress.loading() to "
+                                          "progress.loaded()). Needs the progress API, and loading().")
+    recompute: float | None = Field(None, description="Steps done again: from the step loaded to the last step "
+                                    "before the fault, at the training's own step time. Needs the progress API.")
+
+
+class Incident(Model):
+    """One fault and the training time it cost, from the operator's own observations and, where the training
+    reports it (elasticjob_progress), its steps and checkpoints: shown, never used to charge or decide."""
+
+    kind: str = Field(description="WorkerLost, Rank0Lost (the pod of the rank that reports progress), NodeLost, "
+                      "Partition, StoreLost, ScaleChange or Preemption.")
+    reason: str = Field("", description="What the operator saw: a failure's reason (Error, Killed, Evicted, "
+                        "...), StoreLost, ScaleUp or ScaleDown, Preempted.")
+    pod: str | None = Field(None, description="The pod it happened to, if one.")
+    start_time: str = Field(description="When the fault happened, as far as the operator can tell (a "
+                            "container's end, the store's loss, the scale change) (RFC 3339, UTC).")
+    detected_time: str | None = Field(None, description="When the operator saw it.")
+    replaced_time: str | None = Field(None, description="When every wanted worker ran again.")
+    round_time: str | None = Field(None, description="When the store reported the group re-formed.")
+    round: int | None = Field(None, description="The store's round when the fault was seen: a later complete "
+                              "one is the group re-formed.")
+    epoch: str | None = Field(None, description="The store's epoch then (a new store counts rounds anew).")
+    last_step: int | None = Field(None, description="The training's step at the fault, from its last report "
+                                  "(and its step time).")
+    end_time: str | None = Field(None, description="When it was closed: the training's first step after it, "
+                                 "or without progress reports the round re-formed.")
+    lost_seconds: float | None = Field(None, description="Training seconds lost: the phases added up, the "
+                                       "unknown ones left out.")
+    phases: LostPhases | None = Field(None, description="The seconds lost per phase, once closed.")
+
+
+class GoodputStatus(Model):
+    """The job's downtime ledger: how much of its wall time trained (ETTR, goodput), and where the rest went."""
+
+    since: str | None = Field(None, description="When the ledger started: the job's first Running (RFC 3339).")
+    wall_seconds: float = Field(0.0, description="Seconds from `since` to the last incident's close (the ledger "
+                                "is written when an incident opens or closes, not every second).")
+    lost_seconds: float = Field(0.0, description="Training seconds lost in closed incidents, over all phases "
+                                "seen.")
+    goodput_percent: float | None = Field(None, description="100 x (wallSeconds - lostSeconds) / wallSeconds: "
+                                          "the share of wall time spent training (ETTR); null before any incident "
+                                          "closed.")
+    incidents: int = Field(0, description="Incidents closed.")
+    progress_reported: bool = Field(False, description="Whether the training reports its steps "
+                                    "(elasticjob_progress): without it the phases after the round are null.")
+    open_incident: Incident | None = Field(None, description="The incident being recovered from, if any.")
+    last_incidents: list[Incident] = Field(default_factory=list, description="The last 5 closed incidents, "
+                                           "oldest first.")
+
+
 class ElasticJobStatus(Model):
     """What the operator observed and did: the job's phase, its workers, restarts and failures, its rendezvous
     store and its admission by Kueue. Written by the operator."""
@@ -318,6 +381,9 @@ class ElasticJobStatus(Model):
                                            "name it used instead: the usual one and a random suffix.")
     admission: AdmissionStatus | None = Field(None, description="Admission by Kueue, for a job labelled "
                                               "kueue.x-k8s.io/queue-name; absent otherwise.")
+    goodput: GoodputStatus | None = Field(None, description="The downtime ledger: goodput (ETTR) and the last "
+                                          "incidents with the seconds lost per phase; absent until the job "
+                                          "first runs.")
     start_time: str | None = Field(None, description="When the job last started running (RFC 3339, UTC): "
                                    "runPolicy.activeDeadlineSeconds counts from it. Cleared while the job is "
                                    "suspended or queued.")

@@ -106,6 +106,27 @@ class StoreNode:
     stale: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ProgressView:
+    """The training's own report (elasticjob_progress, rank 0), as its store kept it: the tenant's word, shown in
+    the downtime ledger and never used to charge, fence or decide. Times are the worker's clock."""
+
+    pod: str = ""
+    restart: int = 0
+    started_at: datetime | None = None  # this worker process made its Progress()
+    step: int | None = None
+    step_at: datetime | None = None
+    step_seconds: float | None = None  # its recent mean step time
+    first_step: int | None = None  # the first step this worker process did, and when
+    first_step_at: datetime | None = None
+    saved_step: int | None = None
+    saved_at: datetime | None = None
+    loading_at: datetime | None = None
+    loaded_step: int | None = None
+    loaded_at: datetime | None = None
+    received_at: datetime | None = None  # the store's clock when the report last changed
+
+
 @dataclass(frozen=True)
 class StoreView:
     """torch's rendezvous as the job's store reports it (validated by the client; never unpickled here)."""
@@ -123,6 +144,7 @@ class StoreView:
     nudges_off: str | None = None  # why the store turned its nudges off on its torch (compat.py); None: on
     plain_torchrun: str | None = None  # agents whose warm wrapper ran plain torchrun, and why; None: none did
     received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
+    progress: ProgressView | None = None  # the training's report (elasticjob_progress); None without one
 
     @property
     def nodes(self) -> int:

@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from elasticjob import backoff
-from elasticjob.observe import StoreNode, StoreView
+from elasticjob.observe import ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
@@ -71,6 +71,29 @@ class _Torch(_Strict):
     plain_torchrun: _Plain | None = Field(None, alias="plainTorchrun")
 
 
+class _Mark(_Strict):
+    step: int = Field(ge=0, le=1 << 53)
+    at: float = Field(ge=0, le=1e11)
+
+
+class _Progress(_Strict):
+    """The training's report as the store checked it (elasticjob_store/progress.py); checked again here."""
+
+    model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)  # ints are fine as floats
+    pod: str = Field("", max_length=253)
+    restart: int = Field(0, ge=0, le=1 << 53)
+    started_at: float | None = Field(None, alias="startedAt", ge=0, le=1e11)
+    step: int | None = Field(None, ge=0, le=1 << 53)
+    step_at: float | None = Field(None, alias="stepAt", ge=0, le=1e11)
+    step_seconds: float | None = Field(None, alias="stepSeconds", ge=0, le=86400)
+    first_step: int | None = Field(None, alias="firstStep", ge=0, le=1 << 53)
+    first_step_at: float | None = Field(None, alias="firstStepAt", ge=0, le=1e11)
+    saved: _Mark | None = None
+    loading_at: float | None = Field(None, alias="loadingAt", ge=0, le=1e11)
+    loaded: _Mark | None = None
+    received_at: float | None = Field(None, alias="receivedAt", ge=0, le=1e11)
+
+
 class _State(_Strict):
     epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     round: int | None = Field(None, ge=0, le=1 << 40)
@@ -83,6 +106,7 @@ class _State(_Strict):
     version: int = Field(0, ge=0, le=1 << 62)
     waiter_active: bool = Field(False, alias="waiterActive")
     torch: _Torch | None = None  # absent from stores older than the check: they nudge as before
+    progress: dict[str, Any] | None = None  # checked on its own: a bad report is dropped, not the reply
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -104,8 +128,30 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         failure_rounds=state.failure_rounds,
         last_failure_round_at=datetime.fromtimestamp(at, UTC) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
-        plain_torchrun=_plain_torchrun(state.torch),
+        plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
         received_at=received_at or datetime.now(UTC))
+
+
+def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
+    """The training's report, or None when there is none or it is not valid (the rest of the reply stands)."""
+    if raw is None:
+        return None
+    try:
+        found = _Progress.model_validate(raw)
+    except ValidationError:
+        return None
+
+    def at(value: float | None) -> datetime | None:
+        return None if value is None else datetime.fromtimestamp(value, UTC)
+
+    saved, loaded = found.saved, found.loaded
+    return ProgressView(
+        pod=printable(found.pod), restart=found.restart, started_at=at(found.started_at), step=found.step,
+        step_at=at(found.step_at), step_seconds=found.step_seconds, first_step=found.first_step,
+        first_step_at=at(found.first_step_at), saved_step=saved.step if saved else None,
+        saved_at=at(saved.at) if saved else None, loading_at=at(found.loading_at),
+        loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
+        received_at=at(found.received_at))
 
 
 def _nudges_off(torch: _Torch | None) -> str | None:

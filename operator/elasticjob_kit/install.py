@@ -10,7 +10,9 @@ import shutil
 import sys
 from pathlib import Path
 
-PACKAGES = ("elasticjob_store", "elasticjob_warm")
+# elasticjob_progress (the training script's progress API) and elasticjob_ckpt (checkpoints in memory): importable by
+# the workers the kit's torchrun starts.
+PACKAGES = ("elasticjob_store", "elasticjob_warm", "elasticjob_progress", "elasticjob_ckpt")
 # Where the operator's image keeps a static busybox (images/operator.Dockerfile); any other busybox found on
 # PATH is used only when it is static, which install() cannot tell: the image's own is trusted, PATH's is not.
 BUSYBOX = Path("/opt/elasticjob/bin/busybox")

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from elasticjob_store import actions, compat
 from elasticjob_store.actions import Outcome
+from elasticjob_store.progress import KEY as PROGRESS_KEY
+from elasticjob_store.progress import ProgressReader
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import RendezvousState, decode, encode, state_key
@@ -66,6 +68,8 @@ class Control:
         self._decoded: tuple[bytes, RendezvousState | None] = (b"", None)
         self._waiter_round: int | None = None
         self._waiter_added_at = 0.0
+        # The training's own report (elasticjob_progress): read at each tick, shown to the operator, never acted on.
+        self.progress = ProgressReader()
 
     def log(self, message: str) -> None:
         when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
@@ -178,14 +182,21 @@ class Control:
         self.log(f"restart round={round_seen}: {outcome.reason}")
         return outcome
 
+    def read_progress(self) -> None:
+        with self._store_lock:
+            raw = self._store.get(PROGRESS_KEY) if self._store.check([PROGRESS_KEY]) else b""
+        with self.lock:
+            self.progress.take(raw, self.now())
+
     def poll(self) -> None:
-        """One poller tick: record a newly completed round, take out a waiter that did its job, and wake
-        whoever waits for a change."""
+        """One poller tick: record a newly completed round and the training's progress, take out a waiter that
+        did its job, and wake whoever waits for a change."""
+        self.read_progress()
         _, state = self.read()
         now = self.now()
         with self.lock:
             completed = self.tracker.observe(state, now)
-            seen = summary(state, self.tracker, now, self.stale_after)
+            seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks())
         if seen != self._summary:
             self._summary = seen
             with self.changed:

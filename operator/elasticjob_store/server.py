@@ -41,7 +41,8 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         with control.lock:
             return describe(state, control.tracker, now=control.now(), epoch=epoch, run_id=control.run_id,
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
-                            stale_after=control.stale_after, torch=control.torch_report())
+                            stale_after=control.stale_after, torch=control.torch_report(),
+                            progress=control.progress.describe())
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)

@@ -1,5 +1,6 @@
-"""Metrics from what a reconcile changed: restarts, infrastructure failures, scale events, time to Running, and
-recovery time (a failure or membership change -> the store reports the worker group formed again)."""
+"""Metrics from what a reconcile changed: restarts, infrastructure failures, scale events, time to Running,
+recovery time (a failure or membership change -> the store reports the worker group formed again), and the
+seconds each closed incident of the downtime ledger lost per phase."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from elasticjob import metrics
 from elasticjob.models import ElasticJobStatus, Phase
 from elasticjob.observe import StoreView, parse_time
 from elasticjob.planner.failures import INFRASTRUCTURE_REASONS
+from elasticjob.planner.goodput import PHASE_NAMES, wire_name
 
 
 @dataclass
@@ -41,6 +43,7 @@ def record(meta: dict[str, Any], old: ElasticJobStatus, new: ElasticJobStatus, s
     if (fresh or scaled) and key not in _open:
         _open[key] = Disruption(now, store.round if store else None)
     recovered(key, store, now)
+    lost_per_phase(old, new)
     if new.phase.finished:
         _open.pop(key, None)
 
@@ -52,6 +55,18 @@ def recovered(key: tuple[str, str], store: StoreView | None, now: datetime) -> N
     if disruption.round is None or store.round > disruption.round:
         metrics.RECOVERY_SECONDS.observe((now - disruption.at).total_seconds())
         del _open[key]
+
+
+def lost_per_phase(old: ElasticJobStatus, new: ElasticJobStatus) -> None:
+    """Each incident the ledger closed in this reconcile, once: its known phases into the histogram."""
+    closed = new.goodput.incidents if new.goodput else 0
+    if closed <= (old.goodput.incidents if old.goodput else 0) or new.goodput is None:
+        return
+    for incident in new.goodput.last_incidents[-(closed - (old.goodput.incidents if old.goodput else 0)):]:
+        for name in PHASE_NAMES:
+            seconds = getattr(incident.phases, name) if incident.phases else None
+            if seconds is not None:
+                metrics.LOST_SECONDS.labels(wire_name(name)).observe(seconds)
 
 
 def forget(key: tuple[str, str]) -> None:

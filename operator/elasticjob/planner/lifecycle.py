@@ -18,7 +18,7 @@ from elasticjob.gang import podgroup
 from elasticjob.gang.planning import ensure_gang
 from elasticjob.kueue import admission
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ownership
+from elasticjob.planner import ledger, ownership
 from elasticjob.planner.base import CreateObject, DefaultReplicas, Job, Observed, Plan, enter_phase, stamp
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.leftovers import collect_leftovers
@@ -51,6 +51,8 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     if status.phase.finished:
         finish(result, job, observed, now)
         admission.finish(result, job, observed, settings, now)
+    # 5. The downtime ledger: what this reconcile booked opens an incident, what it saw advances or closes one.
+    ledger.track(result, job, observed, now)
     return result
 
 

@@ -1,0 +1,109 @@
+"""Where an incident's seconds went: from the moments the operator saw and the training reported, the seconds
+lost per phase. Pure.
+
+The phases tile the incident's timeline, each from the end of the one before to its own mark:
+
+    fault -> detected -> replaced -> round re-formed -> [load begins] -> load done -> recompute done
+            detect      replace      rendezvous         worker start     checkpoint   recompute
+                                                                        load
+
+Marks are observed at different moments (a pod seen running after the round the store already reported), so
+each phase counts only from the furthest mark before it: a late mark costs 0, never a negative number, and
+the phases add up to the time from the fault to the last mark. A phase whose mark was never seen is null
+(unknown), not 0: the operator sees the first three; the rest need the training's reports (elasticjob_progress).
+Recompute is not a moment but steps: those done again, from the step the checkpoint held to the last step
+before the fault, at the training's own step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticjob.models import LostPhases
+
+# The most time a report's step is carried forward to the fault at the training's step time: reports come once
+# a second, so more means the training was not stepping anyway.
+MAX_CARRY_SECONDS = 5.0
+PHASE_NAMES = ("detect", "replace", "rendezvous", "worker_start", "checkpoint_load", "recompute")
+
+
+@dataclass(frozen=True)
+class Marks:
+    start: datetime  # the fault
+    detected: datetime
+    replaced: datetime | None = None  # every wanted worker running again
+    round: datetime | None = None  # the store reported the group re-formed
+    loading: datetime | None = None  # the training began loading its checkpoint (progress.loading())
+    loaded: datetime | None = None  # ... and had it loaded (progress.loaded(step))
+    first_step: datetime | None = None  # the first step after the restart
+    loaded_step: int | None = None
+    last_step: int | None = None  # the step at the fault
+    step_seconds: float | None = None  # the training's step time
+
+
+def phases(marks: Marks) -> LostPhases:
+    cursor = marks.start
+    seen: dict[str, float | None] = {}
+    # The training's own marks count only once it stepped again: until then a phase may still be running.
+    resumed = marks.first_step is not None
+    load_began = marks.loading if resumed else None
+    load_done = marks.loaded if resumed else None
+    start_done = load_began or load_done or (marks.first_step if resumed else None)
+    for name, mark in (("detect", marks.detected), ("replace", marks.replaced), ("rendezvous", marks.round),
+                       ("worker_start", start_done)):
+        seen[name], cursor = _span(cursor, mark)
+    seen["checkpoint_load"] = _span(cursor, load_done)[0] if load_began is not None else None
+    seen["recompute"] = recompute(marks) if resumed else None
+    return LostPhases(**seen)
+
+
+def _span(cursor: datetime, mark: datetime | None) -> tuple[float | None, datetime]:
+    if mark is None:
+        return None, cursor
+    return round(max(0.0, (mark - cursor).total_seconds()), 3), max(cursor, mark)
+
+
+def recompute(marks: Marks) -> float | None:
+    """Seconds of steps done again; None without the step loaded, the step at the fault or the step time."""
+    if marks.loaded_step is None or marks.last_step is None or marks.step_seconds is None:
+        return None
+    return round(max(0, marks.last_step - marks.loaded_step) * marks.step_seconds, 3)
+
+
+def lost(found: LostPhases) -> float:
+    """The seconds lost that were seen: the known phases added up."""
+    known: list[float] = [value for name in PHASE_NAMES if (value := getattr(found, name)) is not None]
+    return round(sum(known), 3)
+
+
+def biggest(found: LostPhases) -> tuple[str, float] | None:
+    """The phase that cost most, by its wire name (workerStart), and its seconds; None when none is known."""
+    known = [(value, name) for name in PHASE_NAMES if (value := getattr(found, name)) is not None]
+    if not known:
+        return None
+    value, name = max(known)
+    return wire_name(name), value
+
+
+def wire_name(name: str) -> str:
+    """A phase as status and the metrics name it: workerStart for worker_start."""
+    return LostPhases.model_fields[name].alias or name
+
+
+def step_at_fault(step: int | None, step_at: datetime | None, step_seconds: float | None,
+                  fault: datetime) -> int | None:
+    """The training's step at the fault, from its last report before it: the steps its step time fits between
+    the report and the fault are added (reports come once a second; ten steps at 10 per second)."""
+    if step is None:
+        return None
+    if step_at is None or step_seconds is None or step_seconds <= 0 or step_at >= fault:
+        return step
+    return step + int(min((fault - step_at).total_seconds(), MAX_CARRY_SECONDS) / step_seconds)
+
+
+def ettr(wall_seconds: float, lost_seconds: float) -> float | None:
+    """Goodput (effective training time ratio), in percent; None before any wall time."""
+    if wall_seconds <= 0:
+        return None
+    return round(100.0 * max(0.0, wall_seconds - lost_seconds) / wall_seconds, 2)

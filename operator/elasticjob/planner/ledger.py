@@ -1,0 +1,182 @@
+"""The job's downtime ledger (status.goodput): incidents opened from what this reconcile booked, advanced with
+what the operator sees, closed once the training steps again, and the seconds lost per phase (goodput.py). Pure.
+
+An incident opens on a failure booked (failures.py, recovery.py: a worker, rank 0, a node, a partition), the
+store lost (rendezvous.py), a change of the desired workers, or a preemption by Kueue; a fault while one is open
+belongs to it. It closes at the training's first step after it (elasticjob_progress), or, for a job that never
+reported a step, once every wanted worker runs and the store reported the group re-formed. The training's
+reports are the tenant's word: they are shown here and decide nothing else. A worker process that kept on
+stepping through the fault (the store lost and back, its agents riding it out) lost nothing: the incident closes
+at 0 s.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob.models import MAX_INCIDENTS_KEPT, FailureRecord, GoodputStatus, Incident, LostPhases, Phase
+from elasticjob.observe import ProgressView, StoreView
+from elasticjob.planner import goodput
+from elasticjob.planner.base import Job, Observed, Plan
+from elasticjob.planner.failures import is_round_record
+
+# An incident still open after this long is closed with what was seen (a training that never steps again).
+GIVE_UP = timedelta(minutes=10)
+KINDS = {"NodeLost": "NodeLost", "Partitioned": "Partition", "Preempted": "Preemption",
+         "RendezvousLost": "StoreLost"}
+PREEMPTED = ("Preempted", "Evicted")
+
+
+def precise(when: datetime) -> str:
+    """RFC 3339 with milliseconds: the phases are seconds long."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def parse(value: str | None) -> datetime | None:
+    return None if not value else datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    status = plan.status
+    ledger = status.goodput
+    if ledger is None:
+        if status.phase != Phase.RUNNING:
+            return
+        ledger = status.goodput = GoodputStatus(since=precise(now))
+    store = observed.store
+    progress = store.progress if store is not None else None
+    if progress is not None and progress.step is not None:
+        ledger.progress_reported = True
+    for fault, in_place in faults(plan, job, progress, now):
+        if ledger.open_incident is None:
+            ledger.open_incident = opened(fault, in_place, store, progress, now)
+    incident = ledger.open_incident
+    if incident is None:
+        return
+    advance(incident, plan, observed, now)
+    end = resumed(incident, ledger, progress, now)
+    if end is not None or status.phase.finished or now - (parse(incident.start_time) or now) > GIVE_UP:
+        close(plan, ledger, incident, progress, now)
+
+
+def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -> list[tuple[Incident, bool]]:
+    """What this reconcile booked that costs training time, oldest first, each with whether it is a restart
+    torchrun made in place that the store already reported re-formed."""
+    old, new = job.status, plan.status
+    found = []
+    known = {f.uid for f in old.last_failures}
+    rank0 = progress.pod if progress is not None and progress.pod else None
+    for record in new.last_failures:
+        if record.uid not in known and record.reason != "RendezvousLost":  # the store's incident is its own
+            found.append((from_failure(record, rank0, now), is_round_record(record)))
+    if new.rendezvous.last_lost_time and new.rendezvous.last_lost_time != old.rendezvous.last_lost_time:
+        found.append((Incident(kind="StoreLost", reason="StoreLost", pod=new.rendezvous.pod,
+                               start_time=new.rendezvous.last_lost_time), False))
+    if old.desired_replicas and new.desired_replicas != old.desired_replicas:
+        found.append((Incident(kind="ScaleChange", start_time=precise(now),
+                               reason="ScaleUp" if new.desired_replicas > old.desired_replicas else "ScaleDown"),
+                      False))
+    state = new.admission.state if new.admission else None
+    if state in PREEMPTED and (old.admission.state if old.admission else None) != state:
+        found.append((Incident(kind="Preemption", reason=state, start_time=precise(now)), False))
+    return sorted(found, key=lambda found: parse(found[0].start_time) or now)
+
+
+def from_failure(record: FailureRecord, rank0: str | None, now: datetime) -> Incident:
+    kind = KINDS.get(record.reason, "WorkerLost")
+    if kind == "WorkerLost" and rank0 is not None and record.pod == rank0:
+        kind = "Rank0Lost"
+    return Incident(kind=kind, reason=record.reason, pod=record.pod or None, start_time=record.time or precise(now))
+
+
+def opened(incident: Incident, in_place: bool, store: StoreView | None, progress: ProgressView | None,
+           now: datetime) -> Incident:
+    start = parse(incident.start_time) or now
+    incident.detected_time = precise(max(start, now))
+    if store is not None:
+        incident.round, incident.epoch = store.round, store.epoch
+        if in_place and store.round:
+            incident.round = store.round - 1  # the store reported the re-formed round: that is the mark
+    if progress is not None:
+        incident.last_step = goodput.step_at_fault(progress.step, progress.step_at, progress.step_seconds, start)
+    return incident
+
+
+def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime) -> None:
+    """The marks the operator sees: every wanted worker running, then the group re-formed in the store."""
+    if incident.replaced_time is None:
+        running = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
+        if len(running) >= plan.status.desired_replicas > 0:
+            incident.replaced_time = precise(now)
+    store = observed.store
+    if incident.round_time is None and incident.replaced_time is not None and store is not None \
+            and store.complete and store.round is not None \
+            and (store.epoch != incident.epoch or incident.round is None or store.round > incident.round):
+        incident.round_time = precise(now)
+
+
+def resumed(incident: Incident, ledger: GoodputStatus, progress: ProgressView | None,
+            now: datetime) -> datetime | None:
+    """When the training stepped again after the incident: its new process's first step, or the moment a process
+    that kept on stepping was seen past the fault; without any reports, the group re-formed."""
+    start = parse(incident.start_time) or now
+    if progress is not None and progress.step is not None:
+        if progress.started_at is not None and progress.started_at > start and progress.first_step_at is not None:
+            return progress.first_step_at
+        if kept_on(incident, progress, start):
+            return now
+        return None
+    if not ledger.progress_reported:
+        return parse(incident.round_time)
+    return None
+
+
+def kept_on(incident: Incident, progress: ProgressView, start: datetime) -> bool:
+    began = progress.started_at
+    return began is not None and began <= start and progress.step_at is not None and progress.step_at > start \
+        and progress.step is not None and progress.step > (incident.last_step or 0)
+
+
+def close(plan: Plan, ledger: GoodputStatus, incident: Incident, progress: ProgressView | None,
+          now: datetime) -> None:
+    start = parse(incident.start_time) or now
+    if progress is not None and kept_on(incident, progress, start):
+        incident.phases = LostPhases(**{name: 0.0 for name in goodput.PHASE_NAMES})
+    else:
+        incident.phases = goodput.phases(marks(incident, progress, start, now))
+    incident.lost_seconds = goodput.lost(incident.phases)
+    incident.end_time = precise(now)
+    ledger.open_incident = None
+    ledger.incidents += 1
+    ledger.lost_seconds = round(ledger.lost_seconds + incident.lost_seconds, 3)
+    since = parse(ledger.since) or start
+    ledger.wall_seconds = round(max(0.0, (now - since).total_seconds()), 3)
+    ledger.goodput_percent = goodput.ettr(ledger.wall_seconds, ledger.lost_seconds)
+    ledger.last_incidents = (ledger.last_incidents + [incident])[-MAX_INCIDENTS_KEPT:]
+    plan.normal("IncidentClosed", summary(incident))
+
+
+def marks(incident: Incident, progress: ProgressView | None, start: datetime, now: datetime) -> goodput.Marks:
+    fresh = progress if progress is not None and progress.started_at is not None \
+        and progress.started_at > start else None
+    return goodput.Marks(
+        start=start, detected=parse(incident.detected_time) or now, replaced=parse(incident.replaced_time),
+        round=parse(incident.round_time),
+        loading=fresh.loading_at if fresh else None, loaded=fresh.loaded_at if fresh else None,
+        first_step=fresh.first_step_at if fresh else None, loaded_step=fresh.loaded_step if fresh else None,
+        last_step=incident.last_step, step_seconds=fresh.step_seconds if fresh else None)
+
+
+def summary(incident: Incident) -> str:
+    """One line per closed incident: its kind, the seconds lost and the biggest phase."""
+    what = f"{incident.kind}" + (f" ({incident.reason}, pod {incident.pod})" if incident.pod else
+                                 f" ({incident.reason})" if incident.reason else "")
+    line = f"{what}: {incident.lost_seconds or 0.0:.1f} s of training lost"
+    top = goodput.biggest(incident.phases) if incident.phases else None
+    if top is not None:
+        line += f", most in {top[0]} ({top[1]:.1f} s)"
+    unknown = [goodput.wire_name(name) for name in goodput.PHASE_NAMES
+               if incident.phases is None or getattr(incident.phases, name) is None]
+    if unknown:
+        line += f"; unknown: {', '.join(unknown)}"
+    return line

@@ -1,0 +1,165 @@
+"""A training script's progress, told to the ElasticJob operator: one call per step, one per checkpoint.
+
+    import elasticjob_progress
+    progress = elasticjob_progress.Progress()
+    ...
+    progress.loading()            # optional: a checkpoint load begins
+    progress.loaded(step)         # the step the loaded checkpoint holds
+    for step in range(start, total):
+        train_one_step()
+        progress.step(step + 1)   # steps done so far
+        if (step + 1) % every == 0:
+            save()
+            progress.saved(step + 1)
+
+It is a no-op outside a job (no torchrun rank, no PET_RDZV_ENDPOINT, no torch) and on every rank but 0. On rank 0
+the calls only note a number and a time; a daemon thread writes the latest report, at most once a second, under
+one key of the job's own rendezvous store (the c10d TCPStore the agents meet in, PET_RDZV_ENDPOINT), where the
+store's process reads it and the operator shows it in the job's downtime ledger (status.goodput). Nothing here
+waits on the network in the training loop: a lost store costs the thread its reports, never the script a step.
+
+Standard library only, and torch's TCPStore when torch is there. Runs on the job image's Python (3.9 and up).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from elasticjob_progress.report import KEY, Report
+
+__all__ = ["KEY", "Progress"]
+
+INTERVAL = 1.0
+# How long a connection to the store or a write may take before the reporter gives up and tries again later.
+STORE_TIMEOUT = 5.0
+# At the interpreter's exit, the last report is given this long to go out.
+EXIT_TIMEOUT = 1.0
+
+
+def reporting_rank(environ: Mapping[str, str]) -> bool:
+    """Global rank 0 of a torchrun job (RANK, else local rank 0 of group rank 0): one report per job."""
+    rank = environ.get("RANK")
+    if rank is not None:
+        return rank == "0"
+    return environ.get("GROUP_RANK") == "0" and environ.get("LOCAL_RANK") == "0"
+
+
+def endpoint(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """The job's store (host, port) from PET_RDZV_ENDPOINT, which the operator sets on every worker container and
+    torchrun's workers inherit; None when it is absent or unreadable."""
+    value = environ.get("PET_RDZV_ENDPOINT", "")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def connect_store(host: str, port: int) -> Any:
+    """A client of the job's TCPStore; raises when torch is missing or the store does not answer."""
+    import torch.distributed
+
+    dist: Any = torch.distributed  # TCPStore is not in its stubs
+    store_type: Any = dist.TCPStore
+    return store_type(host, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT))
+
+
+class Progress:
+    """See the module's docstring. `store` (anything with set(key, value)) and `environ` are for tests and for
+    scripts that run outside torchrun but know their store; `interval` is the least time between two writes."""
+
+    def __init__(self, *, store: Any = None, environ: Mapping[str, str] | None = None,
+                 interval: float = INTERVAL, clock: Callable[[], float] = time.time) -> None:
+        env = os.environ if environ is None else environ
+        self._clock = clock
+        self._report = Report(pod=env.get("POD_NAME", "")[:253], started_at=clock(),
+                              restart=_int(env.get("TORCHELASTIC_RESTART_COUNT")))
+        address = endpoint(env)
+        self.active = reporting_rank(env) and (store is not None or address is not None)
+        self._connect: Callable[[], Any] = (lambda: store) if store is not None else \
+            (lambda: connect_store(*address) if address else None)
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.writes = 0
+        self._thread: threading.Thread | None = None
+        if self.active:
+            self._thread = threading.Thread(target=self._run, name="elasticjob-progress", daemon=True)
+            self._thread.start()
+            atexit.register(self.close, EXIT_TIMEOUT)  # the last steps, when the script returns normally
+
+    def step(self, n: int) -> None:
+        """`n` steps done (the training's own step count, as checkpoints name it). Call it after every step."""
+        if not self.active:
+            return
+        with self._lock:
+            first = self._report.step_done(int(n), self._clock())
+        if first:
+            self._wake.set()  # the first step of this worker closes the operator's incident: tell it at once
+
+    def saved(self, n: int) -> None:
+        """A checkpoint holding `n` steps is saved."""
+        self._event(lambda now: self._report.saved_at(int(n), now))
+
+    def loading(self) -> None:
+        """Optional: a checkpoint load begins now (the ledger then splits worker start from checkpoint load)."""
+        self._event(self._report.loading_at)
+
+    def loaded(self, n: int) -> None:
+        """A checkpoint holding `n` steps is loaded (0: none was found; the training starts afresh)."""
+        self._event(lambda now: self._report.loaded_at(int(n), now))
+
+    def close(self, timeout: float = STORE_TIMEOUT) -> None:
+        """Writes what is left and stops the thread. Called at the interpreter's exit too; a script that leaves
+        by os._exit loses at most the last second of reports."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _event(self, note: Callable[[float], None]) -> None:
+        if not self.active:
+            return
+        with self._lock:
+            note(self._clock())
+        self._wake.set()
+
+    def _run(self) -> None:
+        store, sent, last = None, -1, float("-inf")
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            pause = last + self._interval - time.monotonic()
+            if pause > 0:
+                self._stop.wait(pause)  # at most one write per interval, whatever woke the thread
+            with self._lock:
+                changes = self._report.changes
+                body = json.dumps(self._report.wire(self._clock()), separators=(",", ":")).encode()
+            if changes != sent:
+                store, sent = self._write(store, body, changes, sent)
+                last = time.monotonic()
+            if self._stop.is_set():
+                return
+
+    def _write(self, store: Any, body: bytes, changes: int, sent: int) -> tuple[Any, int]:
+        try:
+            store = store if store is not None else self._connect()
+            if store is None:
+                return None, sent
+            store.set(KEY, body)
+            self.writes += 1
+            return store, changes
+        except Exception:  # noqa: BLE001 - a lost store costs reports, never the training; retried next time
+            return None, sent
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0

@@ -1,0 +1,96 @@
+"""The training's progress report (elasticjob_progress, written by rank 0 under KEY), checked and kept with the
+time the store first saw it.
+
+Anyone who reaches the store's port can write the key: the report is the tenant's own word. It is size-capped,
+every field typed and bounded, and anything else is dropped; the operator shows it and never charges, fences or
+decides on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+# elasticjob_progress.report.KEY (a unit test keeps the two equal).
+KEY = "elasticjob.progress"
+MAX_BYTES = 2048
+MAX_STEP = 2**53
+MAX_UNIX = 1e11
+MAX_POD = 253
+MAX_STEP_SECONDS = 86400.0
+TIMES = ("startedAt", "stepAt", "firstStepAt", "loadingAt", "sentAt")
+STEPS = ("step", "firstStep")
+MARKS = ("saved", "loaded")
+
+
+def _time(value: Any) -> float | None:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_UNIX:
+        return None
+    return float(value)
+
+
+def _step(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value <= MAX_STEP else None
+
+
+def _mark(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    step, at = _step(value.get("step")), _time(value.get("at"))
+    return None if step is None or at is None else {"step": step, "at": at}
+
+
+def check(raw: bytes) -> dict[str, Any] | None:
+    """The report in `raw`, every field checked (a bad field is dropped, not the report); None when it is no
+    report at all: too large, not JSON, not an object, or of another version."""
+    if len(raw) > MAX_BYTES:
+        return None
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(body, dict) or body.get("v") != 1:
+        return None
+    pod = body.get("pod")
+    seconds = _time(body.get("stepSeconds"))
+    report: dict[str, Any] = {
+        "pod": "".join(ch for ch in pod[:MAX_POD] if ch.isprintable()) if isinstance(pod, str) else "",
+        "restart": _step(body.get("restart")) or 0,
+        "stepSeconds": seconds if seconds is not None and seconds <= MAX_STEP_SECONDS else None,
+    }
+    report.update({name: _time(body.get(name)) for name in TIMES})
+    report.update({name: _step(body.get(name)) for name in STEPS})
+    report.update({name: _mark(body.get(name)) for name in MARKS})
+    return report
+
+
+class ProgressReader:
+    """The latest report and when this store first saw it (its own clock): read at each poller tick, decoded
+    only when the bytes changed."""
+
+    def __init__(self) -> None:
+        self._raw = b""
+        self.report: dict[str, Any] | None = None
+        self.received_at: float | None = None
+
+    def take(self, raw: bytes, now: float) -> None:
+        if raw == self._raw:
+            return
+        self._raw = raw
+        self.report = check(raw) if raw else None
+        self.received_at = now if self.report is not None else None
+
+    def describe(self) -> dict[str, Any] | None:
+        """The `progress` object of GET /v1/state; None before any valid report."""
+        if self.report is None:
+            return None
+        return {**self.report, "receivedAt": self.received_at}
+
+    def landmarks(self) -> tuple[Any, ...]:
+        """What wakes the operator's long-poll: a new worker process, its first step, a checkpoint loaded. Not
+        each step (that would be an answer a second); the operator reads those with the next answer."""
+        if self.report is None:
+            return ()
+        report = self.report
+        return (report["startedAt"], report["firstStepAt"], report["loadingAt"], report["loaded"])

@@ -1,0 +1,134 @@
+"""The training's progress API (elasticjob_progress) against a real TCPStore, and the store's side that reads,
+checks and reports it (elasticjob_store/progress.py, GET /v1/state)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+import elasticjob_progress
+from elasticjob import rendezvous_client
+from elasticjob_progress.report import KEY
+from elasticjob_store import progress as store_progress
+from elasticjob_store.control import Control
+from helpers import wait_for
+
+
+@pytest.fixture
+def tcp_store():
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                         timeout=timedelta(seconds=10))
+
+
+def env(tcp_store, **extra) -> dict[str, str]:
+    return {"RANK": "0", "PET_RDZV_ENDPOINT": f"127.0.0.1:{tcp_store.port}", "POD_NAME": "train-worker-1",
+            "TORCHELASTIC_RESTART_COUNT": "2", **extra}
+
+
+def stored(tcp_store) -> dict | None:
+    return json.loads(tcp_store.get(KEY)) if tcp_store.check([KEY]) else None
+
+
+def test_rank0_reports_steps_and_checkpoints_through_the_jobs_store(tcp_store):
+    progress = elasticjob_progress.Progress(environ=env(tcp_store), interval=0.05)
+    progress.loading()
+    progress.loaded(40)
+    for n in range(41, 46):
+        progress.step(n)
+    progress.saved(45)
+    report = wait_for(lambda: stored(tcp_store), 10, "a report with the save",
+                      until=lambda r: r is not None and r["saved"] is not None)
+    assert (report["pod"], report["restart"], report["firstStep"], report["step"]) == ("train-worker-1", 2, 41, 45)
+    assert report["loaded"]["step"] == 40 and report["saved"]["step"] == 45
+    assert report["loadingAt"] <= report["loaded"]["at"] <= report["firstStepAt"] <= report["stepAt"]
+    progress.close()
+
+
+@pytest.mark.parametrize("environ", [
+    {"RANK": "1"},  # another rank: rank 0 alone reports
+    {"RANK": "0", "PET_RDZV_ENDPOINT": ""},  # no store named
+    {},  # not under torchrun at all
+], ids=["rank-1", "no-endpoint", "outside-a-job"])
+def test_a_no_op_where_it_has_nothing_to_report_to(tcp_store, environ):
+    named = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{tcp_store.port}"} if environ.get("RANK") == "1" else {}
+    progress = elasticjob_progress.Progress(environ={**named, **environ}, interval=0.01)
+    progress.step(1)
+    progress.saved(1)
+    progress.close()
+    assert not progress.active and stored(tcp_store) is None
+
+
+def test_local_rank_0_of_group_0_reports_where_rank_is_not_set():
+    assert elasticjob_progress.reporting_rank({"GROUP_RANK": "0", "LOCAL_RANK": "0"})
+    assert not elasticjob_progress.reporting_rank({"GROUP_RANK": "1", "LOCAL_RANK": "0"})
+
+
+def test_a_store_that_is_gone_costs_the_steps_nothing():
+    """Nothing listens at the endpoint: the reporter's connection fails in its own thread, steps stay cheap."""
+    progress = elasticjob_progress.Progress(environ={"RANK": "0", "PET_RDZV_ENDPOINT": "127.0.0.1:1"},
+                                            interval=0.01)
+    started = time.perf_counter()
+    for n in range(1000):
+        progress.step(n)
+    assert time.perf_counter() - started < 0.5
+    assert progress.writes == 0
+    progress.close(timeout=0.1)  # the reporter may still be trying to connect: a daemon, it goes with the test
+
+
+def test_writes_are_throttled_to_one_per_interval(tcp_store):
+    progress = elasticjob_progress.Progress(environ=env(tcp_store), interval=0.2)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        progress.step(int((time.monotonic() - started) * 1000))
+        progress.saved(1)
+    progress.close()
+    assert 1 <= progress.writes <= 7, progress.writes
+
+
+def test_the_store_reports_the_latest_report_with_the_time_it_saw_it(tcp_store):
+    clock = [1_900_000_000.0]
+    control = Control(tcp_store, "run-1", 1, 2, clock=lambda: clock[0], log=lambda _line: None)
+    progress = elasticjob_progress.Progress(environ=env(tcp_store), interval=0.01)
+    progress.step(7)
+    progress.close()
+    control.poll()
+    version = control.version
+    seen = control.progress.describe()
+    assert seen["step"] == 7 and seen["pod"] == "train-worker-1" and seen["receivedAt"] == clock[0]
+    view = rendezvous_client.parse_progress(seen)
+    assert view is not None and view.step == 7 and view.first_step == 7
+    clock[0] += 5
+    control.poll()  # unchanged bytes: the time it was first seen stands, and nobody is woken
+    assert control.progress.describe()["receivedAt"] == seen["receivedAt"] and control.version == version
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (b"x" * 3000, None),  # too large: not read
+    (b"not json", None),
+    (b"[1, 2]", None),
+    (json.dumps({"v": 2, "step": 1}).encode(), None),  # another version
+    (json.dumps({"v": 1, "step": -1, "stepAt": 1e20, "pod": "a\nb", "saved": {"step": "x", "at": 1},
+                 "stepSeconds": float("1e9")}).encode(),
+     {"step": None, "stepAt": None, "pod": "ab", "saved": None, "stepSeconds": None}),
+    (json.dumps({"v": 1, "step": True, "restart": 3}).encode(), {"step": None, "restart": 3}),  # true is no count
+])
+def test_the_store_checks_every_field_of_what_anyone_may_write(raw, expected):
+    report = store_progress.check(raw)
+    if expected is None:
+        assert report is None
+    else:
+        assert {name: report[name] for name in expected} == expected
+
+
+def test_the_operator_refuses_a_report_out_of_range_but_keeps_the_reply():
+    reply = {"epoch": "ab12", "round": 1, "complete": True, "progress": {"step": -5, "pod": "x"}}
+    view = rendezvous_client.parse_state(json.dumps(reply).encode())
+    assert view is not None and view.round == 1 and view.progress is None
+
+
+def test_the_api_and_the_store_name_the_same_key():
+    assert KEY == store_progress.KEY == elasticjob_progress.KEY
