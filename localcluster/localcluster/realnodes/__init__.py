@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localcluster import sessions
+from localcluster import builds, sessions
 from localcluster.health import api_json
 from localcluster.layout import Layout, load_endpoints
 from localcluster.realnodes import gpus, hostproxy, images, netns, netpolicy, node, plan, systemapps
@@ -70,13 +70,12 @@ def down(layout: Layout, bin_dir: Path, log: Log) -> None:
 
 def restart(layout: Layout, name: str) -> None:
     """A lost node back: its processes start again with what its disk kept (images, containerd's state)."""
-    from localcluster.controlplane import bin_dir
-
     endpoints = load_endpoints(layout)
     assert endpoints is not None
     everyone = existing(layout)
     [again] = [each for each in everyone if each.name == name]
-    node.start(layout, endpoints, again, everyone, bin_dir(layout.root))
+    # build.sh's bin dir from builds, as controlplane.bin_dir has it: controlplane imports this package, not back.
+    node.start(layout, endpoints, again, everyone, builds.bin_dir(layout.build_script))
 
 
 def running(layout: Layout) -> list[plan.RealNode]:
