@@ -24,13 +24,15 @@ export PATH := $(KUBE_BIN):$(PATH)
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed ## Create .venv with the operator, torch (CPU build from $(WHEELS)) and test tools
+install: $(VENV)/.installed ## Create .venv with the operator, the local cluster (localcluster/pyproject.toml), torch (CPU build from $(WHEELS)) and test tools
 
-$(VENV)/.installed: pyproject.toml
+# Two distributions, both editable: the operator (its wheel is what the operator's image installs) and the local
+# cluster, the demo and its story (elasticjob-localcluster).
+$(VENV)/.installed: pyproject.toml localcluster/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --find-links $(WHEELS) "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" -e localcluster
 	touch $@
 
 crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydantic models

@@ -4,11 +4,10 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-# The project is one distribution (operator/ and localcluster/); the runtime needs only its
-# `elasticjob` package and dependencies, but building from the same pyproject keeps one version.
+# The operator's distribution: the operator and the programs of the job's pods (operator/). The local cluster is a
+# distribution of its own (localcluster/pyproject.toml) and never reaches the image.
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-COPY localcluster/localcluster/ localcluster/localcluster/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 # A static busybox for the kit (elasticjob_kit): its launcher runs under it in job images without a shell.
 # hadolint ignore=DL3008
