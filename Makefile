@@ -47,7 +47,7 @@ pod-schema: $(VENV)/.installed ## Regenerate spec.template's schema (operator/el
 lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the operator) and the import layers (controller -> planner -> models)
 	$(VENV)/bin/ruff check operator localcluster/localcluster tests bench charts
 	$(VENV)/bin/mypy -p elasticjob
-	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit -p elasticjob_progress
+	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit -p elasticjob_ckpt -p elasticjob_progress
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
@@ -106,6 +106,9 @@ bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on on
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/fleet.py
 
+bench-checkpoint: $(VENV)/.installed ## Checkpoints in memory (elasticjob_ckpt) vs torch.save: the save stall for 1 GiB and the load after a worker kill, medians of RUNS (default 5); local processes, no cluster
+	$(PY) bench/checkpoint.py --runs $(or $(RUNS),5)
+
 bench-recovery: $(VENV)/.installed host-packages ## Fault -> next training step, four ways, medians of RUNS (default 5), on real then process-backed nodes (NODE_KINDS); about 55 min per kind
 	$(PY) bench/recovery.py --runs $(or $(RUNS),5) --node-kinds $(or $(NODE_KINDS),real,process)
 
@@ -117,7 +120,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-recovery soak clean images chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery soak clean images chart e2e-kind
 
 images: ## Build the images: with Docker when its daemon answers, else as tarballs (buildah; root)
 	@if docker info >/dev/null 2>&1; then \

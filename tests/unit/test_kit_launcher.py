@@ -135,7 +135,7 @@ def test_real_torchrun_through_the_launcher_starts_its_workers_warm(kit, tmp_pat
     assert str(kit / "lib") in report["path"]
 
 
-@pytest.mark.parametrize("package", ["elasticjob_store", "elasticjob_warm", "elasticjob_kit"])
+@pytest.mark.parametrize("package", ["elasticjob_store", "elasticjob_warm", "elasticjob_kit", "elasticjob_ckpt"])
 def test_what_runs_on_the_users_python_parses_as_python_3_9(package):
     """The kit runs our modules with the image's interpreter; the launcher refuses one older than 3.9."""
     import ast

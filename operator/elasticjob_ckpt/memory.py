@@ -1,0 +1,87 @@
+"""The memory copy: two preallocated files per name in a tmpfs directory (by default /dev/shm, which lives as
+long as the pod, not the worker process), each mapped once and reused by every save.
+
+Two, so that a save never writes over the checkpoint the background thread is still copying to the volume, nor
+over the newest complete one: a save goes into the slot that does not hold the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .files import Found, examine
+
+SLOTS = 2
+ROUND = 1 << 20  # slots grow in whole MiB, with one spare for the metadata of later saves
+
+
+class Slot:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+        self.view: torch.Tensor | None = None  # the whole file as uint8, mapped shared
+        self.capacity = 0
+
+    def reserve(self, size: int) -> None:
+        """Room for `size` bytes, really allocated (tmpfs files are sparse otherwise): OSError (ENOSPC) when the
+        directory's filesystem cannot hold it."""
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.capacity = os.fstat(self.fd).st_size
+        if self.view is not None and size <= self.capacity:
+            return
+        self.view = None
+        if size > self.capacity:
+            wanted = (size + 2 * ROUND - 1) // ROUND * ROUND
+            os.posix_fallocate(self.fd, 0, wanted)
+            self.capacity = wanted
+        self.view = torch.from_file(str(self.path), shared=True, size=self.capacity, dtype=torch.uint8)
+
+    def renew(self) -> None:
+        """A new file in its place: the old one's pages stay with whoever maps them (a load's tensors) and go
+        when they do; nothing written from now on reaches them."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        self.capacity = 0
+
+    def close(self) -> None:
+        self.view = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Memory:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.slots = [Slot(directory / f"slot-{index}") for index in range(SLOTS)]
+
+    def committed(self, volume: str) -> list[tuple[int, Found]]:
+        """The slots that hold a complete checkpoint for this volume directory, newest first."""
+        found = []
+        for index, slot in enumerate(self.slots):
+            held = examine(slot.path)
+            if held is not None and held.record.get("directory") == volume:
+                found.append((index, held))
+        return sorted(found, key=lambda item: (item[1].header.step, item[1].header.seq), reverse=True)
+
+    def reserve(self, size: int, renew: int | None = None) -> None:
+        """Both slots, at once: a state that fits once but not twice would fail at the second save. `renew`: a
+        slot to replace by a new file first (its old one is lent out)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if renew is not None:
+            self.slots[renew].renew()
+        for slot in self.slots:
+            slot.reserve(size)
+
+    def remove(self) -> None:
+        """Give the memory back (the memory copy is off): a tmpfs file's pages are held until it is unlinked."""
+        for slot in self.slots:
+            slot.close()
+            try:
+                slot.path.unlink()
+            except FileNotFoundError:
+                pass
