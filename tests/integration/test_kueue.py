@@ -73,8 +73,8 @@ def test_a_queued_job_waits_then_runs_with_its_flavor_and_finishes_its_workload(
                             str(ROOT / ".localcluster" / "kubeconfig")], capture_output=True, text=True, check=True)
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
     header = table.stdout.splitlines()[0].split()
-    assert header[:8] == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "ADMISSION"], header
-    assert rows["second"][1] == "Queued" and rows["second"][7] == "Queued", table.stdout
+    assert header[:9] == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "GOODPUT", "ADMISSION"], header
+    assert rows["second"][1] == "Queued" and rows["second"][8] == "Queued", table.stdout
 
     # The first one ends: its Workload is Finished, which frees the quota; the second one runs.
     wait_phase(api, namespace, "first", "Succeeded", timeout=60)

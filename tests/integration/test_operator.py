@@ -249,7 +249,7 @@ def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):
                                            namespace], capture_output=True, text=True, check=True).stdout,
                    30, "kubectl get ej to show 2 ready", until=lambda text: " 2 " in text.splitlines()[-1])
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "ADMISSION", "AGE"]
+    assert header == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "GOODPUT", "ADMISSION", "AGE"]
     assert out.splitlines()[1].split()[:7] == ["train", "Running", "2", "2", "1", "3", "0"]
 
 
