@@ -11,7 +11,8 @@ checkpoint every 5):
 Faults: a container SIGKILLed (kill, kill-rank0, store: the kubelet restarts it in place), a pod deleted at
 once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made), a partition,
 a scale down and up, and the start. Beside them, for the start-up: two torchrun agents and the store started by
-hand on this machine with the operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
+hand on this machine with the operator's settings. Each cell is the median [min-max] (runs); the phases are
+medians of the operator runs.
 
     make cluster-up && .venv/bin/python bench/recovery.py [--runs 5] [--only kill,scale-down]
     .venv/bin/python bench/recovery.py --node-kinds real,process   # both kinds of node, one after the other
