@@ -65,13 +65,16 @@ def node_loss(node: str, state_dir: Path = DEFAULT_STATE) -> int:
 
 
 def restore_node(node: str, state_dir: Path = DEFAULT_STATE) -> None:
+    """Undoes node_loss. A process-backed node was lost by its marker; a real node's directory alone says nothing
+    (it outlives a real-node cluster, and a process-backed one started after it would get a real kubelet back)."""
+    marker = state.lost_marker(Path(state_dir), node)
     layout = Layout(Path(state_dir).resolve().parent)
-    if _real_node(layout, node).dir.is_dir():
+    if not marker.exists() and _real_node(layout, node).dir.is_dir():
         from localcluster import realnodes
 
         realnodes.restart(layout, node)
         return
-    state.lost_marker(Path(state_dir), node).unlink(missing_ok=True)
+    marker.unlink(missing_ok=True)
 
 
 def real_nodes(state_dir: Path) -> Layout | None:
