@@ -57,13 +57,14 @@ def install_rbac(kube) -> Iterator[Callable[[dict[str, Any], str], str]]:
                 raise
 
 
-def allowed(kube, user: str, verb: str, group: str, resource: str, subresource: str, namespace: str) -> bool:
+def allowed(kube, user: str, verb: str, group: str, resource: str, subresource: str, namespace: str,
+            name: str = "") -> bool:
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=user,
         groups=["system:serviceaccounts", f"system:serviceaccounts:{user.split(':')[2]}", "system:authenticated"],
         resource_attributes=client.V1ResourceAttributes(
             verb=verb, group=group, resource=resource, subresource=subresource or None,
-            namespace=namespace or None),
+            namespace=namespace or None, name=name or None),
     ))
     return client.AuthorizationV1Api(kube).create_subject_access_review(review).status.allowed
 

@@ -33,9 +33,10 @@ def start_pair(kube, cluster, namespace, install_rbac, operator_factory, tmp_pat
     values = {"replicas": 2, "watch": {"allNamespaces": False, "namespaces": [namespace]}}
     user = install_rbac(values, namespace)
     account = user.rsplit(":", 1)[1]  # the release's full name: the chart names the Lease after it
-    for verb in ("create", "get", "update"):
-        wait_for(lambda: allowed(kube, user, verb, "coordination.k8s.io", "leases", "", namespace), 30,
-                 f"{user} to be allowed to {verb} leases")
+    # Create any Lease (RBAC cannot limit a create to a name), get and update only the release's own.
+    for verb, name in (("create", ""), ("get", account), ("update", account)):
+        wait_for(lambda: allowed(kube, user, verb, "coordination.k8s.io", "leases", "", namespace, name), 30,
+                 f"{user} to be allowed to {verb} leases {name}")
     kubeconfig = service_account_kubeconfig(kube, Path(cluster.kubeconfig), namespace, account,
                                             tmp_path / "operator.kubeconfig")
     args = ["--leader-elect", "--leader-lease-name", account, "--operator-namespace", namespace]
