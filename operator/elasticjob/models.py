@@ -95,6 +95,13 @@ class RunPolicy(Model):
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Seconds after the job succeeded "
                                                    "or failed (status.completionTime) that the operator deletes "
                                                    "it. Unset: the job is kept.")
+    stop_grace_seconds: int = Field(30, ge=0, le=3600, description="Planned stops: before the operator removes "
+                                    "workers it chose to remove (a scale-down, runPolicy.suspend, Kueue's "
+                                    "preemption or eviction), a training that asks elasticjob_progress's "
+                                    "should_stop() is told to stop after a step all ranks agree on and save it; "
+                                    "the pods go once every rank said so, or after this many seconds at most "
+                                    "(then as without it). 0: never ask. A script that never asks is not "
+                                    "waited for. Default 30.")
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Which pods to delete when "
                                              "the job finishes: All, Running (those still running, and the "
                                              "rendezvous store and Service) or None (keep them all). Default "
@@ -296,12 +303,29 @@ class LostPhases(Model):
                                     "before the fault, at the training's own step time. Needs the progress API.")
 
 
+class PlannedStop(Model):
+    """A stop the operator asked the training for before removing workers: pods that exit meanwhile did not
+    finish the training."""
+
+    reason: str = Field(description="Why: ScaleDown, Suspend, Preempted or Evicted.")
+    requested_time: str = Field(description="When the operator asked (RFC 3339 with milliseconds, UTC); it names "
+                                "the stop in the store.")
+    deadline: str = Field(description="When the pods go whether or not the training stopped: requestedTime + "
+                          "runPolicy.stopGraceSeconds.")
+    round: int | None = Field(None, description="The store's round when asked: the survivors of a scale-down "
+                              "re-form in a later one.")
+    step: int | None = Field(None, description="The step every rank stops after, as the store picked it.")
+    stopped_time: str | None = Field(None, description="When the operator saw every rank saved that step; then "
+                                     "the pods go.")
+    expired: bool = Field(False, description="The deadline passed first: the pods went as without a stop.")
+
+
 class Incident(Model):
     """One fault and the training time it cost, from the operator's own observations and, where the training
     reports it (elasticjob_progress), its steps and checkpoints: shown, never used to charge or decide."""
 
     kind: str = Field(description="WorkerLost, Rank0Lost (the pod of the rank that reports progress), NodeLost, "
-                      "Partition, StoreLost, ScaleChange or Preemption.")
+                      "Partition, StoreLost, ScaleChange, Preemption or Suspend.")
     reason: str = Field("", description="What the operator saw: a failure's reason (Error, Killed, Evicted, "
                         "...), StoreLost, ScaleUp or ScaleDown, Preempted.")
     pod: str | None = Field(None, description="The pod it happened to, if one.")
@@ -314,7 +338,9 @@ class Incident(Model):
                               "one is the group re-formed.")
     epoch: str | None = Field(None, description="The store's epoch then (a new store counts rounds anew).")
     last_step: int | None = Field(None, description="The training's step at the fault, from its last report "
-                                  "(and its step time).")
+                                  "(and its step time); for a planned stop, the step every rank saved.")
+    stopped_step: int | None = Field(None, description="A planned stop: the step every rank saved before the "
+                                     "pods went; none is recomputed.")
     end_time: str | None = Field(None, description="When it was closed: the training's first step after it, "
                                  "or without progress reports the round re-formed.")
     lost_seconds: float | None = Field(None, description="Training seconds lost: the phases added up, the "
@@ -381,6 +407,8 @@ class ElasticJobStatus(Model):
                                            "name it used instead: the usual one and a random suffix.")
     admission: AdmissionStatus | None = Field(None, description="Admission by Kueue, for a job labelled "
                                               "kueue.x-k8s.io/queue-name; absent otherwise.")
+    planned_stop: PlannedStop | None = Field(None, description="The planned stop under way (runPolicy."
+                                             "stopGraceSeconds), if any.")
     goodput: GoodputStatus | None = Field(None, description="The downtime ledger: goodput (ETTR) and the last "
                                           "incidents with the seconds lost per phase; absent until the job "
                                           "first runs.")

@@ -125,6 +125,9 @@ class ProgressView:
     loaded_step: int | None = None
     loaded_at: datetime | None = None
     received_at: datetime | None = None  # the store's clock when the report last changed
+    listens: bool = False  # the script asks should_stop(): a planned stop reaches it
+    stopped_step: int | None = None  # every rank saved this step of a planned stop, and when
+    stopped_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class StoreView:
     plain_torchrun: str | None = None  # agents whose warm wrapper ran plain torchrun, and why; None: none did
     received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
     progress: ProgressView | None = None  # the training's report (elasticjob_progress); None without one
+    stop_id: str | None = None  # the planned stop the store last wrote (protocol.Stop), and its step
+    stop_step: int | None = None
 
     @property
     def nodes(self) -> int:

@@ -92,6 +92,16 @@ class _Progress(_Strict):
     loading_at: float | None = Field(None, alias="loadingAt", ge=0, le=1e11)
     loaded: _Mark | None = None
     received_at: float | None = Field(None, alias="receivedAt", ge=0, le=1e11)
+    listens: bool = False
+    stopped: _Mark | None = None
+
+
+class _Stop(_Strict):
+    """The planned stop the store last wrote (elasticjob_store/control.py stop_record)."""
+
+    model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
+    id: str = Field(max_length=32)
+    step: int = Field(ge=0, le=1 << 53)
 
 
 class _State(_Strict):
@@ -107,6 +117,7 @@ class _State(_Strict):
     waiter_active: bool = Field(False, alias="waiterActive")
     torch: _Torch | None = None  # absent from stores older than the check: they nudge as before
     progress: dict[str, Any] | None = None  # checked on its own: a bad report is dropped, not the reply
+    stop: _Stop | None = None
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -129,6 +140,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         last_failure_round_at=datetime.fromtimestamp(at, UTC) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
         plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
+        stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         received_at=received_at or datetime.now(UTC))
 
 
@@ -144,14 +156,15 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
     def at(value: float | None) -> datetime | None:
         return None if value is None else datetime.fromtimestamp(value, UTC)
 
-    saved, loaded = found.saved, found.loaded
+    saved, loaded, stopped = found.saved, found.loaded, found.stopped
     return ProgressView(
         pod=printable(found.pod), restart=found.restart, started_at=at(found.started_at), step=found.step,
         step_at=at(found.step_at), step_seconds=found.step_seconds, first_step=found.first_step,
         first_step_at=at(found.first_step_at), saved_step=saved.step if saved else None,
         saved_at=at(saved.at) if saved else None, loading_at=at(found.loading_at),
         loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
-        received_at=at(found.received_at))
+        received_at=at(found.received_at), listens=found.listens,
+        stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
 
 
 def _nudges_off(torch: _Torch | None) -> str | None:

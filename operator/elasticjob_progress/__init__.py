@@ -8,11 +8,17 @@
     for step in range(start, total):
         train_one_step()
         progress.step(step + 1)   # steps done so far
-        if (step + 1) % every == 0:
+        if (step + 1) % every == 0 or progress.should_stop(step + 1):
             save()
             progress.saved(step + 1)
+        if progress.should_stop(step + 1):   # every rank: a planned stop (scale-down, suspend, preemption)
+            progress.stopped(step + 1)        # every rank; holds the process until the operator ends it
 
-It is a no-op outside a job (no torchrun rank, no PET_RDZV_ENDPOINT, no torch) and on every rank but 0. On rank 0
+should_stop and stopped (stop.py) are for every rank: before the operator removes workers it chose to remove, it
+has the job's store pick a step all ranks stop after, and waits (spec.runPolicy.stopGraceSeconds at most) until
+every rank saved it; a worker restarted after it resumes from that step and none is done again. A script that
+never asks should_stop is never waited for. The rest is a no-op outside a job (no torchrun rank, no
+PET_RDZV_ENDPOINT, no torch) and on every rank but 0. On rank 0
 the calls only note a number and a time; a daemon thread writes the latest report, at most once a second, under
 one key of the job's own rendezvous store (the c10d TCPStore the agents meet in, PET_RDZV_ENDPOINT), where the
 store's process reads it and the operator shows it in the job's downtime ledger (status.goodput). Nothing here
@@ -32,6 +38,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from elasticjob_progress import stop
 from elasticjob_progress.report import KEY, Report
 
 __all__ = ["KEY", "Progress"]
@@ -41,6 +48,10 @@ INTERVAL = 1.0
 STORE_TIMEOUT = 5.0
 # At the interpreter's exit, the last report is given this long to go out.
 EXIT_TIMEOUT = 1.0
+# After stopped(), the process waits this long for the operator to end it (it removes the pods or restarts the
+# group as soon as every rank stopped), then leaves with exit code 1: the group restarts from the checkpoint. An
+# exit 0 would not do: torchrun's agents take it for the training's end and close the rendezvous.
+HOLD = 600.0
 
 
 def reporting_rank(environ: Mapping[str, str]) -> bool:
@@ -75,8 +86,13 @@ class Progress:
     scripts that run outside torchrun but know their store; `interval` is the least time between two writes."""
 
     def __init__(self, *, store: Any = None, environ: Mapping[str, str] | None = None,
-                 interval: float = INTERVAL, clock: Callable[[], float] = time.time) -> None:
+                 interval: float = INTERVAL, clock: Callable[[], float] = time.time, hold: float = HOLD,
+                 leave: Callable[[int], Any] = os._exit) -> None:
         env = os.environ if environ is None else environ
+        self._world = _int(env.get("WORLD_SIZE")) or 1
+        self._hold, self._leave = hold, leave
+        self._first: int | None = None
+        self._listener: stop.Listener | None = None
         self._clock = clock
         self._report = Report(pod=env.get("POD_NAME", "")[:253], started_at=clock(),
                               restart=_int(env.get("TORCHELASTIC_RESTART_COUNT")))
@@ -84,6 +100,9 @@ class Progress:
         self.active = reporting_rank(env) and (store is not None or address is not None)
         self._connect: Callable[[], Any] = (lambda: store) if store is not None else \
             (lambda: connect_store(*address) if address else None)
+        # Every rank listens for a planned stop, on a connection of its own (the listener blocks in wait()).
+        self._listen_to: Callable[[], Any] | None = (lambda: connect_store(*address)) if address else \
+            ((lambda: store) if store is not None else None)
         self._interval = interval
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -116,14 +135,60 @@ class Progress:
         """A checkpoint holding `n` steps is loaded (0: none was found; the training starts afresh)."""
         self._event(lambda now: self._report.loaded_at(int(n), now))
 
-    def close(self, timeout: float = STORE_TIMEOUT) -> None:
-        """Writes what is left and stops the thread. Called at the interpreter's exit too; a script that leaves
-        by os._exit loses at most the last second of reports."""
-        if self._thread is None:
+    def should_stop(self, n: int) -> bool:
+        """Whether the operator asked for a planned stop that step `n` (done) reached: then save, call
+        saved(n) and stopped(n). Every rank gets the same answer for the same step. Only reads a number."""
+        if self._listen_to is None:
+            return False
+        if self._first is None:
+            self._first = int(n)
+            self._listener = stop.Listener(self._listen_to, self._stop)
+            if self._thread is None:
+                atexit.register(self.close, EXIT_TIMEOUT)  # out of the store's wait() before the interpreter goes
+            self._event(lambda _now: self._report.listening())  # rank 0: the operator may now ask
+        agreed = self.stop_step()
+        return agreed is not None and n >= agreed
+
+    def stop_step(self) -> int | None:
+        """The step of the planned stop that applies to this process; None when there is none. A stop whose
+        step comes before this process's first step was for the process before it."""
+        latest = self._listener.latest if self._listener is not None else None
+        if latest is None or self._first is None or latest[1] < self._first:
+            return None
+        return latest[1]
+
+    def stopped(self, n: int) -> None:
+        """Every rank, after saving step `n` of a planned stop: tells the store this rank is done (rank 0 reports
+        the stop once every rank is), then holds the process until the operator ends it. At most `hold`
+        seconds: then the process leaves with exit code 1 and the group restarts from the checkpoint. Returns at
+        once where no stop applies."""
+        agreed = self.stop_step()
+        latest = self._listener.latest if self._listener is not None else None
+        if agreed is None or latest is None or self._listen_to is None:
             return
+        deadline = time.monotonic() + self._hold
+        try:
+            done = self._listen_to()
+            key = f"{stop.DONE_PREFIX}{latest[0]}"
+            done.add(key, 1)
+            while self.active and int(done.add(key, 0)) < self._world and time.monotonic() < deadline:
+                time.sleep(0.05)  # polls the store, not a condition in this process: ranks are elsewhere
+        except Exception:  # noqa: BLE001 - a lost store: the operator's grace ends the stop instead
+            pass
+        else:
+            self._event(lambda now: self._report.stopped_at(int(n), now))
+        self._stop.wait(max(0.0, deadline - time.monotonic()))
+        self._leave(1)
+
+    def close(self, timeout: float = STORE_TIMEOUT) -> None:
+        """Writes what is left and stops the threads. Called at the interpreter's exit too; a script that leaves
+        by os._exit loses at most the last second of reports."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._listener is not None:
+            self._listener.join(timeout)
 
     def _event(self, note: Callable[[float], None]) -> None:
         if not self.active:

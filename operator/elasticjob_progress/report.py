@@ -28,6 +28,8 @@ class Report:
     saved: tuple[int, float] | None = None
     loading: float | None = None
     loaded: tuple[int, float] | None = None
+    listens: bool = False  # the script asks should_stop(): the operator may ask it to stop at a step
+    stopped: tuple[int, float] | None = None  # every rank saved the planned stop's step and stopped
     # Bumped by every change: the reporter writes only when it moved since its last write.
     changes: int = 0
 
@@ -56,6 +58,14 @@ class Report:
         self.loaded = (n, now)
         self.changes += 1
 
+    def listening(self) -> None:
+        self.listens = True
+        self.changes += 1
+
+    def stopped_at(self, n: int, now: float) -> None:
+        self.stopped = (n, now)
+        self.changes += 1
+
     def wire(self, now: float) -> dict[str, Any]:
         def mark(pair: tuple[int, float] | None) -> dict[str, Any] | None:
             return None if pair is None else {"step": pair[0], "at": round(pair[1], 3)}
@@ -69,5 +79,5 @@ class Report:
             "stepSeconds": None if self.step_seconds is None else round(self.step_seconds, 4),
             "firstStep": self.first_step, "firstStepAt": at(self.first_step_at),
             "saved": mark(self.saved), "loadingAt": at(self.loading), "loaded": mark(self.loaded),
-            "sentAt": at(now),
+            "listens": self.listens, "stopped": mark(self.stopped), "sentAt": at(now),
         }

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from elasticjob_store import actions, compat
+from elasticjob_store import actions, compat, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
+from elasticjob_store.protocol import StopReply
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import RendezvousState, decode, encode, state_key
@@ -36,6 +37,8 @@ class Store(Protocol):
     def check(self, keys: list[str]) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def compare_set(self, key: str, expected_value: bytes, desired_value: bytes) -> bytes: ...
+    def add(self, key: str, value: int) -> int: ...
+    def set(self, key: str, value: bytes) -> None: ...
 
 
 class ConflictError(RuntimeError):
@@ -70,6 +73,8 @@ class Control:
         self._waiter_added_at = 0.0
         # The training's own report (elasticjob_progress): read at each tick, shown to the operator, never acted on.
         self.progress = ProgressReader()
+        # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
+        self.stop_record: dict[str, Any] | None = None
 
     def log(self, message: str) -> None:
         when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
@@ -181,6 +186,26 @@ class Control:
                     self._waiter_round, self._waiter_added_at, self.tracker.restart_of = previous
         self.log(f"restart round={round_seen}: {outcome.reason}")
         return outcome
+
+    def stop(self, requested_at: float, margin: float) -> StopReply:
+        """Writes a planned stop for the training's ranks (stop.py's rule picks the step); asked again with the
+        same `requested_at`, answers with the step it picked then, unchanged."""
+        name = stop.stop_id(requested_at)
+        with self.lock:
+            known = self.stop_record
+            if known is not None and known["id"] == name:
+                return StopReply(False, f"stop {name} is already asked: after step {known['step']}", step=known["step"])
+            step = stop.agreed_step(self.progress.report, self.progress.received_at, self.now(), margin)
+        if step is None:
+            return StopReply(False, "no step and step time reported yet: no step to agree on")
+        body = stop.record(requested_at, step, self.now())
+        with self._store_lock:
+            n = self._store.add(stop.COUNT_KEY, 1)
+            self._store.set(stop.stop_key(n), body)
+        with self.lock:
+            self.stop_record = {"id": name, "step": step, "at": self.now()}
+        self.log(f"stop {name}: every rank stops after step {step}")
+        return StopReply(True, f"every rank stops after step {step}", step=step)
 
     def read_progress(self) -> None:
         with self._store_lock:

@@ -21,7 +21,7 @@ MAX_POD = 253
 MAX_STEP_SECONDS = 86400.0
 TIMES = ("startedAt", "stepAt", "firstStepAt", "loadingAt", "sentAt")
 STEPS = ("step", "firstStep")
-MARKS = ("saved", "loaded")
+MARKS = ("saved", "loaded", "stopped")
 
 
 def _time(value: Any) -> float | None:
@@ -58,6 +58,8 @@ def check(raw: bytes) -> dict[str, Any] | None:
         "pod": "".join(ch for ch in pod[:MAX_POD] if ch.isprintable()) if isinstance(pod, str) else "",
         "restart": _step(body.get("restart")) or 0,
         "stepSeconds": seconds if seconds is not None and seconds <= MAX_STEP_SECONDS else None,
+        # The script asks should_stop(): a planned stop reaches it (elasticjob_progress/stop.py).
+        "listens": body.get("listens") is True,
     }
     report.update({name: _time(body.get(name)) for name in TIMES})
     report.update({name: _step(body.get(name)) for name in STEPS})
@@ -88,9 +90,11 @@ class ProgressReader:
         return {**self.report, "receivedAt": self.received_at}
 
     def landmarks(self) -> tuple[Any, ...]:
-        """What wakes the operator's long-poll: a new worker process, its first step, a checkpoint loaded. Not
+        """What wakes the operator's long-poll: a new worker process, its first step, a checkpoint loaded, a planned
+        stop done. Not
         each step (that would be an answer a second); the operator reads those with the next answer."""
         if self.report is None:
             return ()
         report = self.report
-        return (report["startedAt"], report["firstStepAt"], report["loadingAt"], report["loaded"])
+        return (report["startedAt"], report["firstStepAt"], report["loadingAt"], report["loaded"],
+                report["stopped"])

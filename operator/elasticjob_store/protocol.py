@@ -12,6 +12,7 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
     POST /v1/remove                       Remove   -> RemoveReply
     POST /v1/complete                     Complete -> CompleteReply
     POST /v1/restart                      Restart  -> RestartReply
+    POST /v1/stop                         Stop     -> StopReply (a planned stop: the training saves at a step)
     any refusal                           ErrorReply, with a status other than 200
 
 Request bodies are checked strictly (a field the store does not know is refused: a nudge must not be taken
@@ -231,6 +232,19 @@ class RestartReply(ActionReply):
 
 
 @dataclass(frozen=True)
+class StopReply(ActionReply):
+    step: int | None = None  # the step every rank stops after (None: no stop could be agreed yet)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"step": self.step, **super().to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> StopReply:
+        changed, reason = cls._common(body)
+        return cls(changed, reason, step=_get(body, "step", (int, type(None)), None))
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """The body of every answer but 200: a bad request, a missing token, a state the store refuses to read."""
 
@@ -306,8 +320,44 @@ class Restart:
         return RestartReply.from_wire(body)
 
 
-Request = Union[Remove, Complete, Restart]  # not `|`: the store runs on Python 3.9 too
-REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart], ...] = (Remove, Complete, Restart)
+def seconds(high: float) -> Callable[[str, Any], float]:
+    def check(name: str, value: Any) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= high:
+            raise Invalid(f"{name} must be a number of seconds from 0 to {high:g}")
+        return float(value)
+    return check
+
+
+MAX_STOP_MARGIN = 60.0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A planned stop: every rank of the training stops after one step, the store's pick, saves and says so
+    (elasticjob_progress's should_stop and stopped). `requested_at` (the operator's unix seconds when it
+    decided) names the stop: asked again, the store answers with the step it picked the first time.
+    `margin_seconds` is how long, past the training's latest report, every rank may need to learn the step."""
+
+    KIND: ClassVar[str] = "stop"
+    requested_at: float
+    margin_seconds: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"requestedAt": self.requested_at, "marginSeconds": self.margin_seconds}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Stop:
+        args = fields(body, {"requestedAt": unix_time, "marginSeconds": seconds(MAX_STOP_MARGIN)})
+        return cls(args["requestedAt"], args["marginSeconds"])
+
+    @staticmethod
+    def reply(body: Any) -> StopReply:
+        return StopReply.from_wire(body)
+
+
+Request = Union[Remove, Complete, Restart, Stop]  # not `|`: the store runs on Python 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop], ...] = (Remove, Complete, Restart,
+                                                                                   Stop)
 
 
 def path(request: Request | type[Request]) -> str:

@@ -42,7 +42,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
             return describe(state, control.tracker, now=control.now(), epoch=epoch, run_id=control.run_id,
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
                             stale_after=control.stale_after, torch=control.torch_report(),
-                            progress=control.progress.describe())
+                            progress=control.progress.describe(), stop=control.stop_record)
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)
@@ -59,11 +59,16 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         outcome = control.restart(protocol.Restart.from_wire(body).round)
         return protocol.RestartReply(outcome.state is not None, outcome.reason, restarting=outcome.done).to_wire()
 
+    def stop(body: Any, _query: wire.Query) -> dict[str, Any]:
+        asked = protocol.Stop.from_wire(body)
+        return control.stop(asked.requested_at, asked.margin_seconds).to_wire()
+
     routes: dict[tuple[str, str], wire.Route] = {
         ("GET", protocol.STATE): state_view,
         ("POST", protocol.path(protocol.Remove)): remove,
         ("POST", protocol.path(protocol.Complete)): complete,
         ("POST", protocol.path(protocol.Restart)): restart,
+        ("POST", protocol.path(protocol.Stop)): stop,
     }
     return wire.make_server(routes, host, port, credential, ERRORS,
                             log=lambda line: control.log(f"refusing the stored state: {line}"))

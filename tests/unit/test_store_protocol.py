@@ -28,13 +28,14 @@ from elasticjob.controller.apply import nudge
 from elasticjob.controller.context import Context, Gate
 from elasticjob.controller.mirror import Mirror
 from elasticjob.domain import Settings
-from elasticjob.observe import StoreNode, StoreView
+from elasticjob.observe import ProgressView, StoreNode, StoreView
 from elasticjob.rendezvous_client import StoreClient, derive_token
 from elasticjob_store import protocol
 from elasticjob_store.auth import Credential
 from elasticjob_store.compat import Verdict
 from elasticjob_store.control import Control
 from elasticjob_store.plain import make_plain_server
+from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.server import make_server
 from elasticjob_store.state import NodeDesc, RendezvousState, state_key
 
@@ -57,6 +58,14 @@ class Store:
         self.server = make_server(self.control, "127.0.0.1", 0, Credential(digest=digest))
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def report(self, step: int = 100, step_seconds: float = 0.1) -> None:
+        """The training's report as rank 0 writes it (elasticjob_progress), read by the store's poller."""
+        at = NOW.timestamp()
+        body = {"v": 1, "pod": "train-worker-0", "step": step, "stepAt": at - 0.3, "stepSeconds": step_seconds,
+                "listens": True, "sentAt": at - 0.1}
+        self.tcp.set(PROGRESS_KEY, json.dumps(body))
+        self.control.read_progress()
 
     def write(self, state: RendezvousState) -> None:
         key = state_key(JOB.ref.uid)
@@ -92,8 +101,14 @@ def view(*ages: float, complete: bool = True) -> StoreView:
                      participants=tuple(StoreNode(IP[i], age, age > 2.5) for i, age in enumerate(ages)))
 
 
+LISTENING = ProgressView(pod="train-worker-0", step=100, step_at=NOW, step_seconds=0.1, listens=True)
+SCALED_DOWN = job(running_status(), replicas=2)
+
 # What the planner asks of a store, from what it sees, and the rendezvous that store holds meanwhile.
 SCENARIOS = {
+    "a scale-down asks a training that listens to stop first": (
+        [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, 0.2), progress=LISTENING),
+        rendezvous(0.2, 0.2, 0.2)),
     "a killed worker is removed": (
         [worker(0), worker(1, "Failed", exit_code=137, finished_at=NOW - timedelta(seconds=0.5)), worker(2)],
         view(0.2, 1.0, 0.2), rendezvous(0.2, 1.0, 0.2)),
@@ -107,7 +122,7 @@ SCENARIOS = {
 
 def nudges(scenario: str) -> list[planner.StoreAction]:
     pods, seen, _ = SCENARIOS[scenario]
-    result = planner.plan(JOB, observed([rdzv()] + pods, store=seen), NOW)
+    result = planner.plan(SCALED_DOWN if "scale-down" in scenario else JOB, observed([rdzv()] + pods, store=seen), NOW)
     return [a for a in result.actions if isinstance(a, planner.StoreAction)]
 
 
@@ -126,6 +141,7 @@ def test_what_the_planner_asks_the_store_does_and_says_so(store, scenario):
     """The controller's nudge (the client, the wire) against the real store: each request is accepted and
     changes the rendezvous; asked again (a reconcile before the next answer), it finds the change made."""
     store.write(SCENARIOS[scenario][2])
+    store.report()
     ctx, log = context(), logging.LoggerAdapter(logging.getLogger("test"))
     actions = [dataclasses.replace(a, endpoint=f"127.0.0.1:{store.port}") for a in nudges(scenario)]
 
@@ -155,6 +171,31 @@ REPLIES = [
      protocol.RestartReply(True, "agents of round 4 restart their workers at their next check", restarting=True)),
     (rendezvous(0.2, 0.2), protocol.Restart(3), protocol.RestartReply(False, "the round is 4, not 3")),
 ]
+
+
+def test_a_stop_is_picked_from_the_latest_report_once_and_repeated_unchanged(store):
+    """The store's rule (elasticjob_store/stop.py): the report's step 100, plus the steps of 0.1 s that fit in
+    its age when sent (0.2 s) and the margin (2 s), rounded up, plus one: 100 + 22 + 1. Asked again under the
+    same name, the same step, unchanged; without a report, no step to agree on."""
+    client = StoreClient(KEY)
+    asked = protocol.Stop(NOW.timestamp() - 1, 2.0)
+
+    async def send(request: protocol.Stop) -> protocol.ActionReply | protocol.ErrorReply:
+        return await client.act("127.0.0.1", store.port, JOB.ref.uid, request)
+
+    async def scenario() -> list[protocol.ActionReply | protocol.ErrorReply]:
+        try:
+            replies = [await send(asked)]
+            store.report()
+            return [*replies, await send(asked), await send(asked)]
+        finally:
+            await client.close()
+
+    none, first, again = asyncio.run(scenario())
+    assert none == protocol.StopReply(False, "no step and step time reported yet: no step to agree on")
+    assert first == protocol.StopReply(True, "every rank stops after step 123", step=123)
+    assert again.changed is False and again.step == 123
+    assert json.loads(store.tcp.get("elasticjob.stop.1"))["step"] == 123 and not store.tcp.check(["elasticjob.stop.2"])
 
 
 @pytest.mark.parametrize(("state", "request_", "expected"), REPLIES)
@@ -189,6 +230,8 @@ def raw_call(port: int, method: str, path: str, body: bytes | None = None, token
     ("POST", protocol.path(protocol.Restart), b"[", TOKEN, 400, "not JSON"),
     ("POST", protocol.path(protocol.Restart), b"x" * 5000, TOKEN, 413, "larger than"),
     ("GET", f"{protocol.STATE}?wait=61", None, TOKEN, 400, "wait must be from 0 to 60"),
+    ("POST", protocol.path(protocol.Stop), b'{"requestedAt": 1, "marginSeconds": 61}', TOKEN, 400,
+     "marginSeconds must be a number of seconds from 0 to 60"),
 ])
 def test_every_refusal_reads_as_an_error_reply(store, method, path, body, token, status, said):
     got, reply = raw_call(store.port, method, path, body, token)
@@ -215,7 +258,8 @@ def test_a_state_the_store_refuses_to_read_and_a_store_without_nudges_answer_err
     protocol.Remove("10.0.0.1", 12.5), protocol.Complete(3), protocol.Restart(0),
     protocol.RemoveReply(True, "r", None, (protocol.NodeRef("10.0.0.1", 7, 1),)),
     protocol.RemoveReply(False, "r", "unsafe"), protocol.CompleteReply(True, "c", completed=True),
-    protocol.RestartReply(False, "f"), protocol.ErrorReply("e"),
+    protocol.RestartReply(False, "f"), protocol.ErrorReply("e"), protocol.Stop(12.5, 2.0),
+    protocol.StopReply(True, "s", step=7), protocol.StopReply(False, "n"),
 ])
 def test_each_type_reads_back_what_it_writes(message):
     assert type(message).from_wire(json.loads(json.dumps(message.to_wire()))) == message

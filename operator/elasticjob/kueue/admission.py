@@ -27,6 +27,7 @@ from elasticjob.domain import NO_PLACEMENT, Placement, Settings
 from elasticjob.kueue import slices, workloads
 from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
+from elasticjob.planner import planned_stop
 from elasticjob.planner.base import (
     ApplyWorkloadStatus,
     CreateObject,
@@ -100,7 +101,13 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
             plan.act(SetSuspend(True, Event("Normal", "Stopping", f"Kueue evicted Workload {wl.name} "
                                             f"({evicted.get('reason')}): stopping every pod")))
             return None
+        if planned_stop.hold(plan, job, observed, state, now):
+            enter_phase(plan, job, Phase.RUNNING, "Stopping", f"Kueue evicted Workload {wl.name} "
+                        f"({evicted.get('reason')}): the training saves at a step all ranks agree on, then every "
+                        f"pod stops", now)
+            return None
         stop(plan, observed, now)
+        planned_stop.forget_once_gone(plan, observed)
         slices.drop_pending(plan, observed)
         if wl.quota_reserved and not observed.pods:
             plan.act(ApplyWorkloadStatus(wl.name, workloads.release_quota(wl, now), Event(

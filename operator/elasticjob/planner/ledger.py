@@ -2,10 +2,12 @@
 what the operator sees, closed once the training steps again, and the seconds lost per phase (goodput.py). Pure.
 
 An incident opens on a failure booked (failures.py, recovery.py: a worker, rank 0, a node, a partition), the
-store lost (rendezvous.py), a change of the desired workers, or a preemption by Kueue; a fault while one is open
-belongs to it. It closes at the training's first step after it (elasticjob_progress), or, for a job that never
-reported a step, once every wanted worker runs and the store reported the group re-formed. The training's
-reports are the tenant's word: they are shown here and decide nothing else. A worker process that kept on
+store lost (rendezvous.py), a change of the desired workers, a suspension, or a preemption by Kueue; a fault while
+one is open belongs to it. Where the training stopped and saved at an agreed step first (planned_stop.py), the
+incident starts when it had, at that step: no step is recomputed. It closes at the training's first step after
+it (elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs and the store
+reported the group re-formed. The training's reports are the tenant's word: they are shown here and decide
+nothing else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that kept on
 stepping through the fault (the store lost and back, its agents riding it out) lost nothing: the incident closes
 at 0 s.
 """
@@ -53,6 +55,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     incident = ledger.open_incident
     if incident is None:
         return
+    saved_first(incident, plan)
     advance(incident, plan, observed, now)
     end = resumed(incident, ledger, progress, now)
     if end is not None or status.phase.finished or now - (parse(incident.start_time) or now) > GIVE_UP:
@@ -76,10 +79,24 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
         found.append((Incident(kind="ScaleChange", start_time=precise(now),
                                reason="ScaleUp" if new.desired_replicas > old.desired_replicas else "ScaleDown"),
                       False))
+    if new.phase == Phase.SUSPENDED and old.phase != Phase.SUSPENDED:
+        found.append((Incident(kind="Suspend", reason="Suspended", start_time=precise(now)), False))
     state = new.admission.state if new.admission else None
     if state in PREEMPTED and (old.admission.state if old.admission else None) != state:
         found.append((Incident(kind="Preemption", reason=state, start_time=precise(now)), False))
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
+
+
+def saved_first(incident: Incident, plan: Plan) -> None:
+    """A planned stop (planned_stop.py) the training acknowledged: every rank saved its step, so none is done
+    again, and the training ran until it did: the time lost starts there."""
+    stop = plan.status.planned_stop
+    if stop is None or stop.stopped_time is None or stop.step is None or incident.stopped_step is not None:
+        return
+    incident.stopped_step = incident.last_step = stop.step
+    start, stopped = parse(incident.start_time), parse(stop.stopped_time)
+    if start is not None and stopped is not None and stopped > start:
+        incident.start_time = stop.stopped_time
 
 
 def from_failure(record: FailureRecord, rank0: str | None, now: datetime) -> Incident:

@@ -18,7 +18,7 @@ from elasticjob.gang import podgroup
 from elasticjob.gang.planning import ensure_gang
 from elasticjob.kueue import admission
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, ownership
+from elasticjob.planner import ledger, ownership, planned_stop
 from elasticjob.planner.base import CreateObject, DefaultReplicas, Job, Observed, Plan, enter_phase, stamp
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.leftovers import collect_leftovers
@@ -82,7 +82,8 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     store_placement = podgroup.store_placement(job.ref).merge(admitted.store)
     ensure_rendezvous(plan, job, observed, settings, token, now, store_placement)
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
-    training_done = any(p.exited_ok for p in observed.workers)
+    # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py).
+    training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
@@ -99,7 +100,8 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
     plan.status.desired_replicas = desired
     placement = podgroup.worker_placement(job.ref).merge(admitted.worker)
-    scale(plan, job, observed, desired, placement, create=ensure_gang(plan, job, observed), token=token,
+    planned_stop.settle(plan, job, observed, planned_stop.leaving(observed, desired), now)
+    scale(plan, job, observed, desired, now, placement, create=ensure_gang(plan, job, observed), token=token,
           kit_image=settings.kit_image)
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)

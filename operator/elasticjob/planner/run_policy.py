@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from elasticjob import naming
 from elasticjob.models import CleanPodPolicy, Phase
+from elasticjob.planner import planned_stop
 from elasticjob.planner.base import DeleteJob, DeletePod, DeleteService, Job, Observed, Plan, enter_phase, since
 from elasticjob.planner.scaling import stop_all
 
@@ -26,7 +27,12 @@ def deadline_passed(plan: Plan, job: Job, now: datetime) -> bool:
 
 
 def suspend(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
+    if planned_stop.hold(plan, job, observed, "Suspend", now):
+        enter_phase(plan, job, Phase.RUNNING, "Stopping", "runPolicy.suspend is true: the training saves at a "
+                    "step all ranks agree on, then every pod stops", now)
+        return
     stop_all(plan, observed)
+    planned_stop.forget_once_gone(plan, observed)
     plan.status.start_time = None
     enter_phase(plan, job, Phase.SUSPENDED, "Suspended", "runPolicy.suspend is true: all pods stopped", now)
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from elasticjob import builders, naming
 from elasticjob.domain import NO_PLACEMENT, Placement
 from elasticjob.observe import PodView
-from elasticjob.planner import ownership
+from elasticjob.planner import ownership, planned_stop
 from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observed, Plan
 
 # A pod still present this long after its deletion deadline, on a node that is gone or not Ready, has no
@@ -15,10 +15,10 @@ from elasticjob.planner.base import CreateObject, DeletePod, Event, Job, Observe
 FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 
-def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Placement = NO_PLACEMENT,
+def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime, placement: Placement = NO_PLACEMENT,
           create: bool = True, token: str = "", kit_image: str | None = None) -> None:
-    """Exactly `desired` workers: the highest indexes go first, gaps are filled (unless `create` is False:
-    their gang is not ready yet)."""
+    """Exactly `desired` workers: the highest indexes go first (once a training that listens saved at an agreed
+    step: planned_stop.py), gaps are filled (unless `create` is False: their gang is not ready yet)."""
     workers = observed.workers
     existing = {p.index for p in workers}
     names = {i: ownership.pod_name(naming.worker_pod_name(job.ref.name, i), job.ref.uid, observed.taken, plan.status)
@@ -26,10 +26,12 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, placement: Pla
     for name in names.values():
         # Recorded now, with the status written before the pods exist (a new job's first write).
         ownership.allocate(plan.status, name, token)
-    for pod in workers:
-        if pod.active and pod.index is not None and pod.index >= desired:
-            plan.act(DeletePod(pod.name, pod.uid, event=Event(
-                "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is {desired}")))
+    leaving = [p for p in workers if p.active and p.index is not None and p.index >= desired]
+    if leaving and planned_stop.hold(plan, job, observed, "ScaleDown", now):
+        leaving = []  # the training saves at an agreed step first (planned_stop.py)
+    for pod in leaving:
+        plan.act(DeletePod(pod.name, pod.uid, event=Event(
+            "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is {desired}")))
     service = observed.service
     if service is None or not service.cluster_ip or not create:
         plan.soon(1)

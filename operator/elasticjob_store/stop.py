@@ -1,0 +1,54 @@
+"""Planned stops, the store's side: the step every rank of the training stops after, picked from its latest
+progress report, and where the ranks read it (elasticjob_progress/stop.py keeps the same keys; a unit test keeps
+them equal). Pure but for the keys' names.
+
+The rule: the training may have stepped since its report was made, and every rank must learn the step before it
+gets there. So the step is the report's, plus the steps its step time fits into the time since (the report's age
+when sent, on the worker's clock, and since it arrived, on this store's: no two clocks are compared), plus the
+margin the operator gives for the news to reach every rank, rounded up, plus one. Reports come at most once a
+second and the ranks learn a stop within a store round trip (they wait on its key), so a margin of 2 s leaves
+more than a second to spare. A report older than MAX_AGE says the training is not stepping at that pace: its
+age counts up to that much.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+# How many stops this store has written: stop n is under STOP_PREFIX + n. A rank waits for the next one's key.
+COUNT_KEY = "elasticjob.stops"
+STOP_PREFIX = "elasticjob.stop."
+# Every rank adds 1 under this prefix + the stop's id once it saved; rank 0 reports the stop when all did.
+DONE_PREFIX = "elasticjob.stopped."
+MAX_AGE = 10.0
+
+
+def stop_key(n: int) -> str:
+    return f"{STOP_PREFIX}{n}"
+
+
+def stop_id(requested_at: float) -> str:
+    """The stop's name on the wire and in the keys: the operator's request time, to the millisecond."""
+    return f"{requested_at:.3f}"
+
+
+def agreed_step(report: dict[str, Any] | None, received_at: float | None, now: float,
+                margin: float) -> int | None:
+    """The step to stop after, by the rule above; None without a step and a step time to go on."""
+    if report is None or received_at is None:
+        return None
+    step, seconds = report.get("step"), report.get("stepSeconds")
+    if step is None or not seconds:
+        return None
+    sent, stepped = report.get("sentAt"), report.get("stepAt")
+    lag = max(0.0, sent - stepped) if sent is not None and stepped is not None else 0.0
+    age = min(MAX_AGE, lag + max(0.0, now - received_at))
+    return int(step) + math.ceil(round((age + margin) / float(seconds), 6)) + 1  # 2.2 / 0.1 is 22, not 23
+
+
+def record(requested_at: float, step: int, now: float) -> bytes:
+    """What the ranks read under the stop's key."""
+    return json.dumps({"v": 1, "id": stop_id(requested_at), "step": step, "at": round(now, 3)},
+                      separators=(",", ":")).encode()

@@ -1,0 +1,193 @@
+"""Planned stops (planner/planned_stop.py): when the operator asks the training to stop and save, what it waits
+for, when the grace runs out, what it does once every rank saved; and the ledger's incident for it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import factory
+import pytest
+import test_planner_queueing as queueing
+from factory import NOW, deletes, job, observed, rdzv, running_status, worker
+
+from elasticjob import planner
+from elasticjob.models import ElasticJobStatus, GoodputStatus, PlannedStop
+from elasticjob.observe import ProgressView
+from elasticjob.planner import planned_stop
+from elasticjob.planner.planned_stop import Next, next_step, precise
+from elasticjob_store.protocol import Restart, Stop
+
+ASKED = NOW - timedelta(seconds=5)
+STOP_ID = f"{ASKED.timestamp():.3f}"
+DEADLINE = ASKED + timedelta(seconds=30)
+SINCE = NOW - timedelta(seconds=600)
+
+
+def at(seconds: float):
+    return NOW + timedelta(seconds=seconds)
+
+
+def pending(**fields) -> PlannedStop:
+    base = dict(reason="ScaleDown", requested_time=precise(ASKED), deadline=precise(DEADLINE), round=4)
+    return PlannedStop(**{**base, **fields})
+
+
+@pytest.mark.parametrize(("stop", "listens", "grace", "now", "expected"), [
+    (None, True, 30, NOW, Next.ASK),  # a training that listens: ask it
+    (None, False, 30, NOW, Next.AS_TODAY),  # one that never asked should_stop: the pods go as today
+    (None, True, 0, NOW, Next.AS_TODAY),  # stopGraceSeconds 0: never ask
+    (pending(), True, 30, NOW, Next.WAIT),  # asked, not stopped, within the grace
+    (pending(), False, 30, NOW, Next.WAIT),  # the report went quiet: the grace still bounds it
+    (pending(), True, 30, DEADLINE, Next.EXPIRED),  # the grace is up: the pods go as without it
+    (pending(step=120, stopped_time=precise(NOW)), True, 30, DEADLINE, Next.GO),  # stopped: go, even late
+    (pending(expired=True), True, 30, NOW, Next.EXPIRED),
+], ids=["ask", "not-listening", "grace-0", "wait", "wait-quiet", "expired", "stopped", "expired-before"])
+def test_what_to_do_about_pods_the_operator_wants_gone(stop, listens, grace, now, expected):
+    assert next_step(stop, listens, grace, now) == expected
+
+
+def progress(**fields) -> ProgressView:
+    base = dict(pod="train-worker-0", started_at=SINCE, step=100, step_at=NOW - timedelta(seconds=0.5),
+                step_seconds=0.1, first_step=1, first_step_at=SINCE, listens=True)
+    return ProgressView(**{**base, **fields})
+
+
+def plan(status: dict | ElasticJobStatus, now=NOW, pods=None, replicas=2, grace=30, **store_fields):
+    if isinstance(status, ElasticJobStatus):
+        status = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    store_fields.setdefault("progress", progress())
+    store_fields.setdefault("round", 4)
+    the_job = job(status, replicas=replicas, runPolicy={"stopGraceSeconds": grace})
+    pods = [worker(0), worker(1), worker(2)] if pods is None else pods
+    return planner.plan(the_job, observed([rdzv(), *pods], store=factory.store(nodes=3, **store_fields)), now)
+
+
+def stores(result, kind):
+    return [a.request for a in result.actions if isinstance(a, planner.StoreAction) and isinstance(a.request, kind)]
+
+
+def test_a_scale_down_asks_first_and_keeps_the_pod():
+    result = plan(running_status(desiredReplicas=3))
+    assert deletes(result) == []
+    assert stores(result, Stop) == [Stop(NOW.timestamp(), planned_stop.MARGIN_SECONDS)]
+    stop = result.status.planned_stop
+    assert (stop.reason, stop.round, stop.deadline) == ("ScaleDown", 4, precise(NOW + timedelta(seconds=30)))
+    assert "StopRequested" in [e.reason for e in result.events] and result.requeue_after <= 1
+
+
+def test_without_a_listening_training_the_scale_down_is_as_today():
+    result = plan(running_status(desiredReplicas=3), progress=progress(listens=False))
+    assert deletes(result) == [("train-worker-2", None)] and result.status.planned_stop is None
+    assert stores(result, Stop) == []
+
+
+def test_while_recovering_from_an_incident_the_scale_down_is_as_today():
+    """Its report may be a gone process's: no step to agree on."""
+    status = ElasticJobStatus.model_validate(running_status(desiredReplicas=3))
+    status.goodput = GoodputStatus(since=precise(SINCE), open_incident={"kind": "WorkerLost",
+                                                                         "startTime": precise(ASKED)})
+    result = plan(status)
+    assert deletes(result) == [("train-worker-2", None)] and result.status.planned_stop is None
+
+
+def test_the_survivors_wait_for_the_leaving_pods_containers_to_stop():
+    done = pending(step=123, stopped_time=precise(NOW))
+    status = running_status(desiredReplicas=2, plannedStop=done.wire())
+    result = plan(status, pods=[worker(0), worker(1), worker(2, deleting=True)], stop_id=STOP_ID, stop_step=123)
+    assert stores(result, Restart) == [] and result.status.planned_stop is not None
+
+
+def test_once_the_store_picked_the_step_it_is_not_asked_again_and_the_pod_waits():
+    status = running_status(desiredReplicas=2, plannedStop=pending().wire())
+    result = plan(status, stop_id=STOP_ID, stop_step=123)
+    assert deletes(result) == [] and stores(result, Stop) == []
+    assert result.status.planned_stop.step == 123
+
+
+def test_every_rank_saved_the_pod_goes_and_a_worker_that_exits_0_did_not_finish_the_training():
+    status = running_status(desiredReplicas=2, plannedStop=pending(step=123).wire())
+    result = plan(status, stop_id=STOP_ID, stop_step=123, progress=progress(step=123, stopped_step=123))
+    assert deletes(result) == [("train-worker-2", None)]
+    assert result.status.planned_stop.stopped_time == precise(NOW)
+    assert "StoppedAndSaved" in [e.reason for e in result.events]
+    # The pod that went exited 0; the others hold, then are restarted: the job did not succeed.
+    gone = worker(2, "Succeeded", exit_code=0, finished_at=at(1))
+    result = plan(result.status, at(2), pods=[worker(0), worker(1), gone], stop_id=STOP_ID, stop_step=123,
+                  progress=progress(step=123, stopped_step=123))
+    assert (result.status.phase, result.status.reason) == ("Running", "Running")
+    assert result.status.planned_stop is not None
+
+
+def test_the_survivors_restart_once_the_leaving_pod_is_gone_and_the_stop_is_forgotten_after():
+    done = pending(step=123, stopped_time=precise(NOW))
+    status = running_status(desiredReplicas=2, plannedStop=done.wire())
+    result = plan(status, pods=[worker(0), worker(1)], stop_id=STOP_ID, stop_step=123)
+    assert stores(result, Restart) == [Restart(4)] and result.status.planned_stop is not None
+    result = plan(result.status, at(3), pods=[worker(0), worker(1)], round=5)  # re-formed without it
+    assert stores(result, Restart) == [] and result.status.planned_stop is None
+
+
+def test_past_the_grace_the_pod_goes_as_today_and_no_restart_is_asked():
+    status = running_status(desiredReplicas=2, plannedStop=pending(step=123).wire())
+    result = plan(status, DEADLINE, stop_id=STOP_ID, stop_step=123)
+    assert deletes(result) == [("train-worker-2", None)] and result.status.planned_stop.expired
+    assert "StopGraceExpired" in [e.reason for e in result.events]
+    result = plan(result.status, DEADLINE + timedelta(seconds=2), pods=[worker(0), worker(1)])
+    assert stores(result, Restart) == [] and result.status.planned_stop is None
+
+
+def test_a_suspension_waits_for_the_stop_then_stops_every_pod():
+    the_job = job(running_status(), runPolicy={"suspend": True, "stopGraceSeconds": 30})
+    seen = observed([rdzv(), worker(0), worker(1)], store=factory.store(round=4, progress=progress()))
+    result = planner.plan(the_job, seen, NOW)
+    assert deletes(result) == [] and (result.status.phase, result.status.reason) == ("Running", "Stopping")
+    assert [r.margin_seconds for r in stores(result, Stop)] == [planned_stop.MARGIN_SECONDS]
+    status = result.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    stop_id = f"{NOW.timestamp():.3f}"
+    the_job = job(status, runPolicy={"suspend": True, "stopGraceSeconds": 30})
+    seen = observed([rdzv(), worker(0), worker(1)], store=factory.store(
+        round=4, stop_id=stop_id, stop_step=110, progress=progress(step=110, stopped_step=110)))
+    result = planner.plan(the_job, seen, at(2))
+    assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert result.status.phase == "Suspended"
+    incident = result.status.goodput.open_incident if result.status.goodput else None
+    assert incident is None or incident.stopped_step == 110
+
+
+def ledger_status(**extra) -> ElasticJobStatus:
+    status = ElasticJobStatus.model_validate(running_status(desiredReplicas=3, **extra))
+    status.goodput = GoodputStatus(since=precise(SINCE), progress_reported=True)
+    return status
+
+
+def test_the_ledger_shows_no_step_recomputed_for_a_planned_scale_down():
+    # The scale-down opens the incident; the training stops after step 123, which every rank saved.
+    result = plan(ledger_status())
+    assert result.status.goodput.open_incident.kind == "ScaleChange"
+    result = plan(result.status, at(3), stop_id=f"{NOW.timestamp():.3f}", stop_step=123,
+                  progress=progress(step=123, step_at=at(2.5), stopped_step=123, stopped_at=at(2.8)))
+    incident = result.status.goodput.open_incident
+    assert (incident.stopped_step, incident.last_step, incident.start_time) == (123, 123, precise(at(3)))
+    # The survivors restart, load step 123 and step on from 124.
+    fresh = progress(started_at=at(5), step=124, step_at=at(7), first_step=124, first_step_at=at(7),
+                     loading_at=at(6), loaded_step=123, loaded_at=at(6.5), step_seconds=0.1)
+    result = plan(result.status, at(8), pods=[worker(0), worker(1)], round=5, progress=fresh)
+    closed = result.status.goodput.last_incidents[-1]
+    assert closed.kind == "ScaleChange" and closed.phases.recompute == 0.0
+    assert result.status.restarts == 0 and result.status.last_failures == []  # nothing charged
+
+
+def test_kueues_preemption_waits_for_the_stop_then_stops_every_pod_and_queues():
+    pods = [rdzv(), worker(0), worker(1)]
+    seen = factory.store(round=4, progress=progress())
+    result = queueing.plan(queueing.kueue_job(running_status(), suspend=True), pods, store=seen,
+                           workload=queueing.workload(queueing.PREEMPTED, queueing.admission(2)))
+    assert deletes(result) == [] and (result.status.phase, result.status.reason) == ("Running", "Stopping")
+    assert result.status.planned_stop.reason == "Preempted" and len(stores(result, Stop)) == 1
+    status = result.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    seen = factory.store(round=4, stop_id=f"{NOW.timestamp():.3f}", stop_step=110,
+                         progress=progress(step=110, stopped_step=110))
+    result = queueing.plan(queueing.kueue_job(status, suspend=True), pods, store=seen,
+                           workload=queueing.workload(queueing.PREEMPTED, queueing.admission(2)))
+    assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert (result.status.phase, result.status.admission.state) == ("Queued", "Preempted")
