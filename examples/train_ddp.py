@@ -11,10 +11,13 @@ Each rank appends one JSON line per completed step to --progress-file, which is 
 end-to-end tests read to see what training actually did.
 
 Two habits make recovery fast and lose nothing:
-- On SIGTERM (a scale-down, an eviction, a preemption) the rank finishes its step, saves a checkpoint and
-  exits 0. DDP keeps every rank's model identical after a step, so any rank may save it; the others cannot
-  step on without it, so nothing newer can be overwritten. A rank stuck in a collective (its peer is gone)
-  leaves after --sigterm-grace seconds instead of holding up the group.
+- Before the operator removes workers (a scale-down, a suspension, Kueue's preemption) it asks for a planned
+  stop: elasticjob_progress's should_stop(step) turns true on every rank at the same step; rank 0 saves it
+  (DDP keeps every rank's model identical after a step), and every rank calls stopped(step), which holds the
+  process until the operator ends it. The next run resumes from that step: none is done again. Without the
+  package (another image, plain torchrun), SIGTERM does it instead: the rank finishes its step, saves and exits
+  0; the others cannot step on without it, so nothing newer can be overwritten. A rank stuck in a collective
+  (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
 - When a collective fails (a peer died, the group is being restarted) the rank logs the error and leaves with
   os._exit(1) at once: a normal interpreter exit tears torch down for over a second, which the whole group
   waits for before it can re-form.
@@ -51,6 +54,8 @@ class NoProgress:
     def saved(self, n): pass
     def loading(self): pass
     def loaded(self, n): pass
+    def should_stop(self, n): return False  # SIGTERM (Stop) stands in
+    def stopped(self, n): pass
 
 
 def make_progress():
@@ -261,7 +266,8 @@ def start(args) -> Run:
 
 def main(argv=None):
     args = parse_args(argv)
-    Stop.install(args.sigterm_grace)
+    if elasticjob_progress is None:  # with it, the operator's planned stop takes SIGTERM's place
+        Stop.install(args.sigterm_grace)
     run = start(args)
     print(f"rank {run.rank}/{run.world_size} on {run.host} resuming from step {run.resumed_from} "
           f"(restart {run.restart_count})", flush=True)
@@ -301,6 +307,14 @@ def train(run: Run, timed_step) -> None:
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         })
         run.progress.step(step)
+        if run.progress.should_stop(step):  # the operator's planned stop: every rank at this same step
+            if run.rank == 0:
+                save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+                run.progress.saved(step)
+            append_progress(args.events_file, {"event": "checkpoint-on-stop", "step": step, "rank": run.rank,
+                                               "host": run.host, "time": time.time()})
+            run.progress.stopped(step)  # holds the process until the operator ends it
+            return
         if Stop.requested:
             save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
             run.progress.saved(step)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+
+from elasticjob_progress.report import KEY
+from elasticjob_store.control import Control
+from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_ddp.py"
@@ -38,3 +44,45 @@ def test_without_the_package_the_example_falls_back_to_a_no_op(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "NoProgress"
+
+
+def test_a_planned_stop_saves_the_agreed_step_on_every_rank_and_the_next_run_resumes_after_it(tmp_path):
+    """Two ranks under torchrun; the store's Control asks for a stop as the operator would; both ranks stop at
+    its step, rank 0 saves it and reports the stop, and the processes hold until ended (SIGTERM, as a pod's
+    deletion or a group restart does). The next run's first step is the one after it: none is lost."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                          timeout=timedelta(seconds=10))
+    env = {**os.environ, "PET_RDZV_ENDPOINT": f"127.0.0.1:{store.port}", "POD_NAME": "train-worker-0"}
+    torchrun = Path(sys.executable).parent / "torchrun"
+
+    def run(steps: int) -> subprocess.Popen:
+        return subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--steps",
+                                 str(steps), "--step-seconds", "0.05", "--checkpoint-every", "1000",
+                                 "--checkpoint-dir", str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    def report() -> dict | None:
+        return json.loads(store.get(KEY)) if store.check([KEY]) else None
+
+    first = run(100000)
+    try:
+        wait_for(report, 120, "the example listening and stepping",
+                 until=lambda r: r is not None and r["listens"] and (r["step"] or 0) >= 5 and r["stepSeconds"])
+        control = Control(store, "run", 1, 1, log=lambda _: None)
+        control.read_progress()
+        agreed = control.stop(time.time(), 2.0).step
+        assert agreed is not None
+        stopped = wait_for(report, 60, "the stop reported", until=lambda r: r is not None and r["stopped"])
+        assert stopped["stopped"]["step"] == agreed and first.poll() is None  # held, not exited
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert sorted((e["event"], e["rank"], e["step"]) for e in events) == [
+        ("checkpoint-on-stop", 0, agreed), ("checkpoint-on-stop", 1, agreed)]
+    steps = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert max(s["step"] for s in steps) == agreed  # no rank stepped past it
+    second = run(agreed + 2)
+    assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:] if second.stderr else ""
+    resumed = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()][len(steps):]
+    assert min(s["step"] for s in resumed) == agreed + 1 and {s["resumed_from"] for s in resumed} == {agreed}
