@@ -1,0 +1,101 @@
+"""Planned stops on real nodes (issue 38): examples/train_ddp.py asks elasticjob_progress's should_stop(), so
+before the operator removes workers it chose to remove, every rank stops after one agreed step and rank 0 saves
+it; the pods go only then. The next step after the restart is the one after the agreed stop (0 steps lost),
+nothing is charged, and the job's downtime ledger shows 0 s recomputed.
+
+A checkpoint every 1000 steps: any step not lost is the planned stop's doing, not a periodic save's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from e2e_support import job_manifest, parse_events, summary, train_args
+from helpers import wait_for
+from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
+from test_kueue_training import START_TIMEOUT, Training, kueue_job, kueue_operator, trainings  # noqa: F401
+from test_training import RECOVERY_TIMEOUT, finish, recovery, start
+
+STEPS = 300
+STEP_SECONDS = 0.1
+GRACE = 30
+
+
+def stop_events(events: list[dict], after: float) -> list[dict]:
+    return [e for e in events if e.get("event") == "checkpoint-on-stop" and e["time"] >= after]
+
+
+def closed_incident(jobs, kind: str, name: str | None = None) -> dict:
+    ledger = wait_for(lambda: (jobs.status(name) if name else jobs.status()).get("goodput") or {},
+                      RECOVERY_TIMEOUT, f"a {kind} incident closed",
+                      until=lambda g: any(i["kind"] == kind for i in g.get("lastIncidents") or []))
+    return next(i for i in reversed(ledger["lastIncidents"]) if i["kind"] == kind)
+
+
+def test_a_scale_down_stops_at_an_agreed_step_and_loses_none(operator, jobs, progress, record_recovery):
+    manifest = job_manifest(jobs.namespace, replicas=3, max_restarts=1,
+                            train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))
+    manifest["spec"]["runPolicy"]["stopGraceSeconds"] = GRACE
+    start(jobs, progress, manifest, world_size=3, min_step=20)
+    scaled_at = time.time()
+    jobs.scale(2)
+    shrunk = recovery(progress, scaled_at, "scaling to 2", world_size=2)
+    stops = stop_events(progress.events(), scaled_at)
+    assert {e["rank"] for e in stops} == {0, 1, 2}, f"not every rank stopped at the agreed step: {stops}"
+    agreed = {e["step"] for e in stops}
+    assert len(agreed) == 1, f"the ranks stopped at different steps: {stops}"
+    (step,) = agreed
+    assert shrunk["resumed_from"] == step and shrunk["step"] == step + 1, (
+        f"the first step after the restart is {shrunk['step']} (resumed from {shrunk['resumed_from']}), "
+        f"not the one after the agreed stop {step}")
+    before = [r for r in progress().records if r["time"] < shrunk["time"] and r["world_size"] == 3]
+    assert max(r["step"] for r in before) == step, "a rank stepped past the agreed stop"
+    assert shrunk["time"] - scaled_at < GRACE, "the pods went on the grace, not on the stop"
+    record_recovery("planned scale 3 -> 2", shrunk["time"] - scaled_at, 2, jobs.status().get("restarts"))
+    incident = closed_incident(jobs, "ScaleChange")
+    assert incident["stoppedStep"] == step and incident["phases"]["recompute"] == 0.0, incident
+    finish(jobs, progress, STEPS)
+    status = jobs.status()
+    assert (status.get("restarts"), status.get("infrastructureFailures")) == (0, 0), summary(status)
+    assert not status.get("lastFailures") and status.get("plannedStop") is None, summary(status)
+    reasons = [e.reason for e in jobs.core.list_namespaced_event(jobs.namespace).items]
+    assert "StopRequested" in reasons and "StoppedAndSaved" in reasons and "StopGraceExpired" not in reasons
+
+
+@pytest.mark.slow
+def test_a_kueue_preemption_stops_at_an_agreed_step_and_the_job_resumes_after_it(kueue_operator, jobs,
+                                                                                  queues: Queues, trainings,
+                                                                                  record_timing):
+    queues.make(cpu="4.2")
+    low_class, high_class = queues.priority("low", 10), queues.priority("high", 1000)
+    low = trainings("low")
+    manifest = kueue_job(jobs, "low", steps=STEPS, priority=low_class)
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = [*container["command"][:2],
+                            *train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000)]
+    jobs.create(manifest)
+    wait_for(low, START_TIMEOUT, "the low-priority job at step 20 with 3 workers",
+             until=lambda p: any(r["step"] >= 20 and r["world_size"] == 3 for r in p.records))
+    preempt = time.time()
+    jobs.create(kueue_job(jobs, "high", steps=12, priority=high_class))
+    jobs.wait_phase("Queued", 60 + GRACE, name="low")
+    record_timing("preemptor created -> preempted job Queued (after its planned stop)", time.time() - preempt)
+    stops = stop_events(events(low), preempt)
+    agreed = {e["step"] for e in stops}
+    assert len(agreed) == 1 and {e["rank"] for e in stops} == {0, 1, 2}, stops
+    (step,) = agreed
+    jobs.wait_phase("Succeeded", 150, name="high")
+    high_done = time.time()
+    resumed = wait_for(low, START_TIMEOUT, "the preempted job training again",
+                       until=lambda p: p.first_after(high_done)).first_after(high_done)
+    assert (resumed["resumed_from"], resumed["step"]) == (step, step + 1), resumed
+    incident = closed_incident(jobs, "Preemption", "low")
+    assert incident["stoppedStep"] == step and incident["phases"]["recompute"] == 0.0, incident
+    status = jobs.status("low")
+    assert status.get("restarts") == 0 and not status.get("lastFailures"), summary(status)
+
+
+def events(training: Training) -> list[dict]:
+    return parse_events(training.reader.read_text("events.jsonl"))
