@@ -39,8 +39,9 @@ crds: $(VENV)/.installed ## Regenerate crds/ and the chart's CRD from the pydant
 	$(VENV)/bin/elasticjob crd > crds/elasticjob.dev_elasticjobs.yaml
 	cp crds/elasticjob.dev_elasticjobs.yaml charts/elasticjob-operator/crds/elasticjob.dev_elasticjobs.yaml
 
-pod-schema: $(VENV)/.installed ## Regenerate spec.template's schema (operator/elasticjob/pod_template_schema.json) from the OpenAPI of the Kubernetes release localcluster/go.mod pins (Go module cache), then the CRDs
-	dir=$$(go -C localcluster mod download -json k8s.io/kubernetes | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') && \
+pod-schema: $(VENV)/.installed ## Regenerate spec.template's schema (operator/elasticjob/pod_template_schema.json) from the OpenAPI of the newest supported Kubernetes release (build.sh's table; Go module cache), then the CRDs
+	version=$$(grep -o '\[1\.[0-9]*\]=v[0-9.]*' localcluster/build.sh | cut -d= -f2 | sort -V | tail -1) && \
+	dir=$$(go -C localcluster mod download -json k8s.io/kubernetes@$$version | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') && \
 	$(PY) -m elasticjob.podschema "$$dir" > operator/elasticjob/pod_template_schema.json
 	$(MAKE) crds
 
