@@ -82,7 +82,7 @@ gpu-check: ## Opt-in, on a machine with a CUDA GPU and its torch: warm starts on
 
 .PHONY: compat compat-k8s gpu-check
 
-run: $(VENV)/.installed host-packages ## Local cluster on real nodes, the operator from its image by its Helm chart, examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
+run: $(VENV)/.installed host-packages ## Local cluster on real nodes and its registry (images pushed there), the chart pushed there and installed as oci://, every image pulled with a pull secret; examples/elasticjob.yaml grown and broken (SCENARIO=basic: plain run)
 	$(PY) -m localcluster.demo $(if $(SCENARIO),--scenario $(SCENARIO))
 
 cluster-build: ## Build (once per K8S_VERSION; progress on stderr) the control plane, kubectl and the add-ons into ~/.cache/elasticjob
@@ -121,18 +121,25 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery soak clean images chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery soak clean images release chart e2e-kind
 
-images: ## Build the images: with Docker when its daemon answers, else as tarballs (buildah; root)
+# The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)
+
+images: ## Build the images, tagged with the chart's appVersion, and push them to the local cluster's registry (buildah; root; `make cluster-up REAL_NODES=1` runs it); with Docker when its daemon answers
 	@if docker info >/dev/null 2>&1; then \
 	  set -ex; \
-	  docker build -f images/operator.Dockerfile -t elasticjob-operator:dev .; \
-	  docker build -f images/worker-cpu.Dockerfile -t elasticjob-worker:cpu $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) .; \
-	  docker build -f images/worker.Dockerfile -t elasticjob-worker:cuda .; \
+	  docker build -f images/operator.Dockerfile -t elasticjob-operator:$(APP_VERSION) .; \
+	  docker build -f images/worker-cpu.Dockerfile -t elasticjob-worker:$(APP_VERSION)-cpu -t elasticjob-worker:cpu $(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) .; \
+	  docker build -f images/worker.Dockerfile -t elasticjob-worker:$(APP_VERSION)-cuda -t elasticjob-worker:cuda .; \
 	else \
-	  echo "no Docker daemon: building docker-archive tarballs with buildah (python -m localcluster.imagebuild)" >&2; \
-	  $(PY) -m localcluster.imagebuild --torch-wheels $(WHEELS); \
+	  echo "no Docker daemon: building with buildah (python -m localcluster.imagebuild) and pushing to the local registry" >&2; \
+	  $(PY) -m localcluster.imagebuild --torch-wheels $(WHEELS) --push-local; \
 	fi
+
+release: $(VENV)/.installed ## Build, tag and push the images and the chart of VERSION=x.y.z to REGISTRY=host/path (buildah and Helm logins there first); the chart's image pinned by digest
+	@test -n "$(VERSION)" -a -n "$(REGISTRY)" || { echo "usage: make release VERSION=x.y.z REGISTRY=host/path" >&2; exit 2; }
+	$(PY) -m localcluster.release --version $(VERSION) --registry $(REGISTRY)
 
 chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check schemas, RBAC, docs table, hadolint
 	$(PY) charts/values_table.py

@@ -9,6 +9,9 @@
 #                                     nodes' NetworkPolicy enforcement; its version in the name, as kwok's)
 #   fakegpu-<hash>                    fakegpu/main.go, the real nodes' fake GPU device plugin (its sources' hash
 #                                     in the name)
+#   registry-<version>                github.com/distribution/distribution/v3/cmd/registry (distribution/go.mod):
+#                                     the OCI registry the real nodes pull the project's images and chart from
+#   registry-htpasswd-<version>       distribution/htpasswd: its bcrypt password file (x/crypto's bcrypt)
 # Arguments name the binaries wanted (default: all), so a caller that needs one does not wait for the other.
 # stdout: only the bin dir, as the last line (callers parse it); progress goes to stderr.
 set -euo pipefail
@@ -28,8 +31,10 @@ netpol_k8s=$(modversion k8s.io/client-go "$here/netpol/go.mod")
 # Our own device plugin: its sources' hash in its name (realnodes/gpus.py computes the same).
 fakegpu=fakegpu-$(cat "$here/fakegpu/main.go" "$here/fakegpu/go.mod" "$here/fakegpu/go.sum" | sha256sum | cut -c1-12)
 fakegpu_k8s=$(modversion k8s.io/kubelet "$here/fakegpu/go.mod")
-for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s netpol_version netpol_k8s fakegpu_k8s; do
-  [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/, kueue/, kwok/ or netpol/go.mod" >&2; exit 1; }
+registry_version=$(modversion github.com/distribution/distribution/v3 "$here/distribution/go.mod")
+for v in sp_version sp_k8s kueue_version kueue_k8s kwok_version kwok_k8s netpol_version netpol_k8s fakegpu_k8s \
+  registry_version; do
+  [[ -n ${!v} ]] || { echo "build_addons.sh: no $v in schedplugins/, kueue/, kwok/, netpol/, fakegpu/ or distribution/go.mod" >&2; exit 1; }
 done
 cache=${ELASTICJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elasticjob}
 bin=$cache/addons-scheduler-plugins-$sp_version-kueue-$kueue_version/bin
@@ -42,6 +47,9 @@ declare -A builds=(
   [kwok-$kwok_version]="kwok|sigs.k8s.io/kwok/cmd/kwok|v1.${kwok_k8s#v0.}"
   [kube-network-policies-$netpol_version]="netpol|github.com/elasticjob-dev/elasticjob-operator/localcluster/netpol|v1.${netpol_k8s#v0.}"
   [$fakegpu]="fakegpu|github.com/elasticjob-dev/elasticjob-operator/localcluster/fakegpu|v1.${fakegpu_k8s#v0.}"
+  # No Kubernetes library in these two: the version only fills the ldflags' (unused) component-base fields.
+  [registry-$registry_version]="distribution|github.com/distribution/distribution/v3/cmd/registry|v1.0.0"
+  [registry-htpasswd-$registry_version]="distribution|github.com/elasticjob-dev/elasticjob-operator/localcluster/distribution/htpasswd|v1.0.0"
 )
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${!builds[@]}")
@@ -62,7 +70,7 @@ mapfile -t todo < <(missing)
 [[ ${#todo[@]} == 0 ]] && { echo "$bin"; exit 0; }
 source "$here/progress.sh"
 export CGO_ENABLED=0
-echo "building ${todo[*]} into $bin (first time only; on 2 cores with cold Go caches about 3.5 minutes for scheduler-plugins, 6-7 for Kueue, 1.5 for kwok after the control plane, 1 for kube-network-policies)" >&2
+echo "building ${todo[*]} into $bin (first time only; on 2 cores with cold Go caches about 3.5 minutes for scheduler-plugins, 6-7 for Kueue, 1.5 for kwok after the control plane, 1 for kube-network-policies, 1.5 for the registry)" >&2
 rm -rf "$bin.partial" && mkdir -p "$bin.partial"
 for b in "${todo[@]}"; do
   IFS='|' read -r dir pkg k8s <<<"${builds[$b]}"
@@ -73,6 +81,7 @@ for b in "${todo[@]}"; do
   ldflags="$ldflags -X $cb.buildDate=1970-01-01T00:00:00Z"
   [[ $b == kueue-manager ]] && ldflags="$ldflags -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
   [[ $b == kueue-manager ]] && ldflags="$ldflags -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+  [[ $b == registry-$registry_version ]] && ldflags="$ldflags -X github.com/distribution/distribution/v3/version.version=$registry_version"
   (cd "$here/$dir" && go_build_with_progress "build $b" -trimpath -ldflags "$ldflags" -o "$bin.partial/$b" -- "$pkg")
 done
 if [[ -d $bin ]]; then

@@ -1,6 +1,8 @@
-"""The operator as users run it, for the e2e tests on real nodes: its image (images/operator.Dockerfile, imported into
-every node), installed by its Helm chart (real Helm, helm-python-sdk) into the test's namespace and watching only
-it, with the chart's ServiceAccount, RBAC and securityContext as written. The same handle as OperatorProcess: the
+"""The operator as users run it, for the e2e tests on real nodes: its image (images/operator.Dockerfile, pulled from
+the local registry with the pull secret), installed by its Helm chart (real Helm, helm-python-sdk) from the same
+registry as an OCI chart (`helm install oci://...`; pushed once per session) into the test's namespace and
+watching only it, with the chart's ServiceAccount, RBAC and securityContext as written. Without a local registry
+(process-backed nodes) the chart comes from charts/. The same handle as OperatorProcess: the
 log (the operator pod's), waiting for a line, and at the end a clean log and the release uninstalled.
 
 Only what the chart can say is asked of it: an argument it has no value for fails the test rather than run
@@ -30,8 +32,7 @@ def chart_values(namespaces: Sequence[str], extra_args: Sequence[str]) -> dict[s
         raise ValueError(f"no chart value for operator argument(s) {unknown}: add them to VALUES_OF_ARGS")
     # Both gang APIs granted: a platform team grants those its cluster runs, and the tests use both.
     values: dict[str, Any] = {"watch": {"allNamespaces": False, "namespaces": list(namespaces)},
-                              "image": {"tag": "dev", "pullPolicy": "Never"}, "logLevel": "debug",
-                              "gangScheduling": {"workloadAPI": True, "coscheduling": True}}
+                              "logLevel": "debug", "gangScheduling": {"workloadAPI": True, "coscheduling": True}}
     for arg in extra_args:
         values.update(VALUES_OF_ARGS[arg])
     return values
@@ -91,11 +92,29 @@ class ChartOperator:
             assert not bad, f"operator log shows unhandled errors ({bad[0]!r}); log tail:\n{self.log_tail()}"
 
 
+_published: list[Any] = []  # the chart pushed to the local registry, once per session
+
+
+def published_chart() -> Any:
+    """The chart in the local registry (pushed the first time), or None where no local registry runs."""
+    from localcluster import operatorchart, registry
+    from localcluster.layout import Layout
+
+    if not registry.running(Layout(operatorchart.ROOT)):
+        return None
+    if not _published:
+        _published.append(operatorchart.publish())
+    return _published[0]
+
+
 def install(kubeconfig: Path, kube: Any, namespace: str, namespaces: Sequence[str],
             extra_args: Sequence[str]) -> ChartOperator:
     from localcluster import operatorchart
 
     release = f"ej-{secrets.token_hex(3)}"
-    operatorchart.install_or_upgrade(kubeconfig, chart_values(namespaces, extra_args), release=release,
-                                     namespace=namespace)
+    chart = published_chart()
+    values = chart_values(namespaces, extra_args)
+    if chart is not None:  # the test's namespace holds the pull secret (conftest's namespace fixture)
+        values.update(operatorchart.registry_values())
+    operatorchart.install_or_upgrade(kubeconfig, values, release=release, namespace=namespace, chart=chart)
     return ChartOperator(kubeconfig, namespace, release, client.CoreV1Api(kube))

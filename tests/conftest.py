@@ -23,6 +23,12 @@ import yaml
 from helpers import OPERATOR_LOG_FAILURES, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+try:  # Helm's SDK (chart_rbac, operatorchart) trusts the local registry's CA only if told before it loads
+    from localcluster import registry as local_registry
+
+    local_registry.trust_cluster_ca(ROOT)
+except ImportError:  # a checkout without the local cluster's package: no local registry either
+    local_registry = None
 CRD_FILE = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 OPERATOR_STOP_SECONDS = 30
@@ -52,10 +58,17 @@ class ClusterHandle:
 
     @property
     def kit_image(self) -> str | None:
-        """The image the operator's kit comes from, where the nodes run images: as the chart sets it."""
+        """The image the operator's kit comes from, where the nodes run images: as the chart sets it (on real
+        local nodes, the operator's image in the local registry)."""
         if self.node_kind == "process":
             return None  # the node agent runs every container from the host's .venv: no init containers
-        return os.environ.get("E2E_KIT_IMAGE", "elasticjob-operator:dev")
+        default = local_registry.image("elasticjob-operator") if self.pulls_from_registry else "elasticjob-operator:dev"
+        return os.environ.get("E2E_KIT_IMAGE", default)
+
+    @property
+    def pulls_from_registry(self) -> bool:
+        """Real local nodes pull the project's images from the local registry, with its pull secret."""
+        return self.kind == "local" and self.node_kind == "real" and local_registry is not None
 
 
 def _external_kubeconfig() -> Path | None:
@@ -98,8 +111,9 @@ def _namespace_name(test_name: str) -> str:
 
 
 @pytest.fixture
-def namespace(kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace, usable for pods at once (its default ServiceAccount exists); deleted without waiting."""
+def namespace(kube, cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace, usable for pods at once (its default ServiceAccount exists, and on real local nodes the
+    local registry's pull secret); deleted without waiting."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -111,6 +125,10 @@ def namespace(kube, request: pytest.FixtureRequest) -> Iterator[str]:
         lambda: core.read_namespaced_service_account("default", name), 30,
         f"the default ServiceAccount of namespace {name}", ignore=(ApiException,),
     )
+    if cluster.pulls_from_registry:
+        from localcluster.layout import Layout
+
+        core.create_namespaced_secret(name, local_registry.pull_secret(name, local_registry.password(Layout(ROOT))))
     yield name
     try:
         core.delete_namespace(name, propagation_policy="Background")
@@ -247,6 +265,8 @@ def operator_factory(
             started.append(chart_operator.install(cluster.kubeconfig, kube, namespace, namespaces, extra_args))
             return started[-1]
         kit = ["--kit-image", cluster.kit_image] if cluster.kit_image else []
+        if cluster.pulls_from_registry:
+            kit += ["--image-pull-secret", local_registry.PULL_SECRET]
         argv = [_operator_python(), "-m", "elasticjob", "run", "--verbose", *kit, *extra_args]
         argv += [arg for ns in namespaces for arg in ("--namespace", ns)]
         log_path = tmp_path / f"operator-{len(started)}.log"

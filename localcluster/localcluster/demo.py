@@ -2,9 +2,12 @@
 
     python -m localcluster.demo [--scenario story|basic]
 
-Starts the local cluster on real nodes (upstream kubelet, containerd, runc, CNI, kube-proxy, CoreDNS) if none
-runs, installs (or upgrades) the operator from its image with charts/elasticjob-operator through Helm's SDK,
-watching the `default` namespace, and applies examples/elasticjob.yaml there (its pods run the worker image).
+Starts the local cluster on real nodes (upstream kubelet, containerd, runc, CNI, kube-proxy, CoreDNS) and its
+registry if none runs (its `up` builds the images and pushes them there), pushes charts/elasticjob-operator to the
+registry as an OCI chart and installs (or upgrades) it from there through Helm's SDK, watching the `default`
+namespace; the nodes pull the operator's image (and the kit with it) and the worker image from the registry with
+the pull secret `elasticjob-registry`. Then it applies examples/elasticjob.yaml there, its worker image the
+registry's.
 - story (default): grow the job to 3 nodes with `kubectl scale`, SIGKILL the pod that holds rank 0, SIGKILL the
   rendezvous store, let it finish; a live view meanwhile and a table of what each fault cost at the end.
 - basic: follow the job to its end, one plain line per change.
@@ -24,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from . import controlplane, diagnose, liveview, operatorchart
+from . import controlplane, diagnose, liveview, operatorchart, registry
 from .story import Story, StoryError, summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,20 +36,28 @@ GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 NAMESPACE = "default"
 BASIC_TIMEOUT = 900
 # The chart's defaults, but watching only the namespace the demo uses (other tenants' namespaces are theirs), and
-# the operator image the real nodes hold (built from images/operator.Dockerfile; no registry to pull from).
+# the operator image from the local registry, pulled with its secret (which the job pods get too).
 # One operator pod (the chart's default is two, one leading): the demo follows the log of the one.
-CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]},
-                "image": {"tag": "dev", "pullPolicy": "Never"}, "replicas": 1}
+CHART_VALUES = {"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}, "replicas": 1,
+                **operatorchart.registry_values()}
+# The example's worker image, as `make images` pushed it.
+WORKER_IMAGE = registry.image("elasticjob-worker", f"{registry.VERSION}-cpu")
 
 
 def install_operator(console: Console, kubeconfig: Path, api: client.ApiClient) -> operatorchart.Release:
-    console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} charts/elasticjob-operator "
-                  f"--namespace {operatorchart.NAMESPACE} --create-namespace --set watch.allNamespaces=false "
-                  f"--set watch.namespaces={{{NAMESPACE}}} --set image.tag=dev --set image.pullPolicy=Never --wait"
-                  f"   (Helm's Go SDK, helm-python-sdk)",
-                  highlight=False, markup=False)
     started = time.monotonic()
-    release = operatorchart.install_or_upgrade(kubeconfig, CHART_VALUES)
+    chart = operatorchart.publish(ROOT)
+    console.print(f"chart: helm package charts/elasticjob-operator; helm push to {registry.CHARTS} "
+                  f"({chart.version}, {chart.digest[:19]})", highlight=False, markup=False)
+    for namespace in (operatorchart.NAMESPACE, NAMESPACE):
+        operatorchart.ensure_pull_secret(api, namespace, registry.password(operatorchart.Layout(ROOT)))
+    console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} {chart.ref} --version {chart.version} "
+                  f"--namespace {operatorchart.NAMESPACE} --create-namespace --set watch.allNamespaces=false "
+                  f"--set watch.namespaces={{{NAMESPACE}}} --set image.repository={registry.REPOSITORY}/"
+                  f"elasticjob-operator --set imagePullSecrets[0].name={registry.PULL_SECRET} "
+                  f"--set jobImagePullSecrets[0].name={registry.PULL_SECRET} --wait   (Helm's Go SDK, helm-python-sdk)",
+                  highlight=False, markup=False)
+    release = operatorchart.install_or_upgrade(kubeconfig, CHART_VALUES, chart=chart)
     pod = operatorchart.wait_running(client.CoreV1Api(api), release)
     action = "installed" if release.installed else f"upgraded to revision {release.revision}"
     crds = ("the chart's crds/ applied (Helm never upgrades CRDs)" if release.crds_applied
@@ -135,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = controlplane.ensure_up(ROOT, 3, node_kind="real")
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = WORKER_IMAGE
     started = time.monotonic()
     try:
         install_operator(console, cluster.kubeconfig, api)

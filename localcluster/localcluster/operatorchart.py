@@ -2,23 +2,32 @@
 SDK), as a platform team installs it: the Deployment, ServiceAccount, RBAC, rendezvous key Secret and metrics
 Service all come from charts/elasticjob-operator, and its CRDs from the chart's crds/.
 
-On real nodes the operator runs from its image (images/operator.Dockerfile, imported into every node). On
-process-backed nodes the image is ignored as for every pod there: the node agent runs what the Dockerfile's
-ENTRYPOINT declares (`elasticjob run`) with the Deployment's args, from the host's .venv (localcluster/images.py).
+On real nodes the chart comes from the local registry as an OCI chart (`publish`: `helm package` and `helm push
+oci://10.244.0.1:5000/elasticjob/charts`, then `helm install oci://...`), and the operator runs from its image,
+pulled from the same registry with the pull secret (`registry_values`). On process-backed nodes the image is
+ignored as for every pod there: the node agent runs what the Dockerfile's ENTRYPOINT declares (`elasticjob run`)
+with the Deployment's args, from the host's .venv (localcluster/images.py).
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
-import yaml
-from kubernetes import client
+from localcluster import registry
+from localcluster.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
+registry.trust_cluster_ca(ROOT)  # before Helm's SDK loads: it reads the CAs once
+
+import helm_python as helm  # noqa: E402
+import yaml  # noqa: E402
+from helm_python.registry import RegistryClient  # noqa: E402
+from kubernetes import client  # noqa: E402
+
 CHART = ROOT / "charts" / "elasticjob-operator"
 RELEASE, NAMESPACE = "elasticjob-operator", "elasticjob-system"
 CHART_NAME = "elasticjob-operator"
@@ -42,20 +51,77 @@ class Release:
         return f"app.kubernetes.io/name={CHART_NAME},app.kubernetes.io/instance={self.name}"
 
 
+@dataclass(frozen=True)
+class Published:
+    """The chart in a registry: `helm install <ref> --version <version>`, through `client` (logged in)."""
+
+    ref: str
+    version: str
+    digest: str
+    client: RegistryClient
+
+
+def registry_client(root: Path = ROOT) -> RegistryClient:
+    """A Helm registry client with the local registry's credentials (its auth file, written at its start)."""
+    return RegistryClient(credentials_file=registry.files(Layout(root)).auth)
+
+
+def publish(root: Path = ROOT) -> Published:
+    """`helm package charts/elasticjob-operator` and `helm push` to the local registry (which must run)."""
+    helm_client = registry_client(root)
+    with tempfile.TemporaryDirectory(prefix="elasticjob-chart-") as scratch:
+        archive = helm.chart.package(str(CHART), destination=scratch)
+        helm_client.push(archive, registry.CHARTS)
+    ref = f"{registry.CHARTS}/{CHART_NAME}"
+    version = registry.VERSION
+    digest = str(helm_client.resolve(f"{ref}:{version}")["digest"])
+    return Published(ref, version, digest, helm_client)
+
+
+def registry_values(secret: str = registry.PULL_SECRET) -> dict[str, Any]:
+    """The chart's values for images in the local registry: the operator's (the kit's with it) pulled with the
+    pull secret, which the job pods get too."""
+    return {"image": {"repository": f"{registry.REPOSITORY}/elasticjob-operator"},
+            "imagePullSecrets": [{"name": secret}], "jobImagePullSecrets": [{"name": secret}]}
+
+
 def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = RELEASE,
-                       namespace: str = NAMESPACE, timeout: int = 180) -> Release:
-    """`helm upgrade --install --wait`: a first install creates the namespace and installs crds/; an upgrade
-    first applies crds/ itself, as docs/operations.md tells users to (Helm leaves existing CRDs alone)."""
+                       namespace: str = NAMESPACE, timeout: int = 180, chart: Published | None = None) -> Release:
+    """`helm upgrade --install --wait` of the chart in the repository, or of `chart` from its registry: a first
+    install creates the namespace and installs crds/; an upgrade first applies crds/ itself, as
+    docs/operations.md tells users to (Helm leaves existing CRDs alone)."""
+    source = chart.ref if chart else str(CHART)
+    version = chart.version if chart else None
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
+        if chart:
+            cfg.set_registry_client(chart.client)
         exists = release_exists(cfg, release)
         if exists:
             crds_applied = apply_crds(kubeconfig)
-            result = cfg.upgrade(str(CHART), release, values, namespace=namespace, wait="watcher", timeout=timeout)
+            result = cfg.upgrade(source, release, values, namespace=namespace, wait="watcher", timeout=timeout,
+                                 chart_version=version)
         else:
             crds_applied = apply_crds(kubeconfig, only_existing=True)
-            result = cfg.install(str(CHART), release, values, namespace=namespace, create_namespace=True,
-                                 wait="watcher", timeout=timeout)
+            result = cfg.install(source, release, values, namespace=namespace, create_namespace=True,
+                                 wait="watcher", timeout=timeout, chart_version=version)
     return Release(release, namespace, int(result["revision"]), not exists, crds_applied)
+
+
+def ensure_pull_secret(api: client.ApiClient, namespace: str, password: str) -> None:
+    """The namespace, and the local registry's pull secret in it, before anything there pulls an image."""
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    secret = registry.pull_secret(namespace, password)
+    try:
+        core.create_namespaced_secret(namespace, secret)
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+        core.replace_namespaced_secret(registry.PULL_SECRET, namespace, secret)
 
 
 def release_exists(cfg: helm.Config, release: str) -> bool:

@@ -80,8 +80,18 @@ def _node_lost_tolerations(existing: list[dict[str, Any]]) -> list[dict[str, Any
     return existing + added
 
 
+def add_pull_secrets(spec: dict[str, Any], names: tuple[str, ...]) -> None:
+    """The operator's pull secrets after the template's own, each once."""
+    present = list(spec.get("imagePullSecrets") or [])
+    known = {each.get("name") for each in present}
+    added = [{"name": name} for name in names if name not in known]
+    if added:
+        spec["imagePullSecrets"] = present + added
+
+
 def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
-               placement: Placement = NO_PLACEMENT, kit_image: str | None = None) -> dict[str, Any]:
+               placement: Placement = NO_PLACEMENT, kit_image: str | None = None,
+               pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
     template = copy.deepcopy(job.spec.template)
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -99,6 +109,7 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     warm = kit.warm_starts(job.spec, container, kit_image)
     if warm.command is not None and kit_image:
         kit.use_in_worker(spec, container, warm.command, kit_image)
+    add_pull_secrets(spec, pull_secrets)
     return place({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -121,7 +132,7 @@ def token_digest(token: str) -> str:
 
 
 def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str = "",
-                   kit_image: str | None = None) -> dict[str, Any]:
+                   kit_image: str | None = None, pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
     """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
     Pod Security "restricted", scheduled like the workers. Without a token its control endpoint refuses
     every request."""
@@ -171,6 +182,7 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
     affinity = {k: v for k, v in (spec.pop("affinity", None) or {}).items() if k in STORE_AFFINITY}
     if affinity:
         spec["affinity"] = affinity
+    add_pull_secrets(spec, pull_secrets)
     return place({
         "apiVersion": "v1",
         "kind": "Pod",

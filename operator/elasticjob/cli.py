@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="image an init container copies the store and warm starts from into every job pod (the "
                      "operator's own; the chart sets it). Without it the worker image must carry elasticjob_store "
                      "and no job starts warm")
+    run.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                     help="a Secret (in the job's namespace) every job pod gets in imagePullSecrets, for the kit's "
+                     "and the workers' images; repeatable (the chart's jobImagePullSecrets)")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
     run.add_argument("--concurrent-reconciles", type=at_least_one, default=CONCURRENT_RECONCILES, metavar="N",
@@ -128,7 +131,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
                         kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
-                        require_queue_name=args.require_queue_name)
+                        require_queue_name=args.require_queue_name,
+                        image_pull_secrets=tuple(args.image_pull_secret))
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, leader, args.concurrent_reconciles)
 

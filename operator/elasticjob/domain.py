@@ -32,6 +32,9 @@ class Settings:
     # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
     # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
     kit_image: str | None = None
+    # Secrets (names, in the job's namespace) every job pod gets in imagePullSecrets besides its template's: the
+    # kit's image (the operator's) and the workers' may need credentials the job's author does not hold.
+    image_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

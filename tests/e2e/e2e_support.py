@@ -21,14 +21,20 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
+from localcluster import registry
 
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 HOST_ROOT = Path(os.environ.get("E2E_HOST_DIR", "/tmp/elasticjob-e2e"))
 CHECKPOINT_MOUNT = "/ckpt"
-# The worker image (images/worker-cpu.Dockerfile, loaded into kind by tests/e2e/kind/up.sh) holds torch and the
-# script at /workspace/examples; the local cluster ignores images but mounts the repo at /workspace, so the same
-# job runs unchanged on both.
-WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE", "elasticjob-worker:cpu")
+# The worker image (images/worker-cpu.Dockerfile, loaded into kind by tests/e2e/kind/up.sh, pushed to the local
+# registry by `localcluster up`) holds torch and the script at /workspace/examples; process-backed nodes ignore
+# images but mount the repo at /workspace, so the same job runs unchanged on each.
+_LOCAL_WORKER = f"{registry.REPOSITORY}/elasticjob-worker:{registry.VERSION}-cpu"
+WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE") or (
+    "elasticjob-worker:cpu" if os.environ.get("E2E_CLUSTER") == "kind" else _LOCAL_WORKER)
+# What pods a test makes itself (not the operator) pull the worker image with on real local nodes (the namespace
+# fixture makes the secret there); elsewhere the name matches no Secret and the kubelet pulls without it.
+PULL_SECRETS = [{"name": registry.PULL_SECRET}]
 TRAIN_SCRIPT = os.environ.get("E2E_TRAIN_SCRIPT", "/workspace/examples/train_ddp.py")
 JOB_NAME = "train"
 
@@ -247,6 +253,7 @@ class PodProgressReader:
         self.jobs = jobs
         path = str(HOST_ROOT / jobs.namespace)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": self.POD}, "spec": {
+            "imagePullSecrets": PULL_SECRETS,
             "containers": [{"name": "reader", "image": WORKER_IMAGE,
                             "command": ["python", "-c", "import time; time.sleep(10**9)"],
                             "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}]}],

@@ -34,15 +34,18 @@ def release(cluster, kube, namespace):
     """A release of the chart in the test's namespace, watching only it; uninstalled at the end if still there."""
     if cluster.kind != "local":
         pytest.skip("kind installs the chart in tests/e2e/kind/up.sh; this test injects faults through localcluster")
+    from chart_operator import published_chart
     from localcluster import operatorchart
 
     name = f"ej-{secrets.token_hex(3)}"
-    # The operator image as the real nodes hold it (imported, no registry to pull from; the node agent ignores it).
+    # The chart and the operator image from the local registry, with its pull secret (the namespace fixture made
+    # it), where one runs (real nodes; the node agent ignores images).
     # One replica: the test stops, restarts and reads the log of the one operator pod (two: test_leader_election).
-    values = {"watch": {"allNamespaces": False, "namespaces": [namespace]},
-              "image": {"tag": "dev", "pullPolicy": "Never"}, "replicas": 1}
+    chart = published_chart()
+    values = {"watch": {"allNamespaces": False, "namespaces": [namespace]}, "replicas": 1,
+              **(operatorchart.registry_values() if chart else {})}
     yield lambda extra=None: operatorchart.install_or_upgrade(cluster.kubeconfig, {**values, **(extra or {})},
-                                                              release=name, namespace=namespace)
+                                                              release=name, namespace=namespace, chart=chart)
     import helm_python as helm
 
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace) as cfg:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from e2e_support import WORKER_IMAGE, job_manifest, train_args
+from e2e_support import PULL_SECRETS, WORKER_IMAGE, job_manifest, train_args
 from helpers import wait_for
 from test_training import finish, wait_progress
 
@@ -47,9 +47,10 @@ def nodes(core: client.CoreV1Api) -> list[tuple[str, int]]:
 
 
 def blocker(name: str, node: str, cpu: str) -> dict:
-    # The worker image: a real node has it (imported), and has no registry to pull any other from.
+    # The worker image: the local registry has it (and it is the one a real node may have pulled already).
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "imagePullSecrets": PULL_SECRETS,
+                     "containers": [
                 {"name": "c", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
                  "resources": {"requests": {"cpu": cpu}}}]}}
 

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
-from e2e_support import JOB_NAME, WORKER_IMAGE, job_manifest, train_args
+from e2e_support import JOB_NAME, PULL_SECRETS, WORKER_IMAGE, job_manifest, train_args
 from helpers import wait_for
 from test_training import STORE_POD, finish, start
 
@@ -65,7 +65,7 @@ def intruder_pod(node: str) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"intruder-{node}",
                          "labels": {"elasticjob.dev/job-name": JOB_NAME, "elasticjob.dev/role": "worker"}},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "imagePullSecrets": PULL_SECRETS,
                      "containers": [{"name": "probe", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
                                      "command": ["python", "-c", "import time; time.sleep(10**9)"]}]}}
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from localcluster import registry
+
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 NAMES = ("alpha", "beta", "gamma", "delta")
 WORKER = ("import os, sys, time\n"
@@ -27,9 +29,11 @@ WORKER = ("import os, sys, time\n"
 
 
 def job_manifest(name: str, replicas: int, gate: Path) -> dict:
-    """A light worker (Python waiting for its gate file, no torch) in the worker image, which real nodes run
-    (process-backed nodes ignore images); the gate's directory is this host's, mounted at the same path."""
-    container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": ["python", "-c", WORKER, str(gate)],
+    """A light worker (Python waiting for its gate file, no torch) in the worker image, which real nodes pull from
+    the local registry with its pull secret (process-backed nodes ignore images); the gate's directory is this
+    host's, mounted at the same path."""
+    image = f"{registry.REPOSITORY}/elasticjob-worker:{registry.VERSION}-cpu"
+    container = {"name": "worker", "image": image, "command": ["python", "-c", WORKER, str(gate)],
                  "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
                  "volumeMounts": [{"name": "gates", "mountPath": str(gate.parent)}]}
     volume = {"name": "gates", "hostPath": {"path": str(gate.parent), "type": "DirectoryOrCreate"}}
@@ -37,6 +41,7 @@ def job_manifest(name: str, replicas: int, gate: Path) -> dict:
             "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "maxRestarts": 1000,
                      "runPolicy": {"ttlSecondsAfterFinished": 30},
                      "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container],
+                                           "imagePullSecrets": [{"name": registry.PULL_SECRET}],
                                            "volumes": [volume]}}}}
 
 

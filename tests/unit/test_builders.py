@@ -158,3 +158,16 @@ def test_rendezvous_service_routes_only_where_the_operator_says():
     assert [(p["name"], p["port"]) for p in endpoints["ports"]] == [(p["name"], p["targetPort"])
                                                                      for p in svc["spec"]["ports"]]
     assert builders.rendezvous_endpoints(ref(), None)["endpoints"] == []
+
+
+def test_the_operators_pull_secrets_follow_the_templates_own_in_every_job_pod():
+    tpl = template()
+    tpl["spec"]["imagePullSecrets"] = [{"name": "team"}, {"name": "shared"}]
+    job = ref(template=tpl)
+    worker = builders.worker_pod(job, 0, "10.96.0.42:29400", kit_image="op:1", pull_secrets=("shared", "ops"))
+    store = builders.rendezvous_pod(job, kit_image="op:1", pull_secrets=("shared", "ops"))
+    for pod in (worker, store):
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "team"}, {"name": "shared"}, {"name": "ops"}]
+    bare = builders.worker_pod(ref(), 0, "10.96.0.42:29400", pull_secrets=("ops",))
+    assert bare["spec"]["imagePullSecrets"] == [{"name": "ops"}]
+    assert "imagePullSecrets" not in builders.rendezvous_pod(ref())["spec"]

@@ -42,6 +42,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kueue-queue-required": {"kueue": {"requireQueueName": True, "defaultQueueName": "team-q"}},
     "no-kit": {"kit": {"enabled": False}},
     "kit-image": {"kit": {"image": "mirror.example/elasticjob-operator:0.1.0"}},
+    "pull-secrets": {"imagePullSecrets": [{"name": "regcred"}],
+                     "jobImagePullSecrets": [{"name": "regcred"}, {"name": "team"}]},
 }
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
@@ -229,6 +231,9 @@ LEADER = ["--leader-elect", "--leader-lease-name", FULLNAME]
                "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--operator-selector", SELECTOR]),
     ("no-kit", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                 "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--operator-selector", SELECTOR]),
+    ("pull-secrets", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
+                      "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--image-pull-secret", "regcred",
+                      "--image-pull-secret", "team", "--operator-selector", SELECTOR]),
     ("kit-image", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                    "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kit-image",
                    "mirror.example/elasticjob-operator:0.1.0", "--operator-selector", SELECTOR]),

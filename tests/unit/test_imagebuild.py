@@ -112,7 +112,8 @@ def test_pip_reads_only_the_mounted_wheels() -> None:
 
 def test_the_archive_names_the_image_as_docker_would_tag_it() -> None:
     argv = plan.push_argv(Path("/s"), OPERATOR, Path("/c/op.tar"))
-    assert argv[-2:] == ["localhost/elasticjob-operator:dev", "docker-archive:/c/op.tar:elasticjob-operator:dev"]
+    ref = f"elasticjob-operator:{plan.VERSION}"
+    assert argv[-2:] == [f"localhost/{ref}", f"docker-archive:/c/op.tar:{ref}"]
 
 
 def test_requirements_skip_extras() -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster.images import instructions
+from localcluster.version import VERSION
 
 # Bumped when the builder itself changes what it puts into an image, so old tarballs stop matching.
 BUILDER_FORMAT = "1"
@@ -51,11 +52,13 @@ class ImageSpec:
         return f"{self.name}:{self.tag}"
 
 
+# Tagged with the project's one version (the chart's appVersion, version.py): the chart's default image is the
+# operator's; the CPU worker's tag says its flavour after it.
 IMAGES = (
-    ImageSpec("elasticjob-operator", "dev", "images/operator.Dockerfile", "PYTHON_IMAGE",
+    ImageSpec("elasticjob-operator", VERSION, "images/operator.Dockerfile", "PYTHON_IMAGE",
               smoke=(("elasticjob", "--help"), ("/opt/elasticjob/bin/busybox", "sh", "-c", "true"),
                      ("python", "-m", "elasticjob_kit", "/tmp/kit"))),
-    ImageSpec("elasticjob-worker", "cpu", "images/worker-cpu.Dockerfile", "PYTHON_IMAGE",
+    ImageSpec("elasticjob-worker", f"{VERSION}-cpu", "images/worker-cpu.Dockerfile", "PYTHON_IMAGE",
               smoke=(("python", "-c", "import torch, elasticjob_store, elasticjob_warm; print(torch.__version__)"),
                      ("torchrun", "--help")), non_root=False),
 )

@@ -1,9 +1,11 @@
 """Real nodes for the local cluster: upstream kubelet and kube-proxy, containerd and runc from Debian's packages,
 the CNI bridge plugin, one network namespace per node (plan.py says what a node is made of).
 
-`up` adds them to a running control plane, imports the images, and starts CoreDNS and metrics-server; `down`
-removes them and everything their pods left. `lose` and `partition` are the faults a real cluster has: a node
-whose machine is gone, and a node whose cable is cut.
+`up` adds them to a running control plane, starts the local registry (registry.py) and pushes the project's
+images there (the nodes' containerd pulls them with the pod's imagePullSecrets), imports the cluster's own images
+(pause, CoreDNS, metrics-server), makes the registry's pull secret in `default`, and starts CoreDNS and
+metrics-server; `down` removes them, the registry and everything their pods left. `lose` and `partition` are
+the faults a real cluster has: a node whose machine is gone, and a node whose cable is cut.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localcluster import builds, sessions
+from localcluster import apply, builds, registry, sessions
 from localcluster.health import api_json
+from localcluster.imagebuild import push
 from localcluster.layout import Layout, load_endpoints
 from localcluster.realnodes import gpus, hostproxy, images, netns, netpolicy, node, plan, systemapps
 
@@ -42,11 +45,15 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
     netpolicy.ensure_binary(layout, log)
     gpus.ensure_binary(layout, log)
     netpolicy.apply_rbac(layout, endpoints)
-    # Every image is built before a node starts, as before: pods of a running cluster land on a node once it is up.
+    where = registry.ensure(layout, log)
+    # Every image is built, and pushed, before a node starts: pods of a running cluster land on a node once it is up.
     with project or project_images(layout, log) as building:
         tarballs = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
-                    *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS),
-                    *building.tarballs()]
+                    *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS)]
+        project_tarballs = building.tarballs()
+    target = push.Target(registry.REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json")
+    push.push_all([(spec, t) for t in project_tarballs if (spec := push.spec_of(t))], target, IMAGE_CACHE, log)
+    apply.apply(endpoints, registry.pull_secret("default", registry.password(layout)))
     started = time.monotonic()
     alive = {each.name for each in running(layout)}
     missing = [each for each in everyone if each.name not in alive]
@@ -66,6 +73,9 @@ def down(layout: Layout, bin_dir: Path, log: Log) -> None:
     for each in existing(layout):
         node.stop(layout, each)
         log(f"  stopped {each.name} (kubelet, kube-proxy, network policies, containerd and its pods)")
+    if sessions.read_pid(layout, registry.NAME) is not None:
+        registry.stop(layout)
+        log(f"  stopped the registry (its blobs stay in {registry.DATA})")
 
 
 def restart(layout: Layout, name: str) -> None:

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from localcluster import components, pki, sessions
+from localcluster import components, pki, registry, sessions
 from localcluster.layout import Endpoints, Layout
 from localcluster.realnodes import gpus, netns, netpolicy
 from localcluster.realnodes.plan import (
@@ -26,6 +26,7 @@ from localcluster.realnodes.plan import (
     cni_config,
     containerd_argv,
     containerd_config,
+    hosts_toml,
     in_netns,
     kube_proxy_argv,
     kube_proxy_config,
@@ -48,6 +49,9 @@ def write_files(layout: Layout, endpoints: Endpoints, node: RealNode) -> None:
     for sub in ("run", "cni", "pod-logs", "kubelet", "opt"):
         node.path(sub).mkdir(parents=True, exist_ok=True)
     node.path("containerd.toml").write_text(containerd_config(node))
+    hosts = node.path("certs.d", registry.ADDRESS)
+    hosts.mkdir(parents=True, exist_ok=True)
+    (hosts / "hosts.toml").write_text(hosts_toml(registry.ADDRESS, layout.pki / "ca.crt"))
     (node.path("cni") / "10-localcluster.conflist").write_text(cni_config(node))
     node.path("kubelet.yaml").write_text(kubelet_config(node, layout.pki))
     node.path("resolv.conf").write_text(resolv_conf())

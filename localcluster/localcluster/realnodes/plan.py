@@ -21,7 +21,8 @@ POD_CIDR = "10.245.0.0/16"  # every real node's pods; node i has 10.245.i.0/24
 CLUSTER_DNS = "10.96.0.10"  # the kube-dns Service's ClusterIP (systemapps.py)
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_PREFIX = "ejnode-"
-# Built here (cmd/pause) and imported into every node, since no registry can be reached.
+# Built here (cmd/pause) and imported into every node: the cluster's own parts (pause, CoreDNS, metrics-server)
+# are imported; the project's images are pulled from the local registry (registry.py, hosts_toml).
 PAUSE_IMAGE = "localcluster.local/pause:1"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 # A lost node is seen in seconds (the control plane's node-monitor-grace-period is 20 s).
@@ -103,7 +104,8 @@ def containerd_config(node: RealNode) -> str:
                                   "options": {"SystemdCgroup": False}}},
         },
         "cni": {"bin_dir": CNI_BIN_DIR, "conf_dir": str(node.path("cni"))},
-        "registry": {"config_path": ""},
+        # One folder per registry host (containerd's hosts.toml), the local registry's among them.
+        "registry": {"config_path": str(node.path("certs.d"))},
     }
     config = {
         "version": 2,
@@ -117,6 +119,12 @@ def containerd_config(node: RealNode) -> str:
         },
     }
     return tomli_w.dumps(config)
+
+
+def hosts_toml(address: str, ca: Path) -> str:
+    """containerd's hosts.toml for a registry served over TLS by a certificate of the cluster's CA."""
+    return tomli_w.dumps({"server": f"https://{address}",
+                          "host": {f"https://{address}": {"capabilities": ["pull", "resolve"], "ca": str(ca)}}})
 
 
 def cni_config(node: RealNode) -> str:

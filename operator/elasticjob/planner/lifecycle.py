@@ -102,7 +102,7 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     placement = podgroup.worker_placement(job.ref).merge(admitted.worker)
     planned_stop.settle(plan, job, observed, planned_stop.leaving(observed, desired), now)
     scale(plan, job, observed, desired, now, placement, create=ensure_gang(plan, job, observed), token=token,
-          kit_image=settings.kit_image)
+          kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets)
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)
     show_refusal(plan, job, observed, now)

@@ -16,7 +16,8 @@ FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 
 def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime, placement: Placement = NO_PLACEMENT,
-          create: bool = True, token: str = "", kit_image: str | None = None) -> None:
+          create: bool = True, token: str = "", kit_image: str | None = None,
+          pull_secrets: tuple[str, ...] = ()) -> None:
     """Exactly `desired` workers: the highest indexes go first (once a training that listens saved at an agreed
     step: planned_stop.py), gaps are filled (unless `create` is False: their gang is not ready yet)."""
     workers = observed.workers
@@ -41,7 +42,8 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime,
         plan.soon(1)
         return
     for index, name in names.items():
-        manifest = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement, kit_image)
+        manifest = builders.worker_pod(job.ref, index, endpoint, plan.status.restarts, placement, kit_image,
+                                       pull_secrets)
         manifest["metadata"]["name"] = name
         plan.act(CreateObject(ownership.sign(manifest, plan.status, token),
                               Event("Normal", "CreatedWorker", f"created worker pod {name}")))
