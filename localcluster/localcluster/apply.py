@@ -35,6 +35,7 @@ PLURALS = {
     "LocalQueue": "localqueues",
     "ServiceAccount": "serviceaccounts",
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
     "Service": "services",
     "Deployment": "deployments",
     "APIService": "apiservices",
