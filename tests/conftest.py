@@ -23,10 +23,8 @@ import yaml
 from helpers import OPERATOR_LOG_FAILURES, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-try:  # Helm's SDK (chart_rbac, operatorchart) trusts the local registry's CA only if told before it loads
+try:
     from localcluster import registry as local_registry
-
-    local_registry.trust_cluster_ca(ROOT)
 except ImportError:  # a checkout without the local cluster's package: no local registry either
     local_registry = None
 CRD_FILE = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"

@@ -11,22 +11,25 @@ with the Deployment's args, from the host's .venv (localcluster/images.py).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
+import yaml
+from helm_python.registry import RegistryClient
+from kubernetes import client
+
 from localcluster import registry
 from localcluster.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
-registry.trust_cluster_ca(ROOT)  # before Helm's SDK loads: it reads the CAs once
-
-import helm_python as helm  # noqa: E402
-import yaml  # noqa: E402
-from helm_python.registry import RegistryClient  # noqa: E402
-from kubernetes import client  # noqa: E402
 
 CHART = ROOT / "charts" / "elasticjob-operator"
 RELEASE, NAMESPACE = "elasticjob-operator", "elasticjob-system"
@@ -53,12 +56,11 @@ class Release:
 
 @dataclass(frozen=True)
 class Published:
-    """The chart in a registry: `helm install <ref> --version <version>`, through `client` (logged in)."""
+    """The chart in the local registry: `helm install <ref> --version <version>`."""
 
     ref: str
     version: str
     digest: str
-    client: RegistryClient
 
 
 def registry_client(root: Path = ROOT) -> RegistryClient:
@@ -66,16 +68,31 @@ def registry_client(root: Path = ROOT) -> RegistryClient:
     return RegistryClient(credentials_file=registry.files(Layout(root)).auth)
 
 
+def in_child(action: str, **arguments: Any) -> Any:
+    """Runs `action` of this module in a child process that trusts the local cluster's CA: Go (Helm's SDK is a Go
+    shared library) reads SSL_CERT_DIR from the environment the process started with, never from a later
+    os.environ, and has no other way to be given a CA for a registry."""
+    certs = registry.files(Layout(ROOT)).certs
+    env = {**os.environ, "SSL_CERT_DIR": f"{os.environ.get('SSL_CERT_DIR') or '/etc/ssl/certs'}:{certs}"}
+    result = subprocess.run([sys.executable, "-m", "localcluster.operatorchart", action, json.dumps(arguments)],
+                            env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"helm {action} with the local registry failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def publish(root: Path = ROOT) -> Published:
     """`helm package charts/elasticjob-operator` and `helm push` to the local registry (which must run)."""
-    helm_client = registry_client(root)
-    with tempfile.TemporaryDirectory(prefix="elasticjob-chart-") as scratch:
+    return Published(**in_child("publish", root=str(root)))
+
+
+def _publish_here(root: str) -> dict[str, str]:
+    with registry_client(Path(root)) as helm_client, tempfile.TemporaryDirectory(prefix="elasticjob-chart-") as scratch:
         archive = helm.chart.package(str(CHART), destination=scratch)
         helm_client.push(archive, registry.CHARTS)
-    ref = f"{registry.CHARTS}/{CHART_NAME}"
-    version = registry.VERSION
-    digest = str(helm_client.resolve(f"{ref}:{version}")["digest"])
-    return Published(ref, version, digest, helm_client)
+        ref = f"{registry.CHARTS}/{CHART_NAME}"
+        digest = str(helm_client.resolve(f"{ref}:{registry.VERSION}")["digest"])
+    return {"ref": ref, "version": registry.VERSION, "digest": digest}
 
 
 def registry_values(secret: str = registry.PULL_SECRET) -> dict[str, Any]:
@@ -90,11 +107,19 @@ def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = 
     """`helm upgrade --install --wait` of the chart in the repository, or of `chart` from its registry: a first
     install creates the namespace and installs crds/; an upgrade first applies crds/ itself, as
     docs/operations.md tells users to (Helm leaves existing CRDs alone)."""
-    source = chart.ref if chart else str(CHART)
-    version = chart.version if chart else None
+    if chart:
+        fields = in_child("install", kubeconfig=str(kubeconfig), values=values, release=release, namespace=namespace,
+                          timeout=timeout, source=chart.ref, version=chart.version)
+        return Release(**fields)
+    return _install_here(str(kubeconfig), values, release, namespace, timeout)
+
+
+def _install_here(kubeconfig_path: str, values: dict[str, Any], release: str, namespace: str, timeout: int,
+                  source: str = str(CHART), version: str | None = None) -> Release:
+    kubeconfig = Path(kubeconfig_path)
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
-        if chart:
-            cfg.set_registry_client(chart.client)
+        if version is not None:
+            cfg.set_registry_client(registry_client())
         exists = release_exists(cfg, release)
         if exists:
             crds_applied = apply_crds(kubeconfig)
@@ -177,3 +202,11 @@ def wait_running(core: client.CoreV1Api, release: Release, timeout: float = 120)
         seen = [(p.metadata.name, p.status.phase, bool(p.metadata.deletion_timestamp)) for p in every]
         time.sleep(0.5)
     raise TimeoutError(f"the operator pod of {release.name} is not running alone after {timeout:.0f}s: {seen}")
+
+
+if __name__ == "__main__":  # in_child's other end: one action, its result as JSON on the last line
+    action, arguments = sys.argv[1], json.loads(sys.argv[2])
+    if action == "publish":
+        print(json.dumps(_publish_here(**arguments)))
+    else:
+        print(json.dumps(_install_here(arguments.pop("kubeconfig"), **arguments).__dict__))

@@ -3,7 +3,8 @@ build_addons.sh), serving the project's images and its chart as a real cluster's
 
 It listens on the bridge's host address (10.244.0.1:5000), which the real nodes reach, with TLS from the
 cluster's own CA (pki.py: the nodes' containerd trusts it through hosts.toml, buildah through --cert-dir, Helm's
-SDK through SSL_CERT_DIR) and htpasswd authentication (bcrypt, written by the htpasswd command built beside it).
+SDK through SSL_CERT_DIR in a child process: operatorchart.in_child) and htpasswd authentication (bcrypt,
+written by the htpasswd command built beside it).
 Its blobs live in ~/.cache/elasticjob/registry and outlive the cluster, so a second `up` pushes nothing that is
 there already; its password, htpasswd file, configuration and client certificates live in the cluster's state
 (.localcluster/registry) and are made once, like the PKI.
@@ -197,10 +198,3 @@ def stop(layout: Layout) -> None:
         sessions.stop_sessions([pid], 5)
     layout.pid_file(NAME).unlink(missing_ok=True)
 
-
-def trust_cluster_ca(root: Path) -> None:
-    """Lets Go TLS clients in this process (Helm's SDK, a shared library) trust the local cluster's CA besides the
-    system's. Go reads SSL_CERT_DIR when its runtime loads, so this must run before helm_python is imported."""
-    trust = f"/etc/ssl/certs:{files(Layout(root)).certs}"
-    current = os.environ.get("SSL_CERT_DIR")
-    os.environ["SSL_CERT_DIR"] = trust if not current else f"{current}:{files(Layout(root)).certs}"

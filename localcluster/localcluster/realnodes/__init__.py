@@ -52,7 +52,8 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
                     *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS)]
         project_tarballs = building.tarballs()
     target = push.Target(registry.REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json")
-    push.push_all([(spec, t) for t in project_tarballs if (spec := push.spec_of(t))], target, IMAGE_CACHE, log)
+    pushed = push.push_all([(spec, t) for t in project_tarballs if (spec := push.spec_of(t))], target, IMAGE_CACHE,
+                           log)
     apply.apply(endpoints, registry.pull_secret("default", registry.password(layout)))
     started = time.monotonic()
     alive = {each.name for each in running(layout)}
@@ -60,6 +61,7 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
     for each in missing:
         node.start(layout, endpoints, each, everyone, bin_dir)
     images.import_everywhere(everyone, tarballs, log)
+    images.pull_everywhere(everyone, sorted(pushed), f"{registry.USER}:{registry.password(layout)}", log)
     if not _alive(layout, hostproxy.NAME):
         hostproxy.start(layout, endpoints, bin_dir, everyone[0].name)
     wait_ready(layout, [n.name for n in everyone], READY_TIMEOUT, log)

@@ -164,3 +164,23 @@ def import_all(node: RealNode, tarballs: list[Path], log: Log) -> None:
         have.add(tarball.name)
         node.path("imported").write_text("\n".join(sorted(have)) + "\n")
         log(f"  {node.name}: imported {tarball.name} ({time.monotonic() - started:.1f}s)")
+
+
+def pull_everywhere(nodes: list[RealNode], refs: list[str], credentials: str, log: Log) -> None:
+    """Every node's containerd pulls the project's images from the registry (its hosts.toml and CA, the
+    registry's credentials), all nodes at once, as a pre-pull DaemonSet warms a real cluster's nodes: the first
+    job's pods then start in seconds, not after three nodes unpacked 1.1 GB each while the test's clock runs. A
+    pod still pulls through its own imagePullSecrets (its reference is resolved against the registry again)."""
+    def pull(node: RealNode) -> None:
+        for ref in refs:
+            started = time.monotonic()
+            result = subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "images", "pull",
+                                     "--hosts-dir", str(node.path("certs.d")), "--user", credentials, ref],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{node.name}: ctr images pull {ref} failed: {result.stderr.strip()[-500:]}")
+            log(f"  {node.name}: pulled {ref} ({time.monotonic() - started:.1f}s)")
+
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1), thread_name_prefix="pull") as pool:
+        for done in [pool.submit(pull, each) for each in nodes]:
+            done.result()
