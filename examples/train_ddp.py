@@ -14,8 +14,8 @@ Two habits make recovery fast and lose nothing:
 - Before the operator removes workers (a scale-down, a suspension, Kueue's preemption) it asks for a planned
   stop: elasticjob_progress's should_stop(step) turns true on every rank at the same step; rank 0 saves it
   (DDP keeps every rank's model identical after a step), and every rank calls stopped(step), which holds the
-  process until the operator ends it. The next run resumes from that step: none is done again. Without the
-  package (another image, plain torchrun), SIGTERM does it instead: the rank finishes its step, saves and exits
+  process until the operator ends it. The next run resumes from that step: none is done again. Where no stop
+  was planned (an eviction, a drain, or an image without the package), SIGTERM does it instead: the rank finishes its step, saves and exits
   0; the others cannot step on without it, so nothing newer can be overwritten. A rank stuck in a collective
   (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
 - When a collective fails (a peer died, the group is being restarted) the rank logs the error and leaves with
@@ -183,6 +183,7 @@ class Stop:
     """
 
     requested = False
+    holding = False  # a planned stop was saved: the process only waits for its end (SIGTERM ends it at once)
 
     @classmethod
     def install(cls, grace: float):
@@ -197,8 +198,9 @@ class Stop:
         while os.read(read_end, 1) != bytes([signal.SIGTERM]):
             pass
         cls.requested = True
-        time.sleep(grace)  # the main loop saves and exits within one step; if not, it is stuck
-        print(f"SIGTERM: no step finished within {grace}s (stuck in a collective?); leaving", flush=True)
+        if not cls.holding:
+            time.sleep(grace)  # the main loop saves and exits within one step; if not, it is stuck
+            print(f"SIGTERM: no step finished within {grace}s (stuck in a collective?); leaving", flush=True)
         os._exit(143)
 
 
@@ -266,8 +268,8 @@ def start(args) -> Run:
 
 def main(argv=None):
     args = parse_args(argv)
-    if elasticjob_progress is None:  # with it, the operator's planned stop takes SIGTERM's place
-        Stop.install(args.sigterm_grace)
+    # SIGTERM saves too where the operator planned no stop (an eviction, a drain, a stop it could not ask for).
+    Stop.install(args.sigterm_grace)
     run = start(args)
     print(f"rank {run.rank}/{run.world_size} on {run.host} resuming from step {run.resumed_from} "
           f"(restart {run.restart_count})", flush=True)
@@ -313,6 +315,7 @@ def train(run: Run, timed_step) -> None:
                 run.progress.saved(step)
             append_progress(args.events_file, {"event": "checkpoint-on-stop", "step": step, "rank": run.rank,
                                                "host": run.host, "time": time.time()})
+            Stop.holding = True
             run.progress.stopped(step)  # holds the process until the operator ends it
             return
         if Stop.requested:
