@@ -14,9 +14,9 @@ Two habits make recovery fast and lose nothing:
 - Before the operator removes workers (a scale-down, a suspension, Kueue's preemption) it asks for a planned
   stop: elasticjob_progress's should_stop(step) turns true on every rank at the same step; rank 0 saves it
   (DDP keeps every rank's model identical after a step), and every rank calls stopped(step), which holds the
-  process until the operator ends it. The next run resumes from that step: none is done again. Where no stop
-  was planned (an eviction, a drain, or an image without the package), SIGTERM does it instead: the rank finishes its step, saves and exits
-  0; the others cannot step on without it, so nothing newer can be overwritten. A rank stuck in a collective
+  process until the operator ends it. The next run resumes from that step: none is done again. Where no
+  stop was planned (an eviction, a drain, or an image without the package), SIGTERM does it instead: the
+  rank finishes its step, saves and exits 0; the others cannot step on without it, so nothing newer can be overwritten. A rank stuck in a collective
   (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
 - When a collective fails (a peer died, the group is being restarted) the rank logs the error and leaves with
   os._exit(1) at once: a normal interpreter exit tears torch down for over a second, which the whole group

@@ -110,13 +110,14 @@ Check = Callable[[dict], bool]
 
 
 def requested_cpu(core: client.CoreV1Api, namespace: str) -> float:
-    """CPU the namespace's live pods ask for, scheduled or not: each pod the larger of its containers' sum and any
-    init container's (as the scheduler and Kueue count a pod)."""
+    """CPU the namespace's live ElasticJob pods ask for, scheduled or not: each pod the larger of its containers'
+    sum and any init container's (as the scheduler and Kueue count a pod). Not the operator's own pods, which the
+    chart may install in the same namespace (two replicas by default) and which no ClusterQueue charges."""
     def cpu(container) -> float:
         return float(parse_quantity(((container.resources and container.resources.requests) or {}).get("cpu", "0")))
 
     total = 0.0
-    for pod in core.list_namespaced_pod(namespace).items:
+    for pod in core.list_namespaced_pod(namespace, label_selector="elasticjob.dev/job-name").items:
         if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running"):
             total += max([sum(cpu(c) for c in pod.spec.containers), *(cpu(c) for c in pod.spec.init_containers or [])])
     return total
