@@ -18,6 +18,8 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from compat_table import table
+
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = Path(os.environ.get("COMPAT_CACHE", Path.home() / ".cache" / "elasticjob" / "compat")) / "k8s"
 VERSIONS = ("1.33", "1.34", "1.35", "1.36", "1.37")
@@ -87,11 +89,7 @@ def main() -> int:
 def render(rows: dict[str, dict[str, str]], markdown: bool) -> str:
     header = ["Kubernetes", *SCENARIOS]
     lines = [[version, *row.values()] for version, row in rows.items()]
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
-    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *lines])
+    return table(header, lines, markdown)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "operator"))
+from compat_table import table  # noqa: E402  (beside this script)
+
 from elasticjob_store.compat import in_range  # noqa: E402  (the tree's own range)
 
 CACHE = Path(os.environ.get("COMPAT_CACHE", Path.home() / ".cache" / "elasticjob" / "compat"))
@@ -117,11 +119,7 @@ def main() -> int:
 def render(rows: dict[str, dict[str, str]], markdown: bool) -> str:
     header = ["torch", "range", *BEHAVIOURS]
     lines = [[v, "in" if in_range(v) else "out", *row.values()] for v, row in rows.items()]
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
-    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *lines])
+    return table(header, lines, markdown)
 
 
 if __name__ == "__main__":
