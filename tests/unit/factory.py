@@ -7,6 +7,8 @@ from typing import Any
 
 from elasticjob import naming, planner
 from elasticjob.domain import JobRef
+from elasticjob.gang.planning import Gang
+from elasticjob.kueue.admission import Kueue
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView, StoreNode, StoreView
 
@@ -63,11 +65,14 @@ def store(epoch: str = "e1", round: int = 1, failure_rounds: int = 0, nodes: int
 
 
 def observed(pods: list[PodView], service: ServiceView | None = SERVICE, **fields: Any) -> planner.Observed:
-    """`workload=W` is the one Workload of the job (Observed holds all of them, `workloads`)."""
+    """Every integration is there, as the controller observes them: the gang's `pod_group`, Kueue's `workloads`,
+    `flavors` and `priority`; `workload=W` is the one Workload of the job."""
     if "workload" in fields:
         workload = fields.pop("workload")
         fields["workloads"] = (workload,) if workload is not None else ()
-    return planner.Observed(pods=pods, service=service, **fields)
+    gang = Gang(fields.pop("pod_group", None))
+    kueue = Kueue(fields.pop("workloads", ()), fields.pop("flavors", {}), fields.pop("priority", None))
+    return planner.Observed(pods=pods, service=service, integrations=(gang, kueue), **fields)
 
 
 def creates(result: planner.Plan, kind: str = "Pod") -> list[str]:

@@ -9,6 +9,7 @@ from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission
 
 from elasticjob import naming, planner
 from elasticjob.domain import Settings
+from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import workloads
 from elasticjob.models import Phase
 
@@ -100,7 +101,7 @@ def test_a_workload_made_before_hashes_were_kept_is_taken_as_matching():
 
 def test_a_pending_workload_follows_the_template():
     result = plan(BIG, [], made_from(SMALL, PENDING, assigned=0), suspend=True, status={})
-    (patch,) = [a for a in result.actions if isinstance(a, planner.PatchWorkload)]
+    (patch,) = [a for a in result.actions if isinstance(a, kueue_actions.PatchWorkload)]
     workers = patch.pod_sets[0]["template"]
     assert workers["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "64"
     assert workers["metadata"]["annotations"][workloads.TEMPLATE_HASH_ANNOTATION] == workloads.template_hash(

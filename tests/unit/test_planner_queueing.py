@@ -11,6 +11,7 @@ from factory import NOW, SERVICE, UID, condition, creates, deletes, failed, job,
 
 from elasticjob import naming, planner
 from elasticjob.domain import Settings
+from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView, Priority
 
@@ -145,7 +146,7 @@ def test_a_missing_priority_class_is_shown_and_no_workload_made():
 
 def test_a_pending_workload_shows_kueues_words():
     result = plan(kueue_job(suspend=True), [], workload=workload(PENDING))
-    assert not actions(result, planner.CreateObject) and not actions(result, planner.PatchWorkload)
+    assert not actions(result, planner.CreateObject) and not actions(result, kueue_actions.PatchWorkload)
     assert (result.status.phase, result.status.reason) == ("Queued", "Queued")
     assert "insufficient unused quota for cpu" in result.status.message
     assert result.status.admission.message == result.status.message
@@ -159,7 +160,7 @@ RESERVED_NOT_ADMITTED = [cond("QuotaReserved", "True", "QuotaReserved"),
 def test_a_pending_workload_follows_the_spec_but_one_holding_quota_does_not(conditions, patched):
     wl = workload(conditions, admission(2) if conditions is RESERVED_NOT_ADMITTED else None, workers=(2, 1))
     result = plan(kueue_job(suspend=True, replicas=3), [], workload=wl)
-    patches = actions(result, planner.PatchWorkload)
+    patches = actions(result, kueue_actions.PatchWorkload)
     assert bool(patches) == patched  # Kueue's pod sets are immutable while they hold quota
     assert (result.status.phase, result.status.reason) == ("Queued", "Queued")
     if patched:
@@ -235,7 +236,7 @@ def test_an_evicted_job_is_suspended_first():
     result = plan(kueue_job(running_status()), [rdzv(), worker(0), worker(1)],
                   workload=workload(PREEMPTED, admission(2)))
     assert [a.suspend for a in actions(result, planner.SetSuspend)] == [True]
-    assert not actions(result, planner.DeletePod) and not actions(result, planner.ApplyWorkloadStatus)
+    assert not actions(result, planner.DeletePod) and not actions(result, kueue_actions.ApplyWorkloadStatus)
 
 
 def test_a_preempted_job_stops_its_pods_without_counting_a_failure():
@@ -243,7 +244,7 @@ def test_a_preempted_job_stops_its_pods_without_counting_a_failure():
     status = running_status(restarts=1)
     result = plan(kueue_job(status, suspend=True), pods, workload=workload(PREEMPTED, admission(2)))
     assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
-    assert not actions(result, planner.ApplyWorkloadStatus)  # the quota goes once the pods are gone
+    assert not actions(result, kueue_actions.ApplyWorkloadStatus)  # the quota goes once the pods are gone
     assert (result.status.phase, result.status.reason) == ("Queued", "Preempted")
     assert result.status.restarts == 1 and result.status.last_failures == [] and result.status.counted_failures == []
     assert result.status.admission.state == "Preempted"
@@ -255,7 +256,7 @@ def test_a_preempted_job_stops_its_pods_without_counting_a_failure():
 def test_once_the_pods_are_gone_the_quota_is_released_as_kueues_integrations_do():
     wl = workload(PREEMPTED, admission(2), requeueState={"count": 1}, resourceRequests=[{"name": "workers"}])
     result = plan(kueue_job(running_status(), suspend=True), [], workload=wl)
-    (release,) = actions(result, planner.ApplyWorkloadStatus)
+    (release,) = actions(result, kueue_actions.ApplyWorkloadStatus)
     assert release.name == WL
     body = release.body
     assert body["metadata"] == {"name": WL, "namespace": "ml", "uid": "uid-wl", "resourceVersion": "77"}
@@ -277,7 +278,7 @@ def test_once_the_pods_are_gone_the_quota_is_released_as_kueues_integrations_do(
 def test_a_deactivated_workload_is_not_requeued():
     wl = workload(ADMITTED + [cond("Evicted", "True", "Deactivated", "The workload is deactivated")], admission(2))
     result = plan(kueue_job(suspend=True), [], workload=wl)
-    (release,) = actions(result, planner.ApplyWorkloadStatus)
+    (release,) = actions(result, kueue_actions.ApplyWorkloadStatus)
     conds = {c["type"]: c for c in release.body["status"]["conditions"]}
     assert conds["Requeued"]["status"] == "False"
     assert (result.status.reason, result.status.admission.state) == ("Evicted", "Evicted")
@@ -289,7 +290,7 @@ def test_a_released_workload_waits_preempted_then_resumes_when_admitted_again():
                          cond("Admitted", "False", "NoReservation")])
     status = {**running_status(restarts=2), "phase": "Queued", "reason": "Preempted"}
     waiting = plan(kueue_job(status, suspend=True), [], workload=released)
-    assert not actions(waiting, planner.ApplyWorkloadStatus) and not actions(waiting, planner.SetSuspend)
+    assert not actions(waiting, kueue_actions.ApplyWorkloadStatus) and not actions(waiting, planner.SetSuspend)
     assert (waiting.status.phase, waiting.status.reason) == ("Queued", "Preempted")
     # Kueue admits it again (it resets Evicted): the job is unsuspended and its pods come back.
     again = plan(kueue_job(status, suspend=True), [], workload=workload(ADMITTED, admission(2)))
@@ -307,19 +308,19 @@ def test_a_released_workload_waits_preempted_then_resumes_when_admitted_again():
 def test_a_finished_job_marks_its_workload_finished(phase, reason):
     status = {"phase": phase, "reason": "X", "message": "done", "completionTime": OLD}
     result = plan(kueue_job(status), [], workload=workload(ADMITTED, admission(2)))
-    (finish,) = actions(result, planner.ApplyWorkloadStatus)
+    (finish,) = actions(result, kueue_actions.ApplyWorkloadStatus)
     conds = {c["type"]: c for c in finish.body["status"]["conditions"]}
     assert (conds["Finished"]["status"], conds["Finished"]["reason"], conds["Finished"]["message"]) == (
         "True", reason, "done")
     assert finish.body["status"]["admission"] == admission(2)  # kept: Kueue frees a finished one's quota
     assert result.status.admission.state == "Finished"
     done = workload(ADMITTED + [cond("Finished", "True", reason)], admission(2))
-    assert not actions(plan(kueue_job(status), [], workload=done), planner.ApplyWorkloadStatus)
+    assert not actions(plan(kueue_job(status), [], workload=done), kueue_actions.ApplyWorkloadStatus)
 
 
 def test_the_end_of_a_job_that_never_got_a_workload_touches_nothing():
     status = {"phase": "Failed", "reason": "InvalidSpec", "completionTime": OLD}
-    assert not actions(plan(kueue_job(status), []), planner.ApplyWorkloadStatus)
+    assert not actions(plan(kueue_job(status), []), kueue_actions.ApplyWorkloadStatus)
 
 
 def test_a_workload_of_an_earlier_job_of_the_same_name_is_not_ours():

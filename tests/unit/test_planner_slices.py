@@ -9,6 +9,7 @@ from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, ru
 
 from elasticjob import naming, planner
 from elasticjob.domain import Settings
+from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView
 
@@ -81,14 +82,14 @@ def test_growing_past_the_admitted_slice_asks_for_a_new_one_and_runs_what_was_ad
 
 def test_a_slice_kueue_has_not_admitted_is_asked_once_and_its_wait_shown():
     result = plan(4, workers(2), slice_(), slice_(f"{WL}-s1", 4, PENDING, replaces=WL, created="2026-01-01T11:01:00Z"))
-    assert not workloads_made(result) and not actions(result, planner.PatchWorkload)
+    assert not workloads_made(result) and not actions(result, kueue_actions.PatchWorkload)
     assert "not admitted: insufficient unused quota for cpu in flavor f" in result.status.admission.message
     assert result.status.phase == "Running" and "2/2 workers ready" in result.status.message
 
 
 def test_a_pending_slice_follows_the_spec():
     result = plan(3, workers(2), slice_(), slice_(f"{WL}-s1", 4, PENDING, replaces=WL, created="2026-01-01T11:01:00Z"))
-    [patch] = actions(result, planner.PatchWorkload)
+    [patch] = actions(result, kueue_actions.PatchWorkload)
     assert patch.name == f"{WL}-s1" and [p["count"] for p in patch.pod_sets] == [3, 1]
 
 
@@ -106,7 +107,7 @@ def test_once_kueue_admits_the_new_slice_the_job_grows_and_the_old_slice_is_fini
     new = slice_(f"{WL}-s1", 4, ADMITTED, replaces=WL, created="2026-01-01T11:01:00Z")
     result = plan(4, workers(2), old, new)
     assert creates(result) == ["train-worker-2", "train-worker-3"]
-    [finish] = actions(result, planner.ApplyWorkloadStatus)
+    [finish] = actions(result, kueue_actions.ApplyWorkloadStatus)
     assert finish.name == WL
     finished = next(c for c in finish.body["status"]["conditions"] if c["type"] == "Finished")
     assert (finished["status"], finished["reason"]) == ("True", workloads.SLICE_REPLACED)
@@ -117,12 +118,12 @@ def test_a_slice_kueue_already_marked_replaced_is_left_alone():
     old = slice_(conditions=REPLACED)
     new = slice_(f"{WL}-s1", 4, ADMITTED, replaces=WL, created="2026-01-01T11:01:00Z")
     result = plan(4, workers(4), old, new)
-    assert not actions(result, planner.ApplyWorkloadStatus) and not workloads_made(result)
+    assert not actions(result, kueue_actions.ApplyWorkloadStatus) and not workloads_made(result)
 
 
 def test_shrinking_gives_quota_back_in_place():
     result = plan(2, workers(4), slice_(count=4))
-    [patch] = actions(result, planner.PatchWorkload)
+    [patch] = actions(result, kueue_actions.PatchWorkload)
     assert patch.name == WL and patch.resource_version == "77"
     assert [p["count"] for p in patch.pod_sets] == [2, 1]
     assert patch.pod_sets[0]["template"] == {"spec": {"containers": [{"name": "w"}]}}  # the rest as stored

@@ -15,7 +15,6 @@ from typing import Any
 from elasticjob import k8s, metrics, naming, planner
 from elasticjob.controller.context import Context
 from elasticjob.domain import JobRef
-from elasticjob.kueue import io as kueue_io
 from elasticjob.models import API_VERSION, KIND
 from elasticjob_store.protocol import ActionReply, ErrorReply
 
@@ -128,8 +127,9 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logg
         return await nudge(ctx, ref, action, log) or None
     elif isinstance(action, (planner.DeleteObject, planner.PatchObject)):
         return await change_object(ctx, ref, action) or None
-    elif isinstance(action, kueue_io.HANDLED):
-        return await kueue_io.apply(kube, ref, action, log) or None
+    elif isinstance(action, planner.IntegrationAction):
+        owner = next(i for i in ctx.integrations if i.handles(action))  # the one that planned it
+        return await owner.apply(kube, ref, action, log) or None
     return None
 
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from elasticjob import builders, k8s, naming
+from elasticjob import builders, integrations, k8s, naming
 from elasticjob.controller.loops import Budget, JobLoops
 from elasticjob.controller.mirror import JobKey, Mirror
 from elasticjob.domain import Settings
-from elasticjob.gang import io as gang_io
-from elasticjob.kueue import io as kueue_io
+from elasticjob.integrations import IntegrationIO
+from elasticjob.kindcache import Cache
 from elasticjob.planner import Event, NameTaken, RoundFailure
 from elasticjob.rendezvous_client import StoreClient
 
@@ -53,9 +53,9 @@ class JobMemory:
     # The Events a job may still post (reconcile.post_all): a store that changes its answer at every long-poll
     # must not post one each time.
     events: Budget = field(default_factory=lambda: Budget(EVENT_BURST, EVENT_EVERY))
-    # What the integrations remember: the PodGroup (no watch on it), the priority of Kueue's Workloads.
-    gang: gang_io.Memory = field(default_factory=gang_io.Memory)
-    kueue: kueue_io.Memory = field(default_factory=kueue_io.Memory)
+    # What each integration remembers, by its name (the gang's PodGroup, read without a watch; the priority of
+    # Kueue's Workloads): IntegrationIO.memory.
+    integrations: dict[str, Any] = field(default_factory=dict)
     # Names another object held when the operator asked (409), by kind and name: the planner renames them
     # (planner/ownership.py rename_taken) and its status keeps the new names; kept here until then.
     squatted: dict[tuple[str, str], NameTaken] = field(default_factory=dict)
@@ -128,7 +128,20 @@ class Context:
     loops: JobLoops | None = None
     watches: StoreWatches | None = None
     synced: bool = False
+    # Every integration (elasticjob/integrations.py), each with the caches of what it watches.
+    integrations: tuple[IntegrationIO, ...] = field(default_factory=integrations.build)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def cache(self, kind: str) -> Cache:
+        """Where a watch of `kind` goes: the mirror, or the integration that watches it."""
+        owner = next((i for i in self.integrations if kind in i.caches), None)
+        return owner.caches[kind] if owner is not None else self.mirror.cache(kind)
+
+    def memory_of(self, memory: JobMemory, integration: IntegrationIO) -> Any:
+        """What a job's loop remembers for the integration, made the first time it is asked for."""
+        if integration.name not in memory.integrations:
+            memory.integrations[integration.name] = integration.memory()
+        return memory.integrations[integration.name]
 
     def spawn(self, coro: Any) -> None:
         """Fire and forget, keeping a reference until done (events must not slow a reconcile)."""

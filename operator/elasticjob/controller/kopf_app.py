@@ -6,7 +6,6 @@ and runs standalone (its peering is not used: the replicas elect a leader on a L
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
@@ -24,7 +23,6 @@ from elasticjob.controller.loops import JobLoops
 from elasticjob.controller.mirror import Mirror
 from elasticjob.controller.reconcile import reconcile
 from elasticjob.controller.stores import StoreWatches
-from elasticjob.kueue import discovery
 from elasticjob.rendezvous_client import StoreClient
 
 API_THREADS = 32
@@ -56,12 +54,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     ctx.loops = JobLoops(functools.partial(reconcile, ctx), ctx.logger, config.concurrent_reconciles)
     ctx.watches = StoreWatches(ctx.stores, ctx.loops.wake)
     memo.ctx = ctx
-    kueue_on = await discovery.resolve(ctx.kube, ctx.settings.kueue_mode, ctx.logger)
-    ctx.settings = dataclasses.replace(ctx.settings, kueue=kueue_on)
+    background = []
+    for integration in ctx.integrations:  # before the watches: an integration says whether its API is served
+        ctx.settings, started = await integration.start(ctx.kube, ctx.settings, ctx.logger)
+        background += [(integration.name, coro) for coro in started]
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
-    if ctx.settings.kueue_mode == "auto":
-        memo.tasks.append(asyncio.create_task(discovery.follow(ctx.kube, kueue_on, ctx.logger),
-                                              name="kueue discovery"))
+    memo.tasks += [asyncio.create_task(coro, name=f"{name} background") for name, coro in background]
     metrics.LEADER.set(1)
     if config.leader is not None:
         # The watches run in every replica, so that a new leader reconciles from a warm mirror at once.

@@ -12,126 +12,27 @@ the planner looks at (a new resourceVersion, a kubelet heartbeat) wake no one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from elasticjob import naming
-from elasticjob.kueue.workloads import FlavorView, WorkloadView, observe_flavor, observe_workload, same_to_plan
+from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, labelled
 from elasticjob.observe import PodView, ServiceView, SliceView, observe_pod, observe_service, observe_slice
 from elasticjob.planner import Leftover
 
-JobKey = tuple[str, str]
-GONE_KEPT = 10000
-V = TypeVar("V")
-
-
-@dataclass(frozen=True, slots=True)
-class Entry(Generic[V]):
-    key: JobKey
-    view: V
-
-
-# From a raw object to (its uid, the entry), or None when it is none of ours (no job label).
-Convert = Callable[[Mapping[str, Any]], "tuple[str, Entry[V]] | None"]
-
-
-class KindCache(Generic[V]):
-    """One kind of object, by uid, grouped by the job it belongs to (not the rendezvous store)."""
-
-    def __init__(self, convert: Convert[V], same: Callable[[V, V], bool] | None = None):
-        self._convert = convert
-        self._same = same or (lambda a, b: a == b)
-        self._by_uid: dict[str, Entry[V]] = {}
-        self._by_job: dict[JobKey, dict[str, V]] = {}
-        self._gone: dict[str, None] = {}  # uids seen deleted, newest last: a late create reply must not revive them
-
-    def __len__(self) -> int:
-        return len(self._by_uid)
-
-    def of(self, key: JobKey) -> list[V]:
-        return list(self._by_job.get(key, {}).values())
-
-    def keys(self) -> set[JobKey]:
-        return set(self._by_job)
-
-    def any_in(self, namespace: str) -> bool:
-        return any(key[0] == namespace for key in self._by_job)
-
-    def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
-        """One watch event (ADDED, MODIFIED, DELETED); returns the jobs it touched."""
-        converted = self._convert(body)
-        if converted is None:
-            return set()
-        uid, entry = converted
-        if kind == "DELETED":
-            return self._drop(uid)
-        return self._put(uid, entry)
-
-    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
-        """A complete list of one namespace (None: all of them): what it lacks is gone."""
-        fresh: dict[str, Entry[V]] = {}
-        for body in bodies:
-            if (converted := self._convert(body)) is not None:
-                fresh[converted[0]] = converted[1]
-        touched: set[JobKey] = set()
-        for uid, entry in list(self._by_uid.items()):
-            if (namespace is None or entry.key[0] == namespace) and uid not in fresh:
-                touched |= self._drop(uid)
-        for uid, entry in fresh.items():
-            touched |= self._put(uid, entry)
-        return touched
-
-    def add_created(self, body: Mapping[str, Any]) -> bool:
-        """An object this operator just created, as the API server's reply holds it: known at once, so that the
-        next plan neither waits for the watch nor creates it again. Never over anything the watch delivered
-        (that is as new or newer); the watch's own events then replace it. True when it was added."""
-        converted = self._convert(body)
-        if converted is None or converted[0] in self._by_uid or converted[0] in self._gone:
-            return False
-        self._put(*converted)
-        return True
-
-    def _put(self, uid: str, entry: Entry[V]) -> set[JobKey]:
-        """Keeps the newest view; wakes the job only when it changed in what the planner looks at."""
-        old = self._by_uid.get(uid)
-        same = old is not None and old.key == entry.key and self._same(old.view, entry.view)
-        touched = self._drop(uid) if old is not None and old.key != entry.key else set()
-        self._by_uid[uid] = entry
-        self._by_job.setdefault(entry.key, {})[uid] = entry.view
-        return set() if same else touched | {entry.key}
-
-    def _drop(self, uid: str) -> set[JobKey]:
-        self._gone[uid] = None
-        if len(self._gone) > GONE_KEPT:
-            del self._gone[next(iter(self._gone))]
-        entry = self._by_uid.pop(uid, None)
-        if entry is None:
-            return set()
-        group = self._by_job.get(entry.key, {})
-        group.pop(uid, None)
-        if not group:
-            self._by_job.pop(entry.key, None)
-        return {entry.key}
-
-
-def _labelled(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], JobKey] | None:
-    meta = body.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(naming.JOB_LABEL)
-    if not job or not meta.get("uid"):
-        return None
-    return meta, naming.job_key(meta.get("namespace", ""), job)
+__all__ = ["JobKey", "KindCache", "Mirror", "StoredJob", "without_managed_fields"]
 
 
 def _pod(body: Mapping[str, Any]) -> tuple[str, Entry[PodView]] | None:
-    if (found := _labelled(body)) is None:
+    if (found := labelled(body)) is None:
         return None
     meta, key = found
     return meta["uid"], Entry(key, observe_pod(body))
 
 
 def _service(body: Mapping[str, Any]) -> tuple[str, Entry[ServiceView]] | None:
-    if (found := _labelled(body)) is None:
+    if (found := labelled(body)) is None:
         return None
     meta, key = found
     return meta["uid"], Entry(key, observe_service(body))
@@ -147,35 +48,6 @@ def _slice(body: Mapping[str, Any]) -> tuple[str, Entry[SliceView]] | None:
     if job is None or not meta.get("uid"):
         return None
     return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), job), observe_slice(body))
-
-
-def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None:
-    if (found := _labelled(body)) is None:
-        return None
-    meta, key = found
-    return meta["uid"], Entry(key, observe_workload(body))
-
-
-class Flavors:
-    """Kueue's ResourceFlavors by name (cluster-scoped, no job's): their node labels go on admitted pods."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, FlavorView] = {}
-
-    def __len__(self) -> int:
-        return len(self.by_name)
-
-    def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
-        view = observe_flavor(body)
-        if kind == "DELETED":
-            self.by_name.pop(view.name, None)
-        else:
-            self.by_name[view.name] = view
-        return set()  # a job waiting for a flavor it was assigned looks again within seconds
-
-    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
-        self.by_name = {view.name: view for view in map(observe_flavor, bodies)}
-        return set()
 
 
 def without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,22 +86,19 @@ def _same_version(a: StoredJob, b: StoredJob) -> bool:
 
 class Mirror:
     """Jobs (whole bodies, kept as JSON: the planner needs the spec), their pods, Services and the EndpointSlices
-    of their rendezvous Services (views: what it decides on)."""
+    of their rendezvous Services (views: what it decides on). The integrations keep their own kinds (Kueue's
+    Workloads) in caches of their own (Context.cache)."""
 
     def __init__(self) -> None:
         self.jobs: KindCache[StoredJob] = KindCache(_job, _same_version)
         self.pods: KindCache[PodView] = KindCache(_pod)
         self.services: KindCache[ServiceView] = KindCache(_service)
         self.slices: KindCache[SliceView] = KindCache(_slice)
-        self.workloads: KindCache[WorkloadView] = KindCache(_workload, same_to_plan)
-        self.flavors = Flavors()
+        self._caches: dict[str, Cache] = {
+            "elasticjobs": self.jobs, "pods": self.pods, "services": self.services, "endpointslices": self.slices}
 
-    def cache(self, kind: str) -> KindCache[Any] | Flavors:
-        caches: dict[str, KindCache[Any] | Flavors] = {
-            "elasticjobs": self.jobs, "pods": self.pods, "services": self.services, "endpointslices": self.slices,
-            "workloads": self.workloads,
-            "resourceflavors": self.flavors}
-        return caches[kind]
+    def cache(self, kind: str) -> Cache:
+        return self._caches[kind]
 
     def add_created(self, body: Mapping[str, Any]) -> bool:
         """A Pod or Service this operator created (see KindCache.add_created); other kinds are not mirrored."""
@@ -273,7 +142,3 @@ class Mirror:
                  if p.owner_uid not in (None, uid) and not p.deleting]
         return found + [Leftover("Service", s.name, s.uid, s.owner_uid) for s in self.services.of(key)
                         if s.owner_uid not in (None, uid)]
-
-    def owned_workloads(self, key: JobKey, uid: str) -> tuple[WorkloadView, ...]:
-        """The job's Workloads: one, or its slices (kueue.current_slice picks the one that counts)."""
-        return tuple(w for w in self.workloads.of(key) if w.owner_uid == uid)

@@ -6,12 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime
-from typing import Any
 
 from elasticjob import builders, domain, k8s, naming, planner
 from elasticjob.controller.context import Context, JobMemory
-from elasticjob.gang import io as gang_io
-from elasticjob.kueue import io as kueue_io
 from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure, parse_time
 from elasticjob_store.protocol import control_port
 
@@ -42,16 +39,12 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
                             endpoint_slices=ctx.mirror.endpoint_slices(ref.namespace, service_name),
                             refused=refusal.message if refusal else None,
                             retry_at=refusal.retry_at if refusal else None,
-                            **await integrations(ctx, memory, job.ref))
+                            integrations=await integrations(ctx, memory, job.ref))
 
 
-async def integrations(ctx: Context, memory: JobMemory, ref: domain.JobRef) -> dict[str, Any]:
-    """The Observed fields of gangs and of Kueue, each read by its own package."""
-    found: dict[str, Any] = {"pod_group": await gang_io.observe(ctx.kube, memory.gang, ref)}
-    if ctx.settings.kueue:
-        owned = ctx.mirror.owned_workloads(naming.job_key(ref.namespace, ref.name), ref.uid)
-        found |= await kueue_io.observe(ctx.kube, memory.kueue, ref, owned, ctx.mirror.flavors.by_name)
-    return found
+async def integrations(ctx: Context, memory: JobMemory, ref: domain.JobRef) -> tuple[planner.Integration, ...]:
+    """What each integration sees of the job, read by its own package, in the registry's order."""
+    return tuple([await i.observe(ctx.kube, ctx.memory_of(memory, i), ref, ctx.settings) for i in ctx.integrations])
 
 
 async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None]:

@@ -22,7 +22,6 @@ from elasticjob.controller.context import EVENT_BURST, EVENT_EVERY, Context, Job
 from elasticjob.controller.loops import Failed, JobLoop
 from elasticjob.controller.mirror import JobKey, without_managed_fields
 from elasticjob.domain import JobRef
-from elasticjob.gang import io as gang_io
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import parse_time
 
@@ -104,7 +103,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     plan = planner.plan(job, observed, now, ctx.settings, ctx.stores.token(ref.uid))
     spec_patch, spec_events = planner.spec_changes(plan.actions)
     if spec_patch:
-        # The spec first (the replicas default, Kueue's suspend): the status planned here was planned without it.
+        # The spec first (the replicas default, a gate's suspend): the status planned here was planned without it.
         memory.written = without_managed_fields(
             await ctx.kube.patch_job_spec(ref.namespace, ref.name, spec_patch, meta["resourceVersion"]))
         post_all(ctx, memory, memory.written, spec_events, log)
@@ -113,7 +112,8 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     if defer is None:
         body = await write_status(ctx, memory, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, observed.store, now)
-    gang_io.after_apply(memory.gang, plan.actions)  # what it changes is read again next time, whatever happens
+    for integration in ctx.integrations:  # what they change is read again next time, whatever happens
+        integration.after_apply(ctx.memory_of(memory, integration), plan.actions)
     actions = unapplied(memory.applied, plan.actions)
     outbox = list(plan.events)  # posted once, after the status write and the actions, whatever happens
     try:

@@ -14,7 +14,6 @@ from elasticjob import metrics, naming, rest
 from elasticjob.controller import namespace_cleanup, reflector, telemetry
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
-from elasticjob.kueue import workloads
 from elasticjob.models import API_VERSION, PLURAL
 
 # Pods and Services of every job carry this label: the API server sends the operator only those.
@@ -33,12 +32,11 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
                   reflector.Source("services", ns, OWNED_SELECTOR, kube.lister(rest.resource("v1", ns, "services"))),
                   reflector.Source("endpointslices", ns, SLICE_SELECTOR,
                                    kube.lister(rest.resource("discovery.k8s.io/v1", ns, "endpointslices")))]
-        if ctx.settings.kueue:
-            owned = rest.resource(workloads.API_VERSION, ns, workloads.WORKLOADS)
-            found.append(reflector.Source("workloads", ns, OWNED_SELECTOR, kube.lister(owned)))
-    if ctx.settings.kueue:
-        flavors = kube.lister(rest.resource(workloads.API_VERSION, None, workloads.FLAVORS))
-        found.append(reflector.Source("resourceflavors", None, None, flavors))
+    # What the integrations watch (Kueue's Workloads in each namespace, its ResourceFlavors cluster-wide).
+    for watched in [w for i in ctx.integrations for w in i.watched(ctx.settings)]:
+        for ns in targets if watched.namespaced else [None]:
+            found.append(reflector.Source(watched.kind, ns, watched.label_selector,
+                                          kube.lister(rest.resource(watched.api_version, ns, watched.plural))))
     return found
 
 
@@ -63,11 +61,11 @@ async def start_loops_when_synced(ctx: Context, reflectors: list[reflector.Refle
 
 
 def listed(ctx: Context, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
-    dispatch(ctx, kind, ctx.mirror.cache(kind).replace(namespace, items))
+    dispatch(ctx, kind, ctx.cache(kind).replace(namespace, items))
 
 
 def changed(ctx: Context, kind: str, event: str, body: dict[str, Any]) -> None:
-    dispatch(ctx, kind, ctx.mirror.cache(kind).apply(event, body))
+    dispatch(ctx, kind, ctx.cache(kind).apply(event, body))
 
 
 def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:

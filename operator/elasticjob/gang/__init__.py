@@ -2,11 +2,12 @@
 
     podgroup.py    pure: the PodGroup of either API (the Workload API's, scheduler-plugins' Coscheduling) and
                    how a worker joins it
-    planning.py    pure decisions: the group kept at minReplicas, made before the workers (the planner calls
-                   ensure_gang)
-    io.py          for the controller: the group read without a watch and remembered (observe, after_apply)
+    planning.py    pure decisions: the group kept at minReplicas, made before the workers; Gang, the view the
+                   planner calls (planner.base.Integration: the placements, ensure_gang before the workers)
+    io.py          for the controller: GangIO (integrations.IntegrationIO): the group read without a watch and
+                   remembered (observe, after_apply)
 
-The planner (planner/lifecycle.py) calls planning.ensure_gang and podgroup's placements; the controller calls
-io.observe (controller/observing.py) and io.after_apply (controller/reconcile.py). Creating, patching and
+The planner calls Gang through Observed.integrations, the controller GangIO through the registry
+(elasticjob/integrations.py), the one module outside this package that names it. Creating, patching and
 deleting the group are the controller's generic object actions (controller/apply.py).
 """

@@ -2,18 +2,24 @@
 
 The group is read (GET) the first time a job's loop needs it, again after the operator created or deleted it,
 and every few minutes; in between the loop's memory says what is there. Creating, patching and deleting it are
-the controller's generic object actions (controller/apply.py).
+the controller's generic object actions (controller/apply.py). GangIO is the integration as the controller runs
+it (elasticjob/integrations.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from elasticjob import k8s, planner
-from elasticjob.domain import JobRef
+from elasticjob.domain import JobRef, Settings
 from elasticjob.gang import podgroup
+from elasticjob.gang.planning import Gang
 from elasticjob.gang.podgroup import PodGroupView
+from elasticjob.kindcache import Cache, Watched
 
 # A PodGroup the operator knows is read again after this long (someone may have deleted it).
 RECHECK_SECONDS = 300.0
@@ -23,6 +29,36 @@ RECHECK_SECONDS = 300.0
 class Memory:
     # The job's PodGroup per API, as last read or left by the operator, and when.
     groups: dict[str, tuple[PodGroupView | None, float]] = field(default_factory=dict)
+
+
+class GangIO:
+    """The integration as the controller runs it (integrations.IntegrationIO): no watch, no action of its own."""
+
+    name = "gang"
+    caches: dict[str, Cache] = {}
+
+    async def start(self, kube: k8s.Kube, settings: Settings,
+                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
+        return settings, []
+
+    def watched(self, settings: Settings) -> list[Watched]:
+        return []
+
+    def memory(self) -> Memory:
+        return Memory()
+
+    async def observe(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Gang:
+        return Gang(await observe(kube, memory, ref))
+
+    def handles(self, action: planner.Action) -> bool:
+        return False
+
+    async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
+                    log: logging.LoggerAdapter[logging.Logger]) -> bool:
+        return False
+
+    def after_apply(self, memory: Memory, actions: list[planner.Action]) -> None:
+        after_apply(memory, actions)
 
 
 async def observe(kube: k8s.Kube, memory: Memory, ref: JobRef) -> PodGroupView | None:

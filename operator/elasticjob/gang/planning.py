@@ -1,7 +1,7 @@
 """The PodGroup the workers join, kept at minReplicas. Pure.
 
 The operator has no watch on PodGroups: the handler reads the group once (and again after the operator
-changed it, or every few minutes) and hands it over as `Observed.pod_group`.
+changed it, or every few minutes) and hands it over as `Gang.pod_group` (in Observed.integrations).
 
 When minReplicas changes: Coscheduling's minMember is updated in place. The Workload API's gang policy is
 immutable, and its PodGroup carries the finalizer scheduling.k8s.io/podgroup-protection, which keeps a deleted
@@ -13,14 +13,45 @@ the pods bound before them, so they schedule one by one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
+from elasticjob.domain import Settings
 from elasticjob.gang import podgroup
-from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, PatchObject, Plan
+from elasticjob.gang.podgroup import PodGroupView
+from elasticjob.planner.base import (
+    Allowance,
+    CreateObject,
+    DeleteObject,
+    Event,
+    Job,
+    Observed,
+    PatchObject,
+    Plan,
+)
 
 
-def ensure_gang(plan: Plan, job: Job, observed: Observed) -> bool:
-    """Make the job's PodGroup what the spec says; whether workers may be created now."""
+@dataclass(frozen=True)
+class Gang:
+    """The gang as the planner calls it (planner.base.Integration), with the job's group as the controller last
+    read or made it (`pod_group`)."""
+
+    pod_group: PodGroupView | None = None
+
+    def gate(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance:
+        """Never holds a job: its pods only join the group (and go to the gang's scheduler)."""
+        return Allowance(worker=podgroup.worker_placement(job.ref), store=podgroup.store_placement(job.ref))
+
+    def ready_for_workers(self, plan: Plan, job: Job, observed: Observed) -> bool:
+        return ensure_gang(plan, job, observed, self.pod_group)
+
+    def finish(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> None:
+        return None  # the group goes with the job (owner reference)
+
+
+def ensure_gang(plan: Plan, job: Job, observed: Observed, have: PodGroupView | None) -> bool:
+    """Make the job's PodGroup what the spec says (`have`: as last read); whether workers may be created now."""
     want = podgroup.desired(job.ref)
-    have = observed.pod_group
     if want is None:
         return True
     if have is None:

@@ -23,19 +23,21 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from elasticjob import naming
-from elasticjob.domain import NO_PLACEMENT, Placement, Settings
-from elasticjob.kueue import slices, workloads
+from elasticjob.domain import Settings
+from elasticjob.kueue import slices, view, workloads
+from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
+from elasticjob.kueue.view import KueueObserved
 from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
 from elasticjob.planner import planned_stop
 from elasticjob.planner.base import (
-    ApplyWorkloadStatus,
+    UNGATED,
+    Allowance,
     CreateObject,
     DeleteObject,
     Event,
     Job,
     Observed,
-    PatchWorkload,
     Plan,
     SetSuspend,
     admission_of,
@@ -47,15 +49,17 @@ from elasticjob.planner.scaling import force_delete_stuck, stop_all
 
 
 @dataclass(frozen=True)
-class Admitted:
-    """What Kueue allows: at most `workers` workers, placed as its flavors say."""
+class Kueue(KueueObserved):
+    """Kueue as the planner calls it (planner.base.Integration): the gate and the finish below."""
 
-    workers: int | None = None
-    worker: Placement = NO_PLACEMENT
-    store: Placement = NO_PLACEMENT
+    def gate(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance | None:
+        return gate(plan, job, observed, settings, now)
 
+    def ready_for_workers(self, plan: Plan, job: Job, observed: Observed) -> bool:
+        return True  # Kueue's word is the gate's: once admitted, workers start
 
-NOT_QUEUED = Admitted()  # not a Kueue job: run as usual
+    def finish(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> None:
+        finish(plan, job, observed, settings, now)
 
 
 def queue(job: Job, settings: Settings, observed: Observed) -> str | None:
@@ -71,11 +75,11 @@ def queue(job: Job, settings: Settings, observed: Observed) -> str | None:
 
 
 def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
-    wl = observed.workload
+    wl = view.of(observed).workload
     return wl if wl is not None and wl.owner_uid == job.ref.uid else None
 
 
-def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Admitted | None:
+def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance | None:
     """None: the job must not run now (it is queued, or being suspended or resumed); else what it may run."""
     name = queue(job, settings, observed)
     label = job.ref.label(naming.QUEUE_LABEL)
@@ -87,7 +91,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
         return None
     if name is None:
         plan.status.admission = None
-        return NOT_QUEUED
+        return UNGATED  # not a Kueue job: run as usual
     wl = own_workload(job, observed)
     suspended = job.ref.spec.run_policy.suspend
     record(plan, job, wl)
@@ -202,21 +206,23 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
         return None
     stop(plan, observed, now)
     workload = naming.workload_name(job.ref.name, job.ref.uid)
-    problem = observed.priority.problem if observed.priority else None
+    priority = view.of(observed).priority
+    problem = priority.problem if priority else None
     if problem:
         queued(plan, job, "InvalidPriority", f"cannot create Workload {workload}: {problem}", now)
         plan.soon(30)
         return None
     if not observed.pods:
-        plan.act(CreateObject(workloads.workload(job.ref, name, observed.priority, kit_image), Event(
+        plan.act(CreateObject(workloads.workload(job.ref, name, priority, kit_image), Event(
             "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}")))
     queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
     return None
 
 
 def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspended: bool,
-             now: datetime, settings: Settings) -> Admitted | None:
-    missing = workloads.missing_flavors(wl, observed.flavors)
+             now: datetime, settings: Settings) -> Allowance | None:
+    flavors = view.of(observed).flavors
+    missing = workloads.missing_flavors(wl, flavors)
     if missing:  # its node labels are what the pods need: wait for the flavors' watch
         queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
         plan.soon(2)
@@ -226,9 +232,9 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
     # Kueue counts the lesser: a slice shrunk in place keeps its admission's count (pkg/workload usage).
     workers = asked if granted is None else min(granted, asked)
     if suspended:
-        flavors = ", ".join(sorted({f for a in wl.assignments for _, f in a.flavors})) or "no flavor"
+        names = ", ".join(sorted({f for a in wl.assignments for _, f in a.flavors})) or "no flavor"
         plan.act(SetSuspend(False, Event("Normal", "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}: "
-                                         f"{workers} workers ({flavors}); starting")))
+                                         f"{workers} workers ({names}); starting")))
         return None
     status = admission_of(plan)
     status.cluster_queue = wl.cluster_queue
@@ -238,8 +244,8 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
     status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
-    return Admitted(workers=workers, worker=workloads.placement(wl, naming.PODSET_WORKERS, observed.flavors),
-                    store=workloads.placement(wl, naming.PODSET_STORE, observed.flavors))
+    return Allowance(workers=workers, worker=workloads.placement(wl, naming.PODSET_WORKERS, flavors),
+                     store=workloads.placement(wl, naming.PODSET_STORE, flavors))
 
 
 def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:

@@ -1,21 +1,26 @@
-"""Kueue, for the controller: what a reconcile reads of a job's Workloads, flavors and priority, and how it
-writes to a Workload.
+"""Kueue, for the controller (elasticjob/integrations.py): what it watches (Workloads, ResourceFlavors), what a
+reconcile reads of a job's Workloads, flavors and priority, how it writes to a Workload, and whether Kueue is on.
 
-Workloads and ResourceFlavors are watched (controller/watch.py, when Kueue is on) and come from the mirror; a
+Workloads and ResourceFlavors are watched when Kueue is on and kept in this integration's own caches; a
 priority class is read once per job and remembered. Creating a Workload and deleting a slice are the
 controller's generic object actions (controller/apply.py); what is Kueue's own is here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from elasticjob import k8s, naming, planner
-from elasticjob.domain import JobRef
-from elasticjob.kueue import workloads
-from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView
+from elasticjob.domain import JobRef, Settings
+from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, Watched, labelled
+from elasticjob.kueue import discovery, workloads
+from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
+from elasticjob.kueue.admission import Kueue
+from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, observe_flavor, observe_workload
 
 WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 
@@ -26,14 +31,83 @@ class Memory:
     priority: tuple[tuple[str | None, str | None], Priority | None] | None = None
 
 
-async def observe(kube: k8s.Kube, memory: Memory, ref: JobRef, owned: tuple[WorkloadView, ...],
-                  flavors: dict[str, FlavorView]) -> dict[str, Any]:
-    """The Observed fields of Kueue. `owned` is read without the label too: a job whose Workload exists keeps its
-    gate (kueue/admission.py)."""
-    found: dict[str, Any] = {"workloads": owned, "flavors": flavors}
-    if ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made: the first, or a slice
-        found["priority"] = await priority(kube, memory, ref)
-    return found
+def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None:
+    if (found := labelled(body)) is None:
+        return None
+    meta, key = found
+    return meta["uid"], Entry(key, observe_workload(body))
+
+
+class Flavors:
+    """Kueue's ResourceFlavors by name (cluster-scoped, no job's): their node labels go on admitted pods."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, FlavorView] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
+        view = observe_flavor(body)
+        if kind == "DELETED":
+            self.by_name.pop(view.name, None)
+        else:
+            self.by_name[view.name] = view
+        return set()  # a job waiting for a flavor it was assigned looks again within seconds
+
+    def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
+        self.by_name = {view.name: view for view in map(observe_flavor, bodies)}
+        return set()
+
+
+class KueueIO:
+    """The integration as the controller runs it (integrations.IntegrationIO)."""
+
+    name = "kueue"
+
+    def __init__(self) -> None:
+        self.workloads: KindCache[WorkloadView] = KindCache(_workload, workloads.same_to_plan)
+        self.flavors = Flavors()
+        self.caches: dict[str, Cache] = {"workloads": self.workloads, "resourceflavors": self.flavors}
+
+    async def start(self, kube: k8s.Kube, settings: Settings,
+                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
+        """Whether Kueue is on (settings.kueue), and, with --kueue auto, the check that restarts the operator
+        when Kueue comes or goes."""
+        here = await discovery.resolve(kube, settings.kueue_mode, logger)
+        follow = [discovery.follow(kube, here, logger)] if settings.kueue_mode == "auto" else []
+        return dataclasses.replace(settings, kueue=here), follow
+
+    def watched(self, settings: Settings) -> list[Watched]:
+        if not settings.kueue:
+            return []
+        return [Watched("workloads", workloads.API_VERSION, workloads.WORKLOADS, label_selector=naming.JOB_LABEL),
+                Watched("resourceflavors", workloads.API_VERSION, workloads.FLAVORS, namespaced=False)]
+
+    def memory(self) -> Memory:
+        return Memory()
+
+    async def observe(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Kueue:
+        """The job's Workloads, read without the label too: a job whose Workload exists keeps its gate
+        (kueue/admission.py)."""
+        if not settings.kueue:
+            return Kueue()
+        key = naming.job_key(ref.namespace, ref.name)
+        owned = tuple(w for w in self.workloads.of(key) if w.owner_uid == ref.uid)
+        found = None
+        if ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made: the first, or a slice
+            found = await priority(kube, memory, ref)
+        return Kueue(owned, self.flavors.by_name, found)
+
+    def handles(self, action: planner.Action) -> bool:
+        return isinstance(action, (PatchWorkload, ApplyWorkloadStatus))
+
+    async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
+                    log: logging.LoggerAdapter[logging.Logger]) -> bool:
+        return await apply(kube, ref, action, log)
+
+    def after_apply(self, memory: Memory, actions: list[planner.Action]) -> None:
+        return None  # what Kueue changes comes back through the Workloads' watch
 
 
 async def priority(kube: k8s.Kube, memory: Memory, ref: JobRef) -> Priority | None:
@@ -63,7 +137,7 @@ async def apply(kube: k8s.Kube, ref: JobRef, action: planner.Action,
                 log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """PatchWorkload, ApplyWorkloadStatus: whether it took effect (its Event is then posted with the reconcile's
     others)."""
-    if isinstance(action, planner.PatchWorkload):
+    if isinstance(action, PatchWorkload):
         patch = {"metadata": {"resourceVersion": action.resource_version},
                  "spec": {"queueName": action.queue_name, "podSets": action.pod_sets}}
         try:
@@ -72,7 +146,7 @@ async def apply(kube: k8s.Kube, ref: JobRef, action: planner.Action,
             return workload_changed(action.name, log)
         log.info(f"Workload {action.name} asks for the spec's counts again (queue {action.queue_name})")
         return True
-    if isinstance(action, planner.ApplyWorkloadStatus):
+    if isinstance(action, ApplyWorkloadStatus):
         try:
             await kube.apply_status(workloads.API_VERSION, workloads.WORKLOADS, action.body, workloads.FIELD_MANAGER)
         except k8s.NotFound:
@@ -89,6 +163,3 @@ def workload_changed(name: str, log: logging.LoggerAdapter[logging.Logger]) -> b
     Workload in the mirror is what was stale) and only spin until the watch caught up."""
     log.debug(f"Workload {name} changed since it was read: planning again once its watch brings the change")
     return False
-
-
-HANDLED = (planner.PatchWorkload, planner.ApplyWorkloadStatus)

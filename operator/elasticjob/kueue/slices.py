@@ -18,19 +18,10 @@ import re
 from datetime import datetime
 
 from elasticjob import naming
-from elasticjob.kueue import workloads
+from elasticjob.kueue import view, workloads
+from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.workloads import WorkloadView
-from elasticjob.planner.base import (
-    ApplyWorkloadStatus,
-    CreateObject,
-    DeleteObject,
-    Event,
-    Job,
-    Observed,
-    PatchWorkload,
-    Plan,
-    admission_of,
-)
+from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, Plan, admission_of
 
 
 def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admitted: int, now: datetime,
@@ -59,7 +50,8 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
     admission.requested = desired
     if keep is None:
         name = next_slice_name(job, observed)
-        plan.act(CreateObject(workloads.workload_slice(job.ref, active.queue_name or "", observed.priority, kit_image,
+        priority = view.of(observed).priority
+        plan.act(CreateObject(workloads.workload_slice(job.ref, active.queue_name or "", priority, kit_image,
                                                    desired, active, name), Event(
             "Normal", "ScalingUp", f"asked Kueue for {desired} workers: Workload {name} replaces {active.name} "
             f"({admitted} workers) once admitted; until then the job runs {admitted}")))
@@ -77,7 +69,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
 
 def own(observed: Observed) -> list[WorkloadView]:
     """The job's Workloads, oldest first."""
-    return sorted(observed.workloads, key=lambda w: w.created)
+    return sorted(view.of(observed).workloads, key=lambda w: w.created)
 
 
 def finish_replaced(plan: Plan, observed: Observed, active: WorkloadView, now: datetime) -> None:

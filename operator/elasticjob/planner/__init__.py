@@ -3,15 +3,16 @@
 Split by concern: base (what a plan is made of), lifecycle (phases, start, success, suspension, the end),
 failures (what each failure costs), leftovers (what an earlier job of the name left), rendezvous (the store and
 its Service), ownership (which pods the operator made), recovery (nudging the store on evidence), scaling (which
-pods). The integrations' decisions are in their own packages (elasticjob.kueue, elasticjob.gang); lifecycle
-calls them.
+pods). The integrations' decisions are in their own packages (elasticjob.kueue, elasticjob.gang), behind
+base.Integration; lifecycle calls them through Observed.integrations and names none.
 """
 
 from elasticjob.planner.base import (
     RESYNC_SECONDS,
+    UNGATED,
     Action,
+    Allowance,
     ApplyObject,
-    ApplyWorkloadStatus,
     CollectLeftover,
     CreateObject,
     DefaultReplicas,
@@ -20,12 +21,13 @@ from elasticjob.planner.base import (
     DeletePod,
     DeleteService,
     Event,
+    Integration,
+    IntegrationAction,
     Job,
     Leftover,
     NameTaken,
     Observed,
     PatchObject,
-    PatchWorkload,
     Plan,
     RoundFailure,
     SetSuspend,
@@ -38,8 +40,9 @@ from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
-    "RESYNC_SECONDS", "Action", "ApplyObject", "ApplyWorkloadStatus", "CollectLeftover", "CreateObject",
-    "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Job", "Leftover",
-    "NameTaken", "Observed", "PatchObject", "PatchWorkload", "Plan", "RoundFailure", "SetSuspend", "StoreAction",
+    "RESYNC_SECONDS", "UNGATED", "Action", "Allowance", "ApplyObject", "CollectLeftover", "CreateObject",
+    "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Integration",
+    "IntegrationAction", "Job", "Leftover", "NameTaken", "Observed", "PatchObject", "Plan", "RoundFailure",
+    "SetSuspend", "StoreAction",
     "admit", "plan", "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

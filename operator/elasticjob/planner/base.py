@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from elasticjob import naming
-from elasticjob.domain import JobRef
-from elasticjob.gang.podgroup import PodGroupView
-from elasticjob.kueue import workloads
-from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView
+from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
 from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, SliceView, StoreView
 from elasticjob_store import protocol
@@ -123,32 +120,18 @@ class DefaultReplicas:
 
 @dataclass(frozen=True)
 class SetSuspend:
-    """spec.runPolicy.suspend, written before status (like DefaultReplicas): Kueue's gate on the job."""
+    """spec.runPolicy.suspend, written before status (like DefaultReplicas): the job's own switch, which an
+    integration's gate (Kueue's) turns."""
 
     suspend: bool
     event: Event | None = None
 
 
 @dataclass(frozen=True)
-class PatchWorkload:
-    """A pending Kueue Workload's pod sets, made to match the spec again (immutable once it holds quota)."""
-
-    name: str
-    resource_version: str
-    pod_sets: list[dict[str, Any]]
-    queue_name: str
-    event: Event | None = None
-
-
-@dataclass(frozen=True)
-class ApplyWorkloadStatus:
-    """Server-side apply of a Workload's status as Kueue's job integrations do it (field manager
-    kueue-admission, forced, at the resourceVersion it was planned from): release the quota, or mark it
-    Finished."""
-
-    name: str
-    body: dict[str, Any]
-    event: Event | None = None
+class IntegrationAction:
+    """A write of an integration's own, which the controller hands back to the integration that planned it
+    (elasticjob/integrations.py). Its subclasses live in the integration's package and carry their own fields;
+    `event`, when a subclass has one, is posted only when the write took effect."""
 
 
 @dataclass(frozen=True)
@@ -165,11 +148,11 @@ class ApplyObject:
 
 
 Action = (CreateObject | DeletePod | DeleteService | DefaultReplicas | DeleteJob | StoreAction | DeleteObject
-          | PatchObject | SetSuspend | PatchWorkload | ApplyWorkloadStatus | CollectLeftover | ApplyObject)
+          | PatchObject | SetSuspend | IntegrationAction | CollectLeftover | ApplyObject)
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict[str, Any], list[Event]]:
-    """The spec fields a plan sets (the replicas default, Kueue's suspend), and their Events: written before
+    """The spec fields a plan sets (the replicas default, an integration's suspend), and their Events: written before
     anything else, since the rest of the plan was made without them."""
     patch: dict[str, Any] = {}
     events = []
@@ -217,13 +200,9 @@ class Observed:
     # The API server's words when it last refused to create the job's objects, and when to try again.
     refused: str | None = None
     retry_at: datetime | None = None
-    # The job's gang as the handler last read or made it (no watch on PodGroups).
-    pod_group: PodGroupView | None = None
-    # Kueue: the job's Workloads (watched: one, or its slices), the flavors by name, the priority its class
-    # gives (read once).
-    workloads: tuple[WorkloadView, ...] = ()
-    flavors: Mapping[str, FlavorView] = field(default_factory=dict)
-    priority: Priority | None = None
+    # What each integration observed for the job (the gang's PodGroup, Kueue's Workloads), as the integration's
+    # own view, which also makes its decisions (Integration): the planner names none of them.
+    integrations: tuple[Integration, ...] = ()
     # Pods and Services under this job's name that an earlier job of that name left behind.
     leftovers: list[Leftover] = field(default_factory=list)
     # Names of pods under this job's name that are not its own (an earlier job's, still terminating).
@@ -237,17 +216,53 @@ class Observed:
     endpoint_slices: tuple[SliceView, ...] = ()
 
     @property
-    def workload(self) -> WorkloadView | None:
-        """The one of the job's Workloads that counts (workloads.current_slice)."""
-        return workloads.current_slice(self.workloads)
-
-    @property
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == "worker"]
 
     @property
     def store_pod(self) -> PodView | None:
         return next((p for p in self.pods if p.role == naming.ROLE_RENDEZVOUS), None)
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What the integrations let a job run now: at most `workers` workers (None: as many as it wants), placed
+    as they say (a gang's membership, a flavor's nodes)."""
+
+    workers: int | None = None
+    worker: Placement = NO_PLACEMENT
+    store: Placement = NO_PLACEMENT
+
+    def merge(self, other: Allowance) -> Allowance:
+        """Both at once: the lesser count, both placements (the later one's scheduler wins)."""
+        counts = [n for n in (self.workers, other.workers) if n is not None]
+        return Allowance(min(counts) if counts else None, self.worker.merge(other.worker),
+                         self.store.merge(other.store))
+
+    def replicas(self, wanted: int) -> int:
+        """The workers the job runs: what the spec wants, capped by what was allowed. Decided here only."""
+        return wanted if self.workers is None else min(wanted, self.workers)
+
+
+UNGATED = Allowance()
+
+
+class Integration(Protocol):
+    """An integration's part in a plan (as Kueue's jobframework.GenericJob is the job's part in Kueue's): made by
+    the controller from what it observed for the job (elasticjob/integrations.py), so that the planner calls it
+    without knowing which it is. Pure."""
+
+    def gate(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance | None:
+        """Before anything runs: None holds the job (the integration planned why); else what it may run."""
+        ...
+
+    def ready_for_workers(self, plan: Plan, job: Job, observed: Observed) -> bool:
+        """Just before workers are made: whether they may be (what they need, such as their gang, is there)."""
+        ...
+
+    def finish(self, plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> None:
+        """The job ended: what the integration releases."""
+        ...
 
 
 @dataclass

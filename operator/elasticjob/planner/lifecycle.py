@@ -4,8 +4,9 @@ there, in numbered steps (as Kueue's ReconcileGenericJob numbers its own). Pure.
 Level-based: every call recomputes from the whole observed state, whatever woke the operator, and every
 action is idempotent (deterministic names; the controller treats 'already exists' / 'already gone' as done).
 Each step's policy lives in its own module: the phase in phase.py, runPolicy (deadline, suspend, TTL) in
-run_policy.py, failures in failures.py, the rendezvous in rendezvous.py and recovery.py, the pods in scaling.py,
-Kueue in kueue/admission.py, gangs in gang/planning.py.
+run_policy.py, failures in failures.py, the rendezvous in rendezvous.py and recovery.py, the pods in scaling.py.
+The integrations (Kueue, gangs) come in Observed.integrations and are called through base.Integration: gate,
+ready_for_workers, finish; which ones there are is elasticjob/integrations.py's to say, not this module's.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ from datetime import datetime
 
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
-from elasticjob.gang import podgroup
-from elasticjob.gang.planning import ensure_gang
-from elasticjob.kueue import admission
 from elasticjob.models import ElasticJobStatus, Phase
 from elasticjob.planner import ledger, ownership, planned_stop
-from elasticjob.planner.base import CreateObject, DefaultReplicas, Job, Observed, Plan, enter_phase, stamp
+from elasticjob.planner.base import (
+    UNGATED,
+    Allowance,
+    CreateObject,
+    DefaultReplicas,
+    Job,
+    Observed,
+    Plan,
+    enter_phase,
+    stamp,
+)
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.leftovers import collect_leftovers
 from elasticjob.planner.phase import complete, count_workers, derive_running_phase, show_refusal
@@ -34,7 +42,6 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     status = job.status.model_copy(deep=True)
     status.observed_generation = job.generation
     status.selector = naming.worker_selector(job.ref.name)
-    status.desired_replicas = job.ref.spec.desired_replicas
     status.rendezvous.run_id = job.ref.uid
     ownership.begin(status)
     ownership.record_seen(status, observed.pods)
@@ -45,42 +52,58 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     report_round(result, observed)
     collect_leftovers(result, job, observed, now)
     settings = settings or Settings()
-    # 3. A job still going is driven; 4. a finished one is cleaned up (runPolicy) and its quota released.
-    if not status.phase.finished:
-        drive(result, job, observed, settings, token, now)
+    # 3. A job still going is admitted, then driven; 4. a finished one is cleaned up (runPolicy) and the
+    # integrations release what they hold.
+    allowed = gate(result, job, observed, settings, now) if not status.phase.finished else None
+    # The workers wanted now: the spec's count, capped by what the integrations allow. Decided and written here only.
+    status.desired_replicas = (allowed or UNGATED).replicas(job.ref.spec.desired_replicas)
+    if allowed is not None:
+        drive(result, job, observed, allowed, settings, token, now)
     if status.phase.finished:
         finish(result, job, observed, now)
-        admission.finish(result, job, observed, settings, now)
+        for integration in observed.integrations:
+            integration.finish(result, job, observed, settings, now)
     # 5. The downtime ledger: what this reconcile booked opens an incident, what it saw advances or closes one.
     ledger.track(result, job, observed, now)
     return result
 
 
-def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: str, now: datetime) -> None:
+def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance | None:
+    """3.1-3.2: what the job may run now, or None while it must not run (invalid, held by an integration,
+    suspended, past its deadline)."""
     spec = job.ref.spec
     # 3.1 What the schema cannot check fails the job at once.
     problems = validate(job.ref)
     if problems:
         enter_phase(plan, job, Phase.FAILED, "InvalidSpec", "; ".join(problems), now)
-        return
+        return None
     if spec.replicas is None:
         plan.act(DefaultReplicas(spec.max_replicas))
-    # 3.2 Admission: held while queued (Kueue), stopped while suspended, failed past its deadline.
-    admitted = admission.gate(plan, job, observed, settings, now)
-    if admitted is None:
-        return  # queued in Kueue, or being suspended or resumed for it
+    # 3.2 Admission: held while an integration says so (queued in Kueue, or being suspended or resumed for
+    # it), stopped while suspended, failed past its deadline.
+    allowed = UNGATED
+    for integration in observed.integrations:
+        allows = integration.gate(plan, job, observed, settings, now)
+        if allows is None:
+            return None
+        allowed = allowed.merge(allows)
     if spec.run_policy.suspend:
         suspend(plan, job, observed, now)
-        return
+        return None
     if plan.status.start_time is None:
         plan.status.start_time = stamp(now)
     if deadline_passed(plan, job, now):
-        return
+        return None
+    return allowed
+
+
+def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings: Settings, token: str,
+          now: datetime) -> None:
+    """3.3-3.7: the store, failures, success, the workers and the phase of a job admitted to run."""
     # 3.3 The store: its pod, Service and endpoint, before any worker needs them.
     force_delete_stuck(plan, observed, now)
     show_warm_starts(plan, job, settings.kit_image, now)
-    store_placement = podgroup.store_placement(job.ref).merge(admitted.store)
-    ensure_rendezvous(plan, job, observed, settings, token, now, store_placement)
+    ensure_rendezvous(plan, job, observed, settings, token, now, allowed.store)
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
     # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py).
     training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
@@ -96,12 +119,12 @@ def drive(plan: Plan, job: Job, observed: Observed, settings: Settings, token: s
     if training_done:
         complete(plan, job, observed.workers, now)
         return
-    # 3.6 The workers: as many as wanted and admitted, placed in the gang.
-    desired = spec.desired_replicas if admitted.workers is None else min(spec.desired_replicas, admitted.workers)
-    plan.status.desired_replicas = desired
-    placement = podgroup.worker_placement(job.ref).merge(admitted.worker)
+    # 3.6 The workers: as many as wanted and allowed (status.desiredReplicas), placed as the integrations say,
+    # made once every integration is ready for them (the gang's group first).
+    desired = plan.status.desired_replicas
     planned_stop.settle(plan, job, observed, planned_stop.leaving(observed, desired), now)
-    scale(plan, job, observed, desired, now, placement, create=ensure_gang(plan, job, observed), token=token,
+    ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
+    scale(plan, job, observed, desired, now, allowed.worker, create=ready, token=token,
           kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets)
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)

@@ -1,0 +1,66 @@
+"""The integrations the operator runs, and the one module outside their packages that names them.
+
+An integration is a package (elasticjob/kueue, elasticjob/gang) with two halves, as Kueue's jobframework has its
+GenericJob interface and a reconciler that calls it:
+- for the planner, pure: a view of what was observed for a job that makes the integration's decisions
+  (planner.Integration: gate, ready_for_workers, finish), carried in Observed.integrations;
+- for the controller, IntegrationIO below: what it watches, what it reads for a job (that view), the actions
+  of its own it applies, and what it does at start.
+The planner and the controller walk these; neither imports an integration (pyproject.toml's contracts and
+tests/unit/test_integration_seam.py keep it so). Adding one is a package and a line in `build`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from elasticjob import k8s, planner
+from elasticjob.domain import JobRef, Settings
+from elasticjob.gang.io import GangIO
+from elasticjob.kindcache import Cache, Watched
+from elasticjob.kueue.io import KueueIO
+
+
+class IntegrationIO(Protocol):
+    """One integration, as the controller runs it. One instance per operator process."""
+
+    name: str  # its key in a job's memory
+    caches: dict[str, Cache]  # what its watches feed, by Watched.kind
+
+    async def start(self, kube: k8s.Kube, settings: Settings,
+                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
+        """At start, before the watches: the settings as the integration finds the cluster (is its API
+        served?), and what it runs in the background meanwhile."""
+        ...
+
+    def watched(self, settings: Settings) -> list[Watched]:
+        """What the controller lists and watches into `caches` (their changes wake the jobs they name)."""
+        ...
+
+    def memory(self) -> Any:
+        """What a job's loop remembers for it between reconciles (a fresh one per job)."""
+        ...
+
+    async def observe(self, kube: k8s.Kube, memory: Any, ref: JobRef, settings: Settings) -> planner.Integration:
+        """What it sees of one job, as the view the planner calls."""
+        ...
+
+    def handles(self, action: planner.Action) -> bool:
+        """Whether the action is one of its own (a planner.IntegrationAction it planned)."""
+        ...
+
+    async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
+                    log: logging.LoggerAdapter[logging.Logger]) -> bool:
+        """One of its own actions: whether it took effect."""
+        ...
+
+    def after_apply(self, memory: Any, actions: list[planner.Action]) -> None:
+        """As a plan's actions go out, whatever then happens: what it must read again next time."""
+        ...
+
+
+def build() -> tuple[IntegrationIO, ...]:
+    """Every integration, in the order their placements merge (the later one's scheduler wins)."""
+    return (GangIO(), KueueIO())
