@@ -1,0 +1,70 @@
+"""The controller's side of the integration seam (elasticjob/integrations.py): the integrations' watches join the
+controller's, their events go to their own caches and wake the jobs they name, and what a reconcile observes
+carries one view per integration, in the registry's order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from factory import UID, spec
+from kubernetes.client import ApiClient, Configuration
+
+from elasticjob import k8s, naming
+from elasticjob.controller import observing, watch
+from elasticjob.controller.context import Context, JobMemory
+from elasticjob.controller.mirror import Mirror
+from elasticjob.domain import JobRef, Settings
+from elasticjob.gang.planning import Gang
+from elasticjob.kueue.admission import Kueue
+from elasticjob.rendezvous_client import StoreClient
+
+CORE = {"elasticjobs", "pods", "services", "endpointslices"}
+REF = JobRef(namespace="ns", name="train", uid=UID, spec=spec())
+
+
+def context(kueue: bool) -> Context:
+    return Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=Mirror(), stores=StoreClient(b"k" * 32),
+                   settings=Settings(kueue=kueue), logger=logging.getLogger("test"), instance="t")
+
+
+def workload(name: str, owner: str = UID) -> dict:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}", "resourceVersion": "1",
+                         "labels": {naming.JOB_LABEL: "train"},
+                         "ownerReferences": [{"uid": owner, "controller": True}]},
+            "spec": {"queueName": "lq", "podSets": []}}
+
+
+@pytest.mark.parametrize("kueue, watched", [
+    (False, []),
+    (True, [("resourceflavors", None), ("workloads", "a"), ("workloads", "b")]),
+])
+def test_the_integrations_watches_join_the_controllers(kueue, watched):
+    sources = watch.sources(context(kueue), ["a", "b"])
+    assert sorted((s.kind, s.namespace) for s in sources if s.kind not in CORE) == watched
+    assert sorted({s.kind for s in sources} & CORE) == sorted(CORE)
+
+
+def test_a_workload_event_goes_to_kueues_cache_and_wakes_its_job():
+    ctx = context(True)
+    assert ctx.cache("workloads").apply("ADDED", workload("train-wl")) == {("ns", "train")}
+    assert ctx.cache("pods") is ctx.mirror.pods
+    with pytest.raises(KeyError):
+        ctx.cache("workloads-of-nobody")
+
+
+def test_a_reconcile_observes_one_view_per_integration_in_the_registrys_order():
+    ctx = context(True)
+    ctx.cache("workloads").apply("ADDED", workload("train-wl"))
+    ctx.cache("workloads").apply("ADDED", workload("other-wl", owner="another-job"))
+    views = asyncio.run(observing.integrations(ctx, JobMemory(), REF))
+    assert [type(v) for v in views] == [Gang, Kueue]
+    kueue = views[1]
+    assert isinstance(kueue, Kueue) and [w.name for w in kueue.workloads] == ["train-wl"]
+
+
+def test_without_kueue_its_view_is_empty_and_still_gates():
+    views = asyncio.run(observing.integrations(context(False), JobMemory(), REF))
+    assert views[1] == Kueue()
