@@ -293,11 +293,17 @@ CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImag
                 "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 
 
+def clip(message: str, head: int = 120, tail: int = 280) -> str:
+    """A long waiting message cut in its middle: a kubelet's pull error names the image first and the registry's
+    answer (401 Unauthorized, not found) last, and the user needs both."""
+    return message if len(message) <= head + tail else f"{message[:head]} ... {message[-tail:]}"
+
+
 def _cannot_start(status: Mapping[str, Any]) -> str | None:
     for each in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (each.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in CANNOT_START:
-            message = (waiting.get("message") or "")[:300]
+            message = clip(waiting.get("message") or "")
             return f"container {each.get('name')}: {waiting['reason']}{': ' + message if message else ''}"
     return None
 

@@ -148,3 +148,19 @@ def test_a_container_that_cannot_start_is_named_with_the_kubelets_words():
     assert observe_pod(body).cannot_start == ('container elasticjob-kit: ImagePullBackOff: Back-off pulling image '
                                               '"elasticjob-operator:0.1.0"')
     assert observe_pod(pod()).cannot_start is None
+
+
+def test_a_long_pull_error_keeps_the_image_and_the_registrys_answer():
+    # The kubelet's words for a pull refused by a registry (containerd's error, as seen on real nodes).
+    message = ('Back-off pulling image "10.244.0.1:5000/elasticjob/elasticjob-worker:0.1.0-cpu": ErrImagePull: failed '
+               'to pull and unpack image "10.244.0.1:5000/elasticjob/elasticjob-worker:0.1.0-cpu": failed to resolve '
+               'reference "10.244.0.1:5000/elasticjob/elasticjob-worker:0.1.0-cpu": pulling from host '
+               '10.244.0.1:5000 failed with status code [manifests 0.1.0-cpu]: 401 Unauthorized')
+    body = pod(phase="Pending")
+    body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff", "message": message}}
+    seen = observe_pod(body).cannot_start or ""
+    assert seen.startswith('container worker: ImagePullBackOff: Back-off pulling image "10.244.0.1:5000/elasticjob/')
+    assert seen.endswith("401 Unauthorized")
+    body["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = "x" * 1000 + message
+    longer = observe_pod(body).cannot_start or ""
+    assert " ... " in longer and longer.endswith("401 Unauthorized") and len(longer) < 500
