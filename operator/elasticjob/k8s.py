@@ -23,11 +23,10 @@ from elasticjob import lease, rest
 from elasticjob.models import API_VERSION, PLURAL
 
 CLIENT_CONNECTIONS = 32
-# Objects of other APIs the jobs own: kind -> plural.
-CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
-# Every kind of object the jobs own -> its plural (the path of its collection).
+# The kinds of core APIs the jobs own -> their plural (the path of their collection); an integration names the
+# plural of its own kinds (planner.CreateObject.plural).
 PLURALS = {"Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
-           "EndpointSlice": "endpointslices", **CUSTOM_PLURALS}
+           "EndpointSlice": "endpointslices"}
 FIELD_MANAGER = "elasticjob-operator"
 # How the API server says a ResourceQuota is exhausted (403, like a policy refusal, but transient).
 QUOTA_MARKER = "exceeded quota"
@@ -128,10 +127,11 @@ class Kube:
 
     # --- objects the jobs own ---------------------------------------------------------------------------
 
-    async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod, Service, NetworkPolicy, PodGroup or Kueue Workload: the object as the API
-        server stored it, or None when it already exists (409 counts as done)."""
-        url_path = rest.resource(manifest["apiVersion"], manifest["metadata"]["namespace"], PLURALS[manifest["kind"]])
+    async def create(self, manifest: dict[str, Any], plural: str | None = None) -> dict[str, Any] | None:
+        """Create a Pod, Service, NetworkPolicy, or an integration's object (a PodGroup, a Kueue Workload: its
+        `plural` given): the object as the API server stored it, or None when it already exists (409 is done)."""
+        url_path = rest.resource(manifest["apiVersion"], manifest["metadata"]["namespace"],
+                                 plural or PLURALS[manifest["kind"]])
         try:
             return _json(await self._send("POST", url_path, body=manifest))
         except Conflict:

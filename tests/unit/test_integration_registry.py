@@ -1,6 +1,6 @@
 """The controller's side of the integration seam (elasticjob/integrations.py): the integrations' watches join the
-controller's, their events go to their own caches and wake the jobs they name, and what a reconcile observes
-carries one view per integration, in the registry's order."""
+controller's, their events go to their own caches and wake the jobs they name, what a reconcile observes
+carries one view per integration, in the registry's order, and their objects are created where they say."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncio
 import logging
 
 import pytest
-from factory import UID, spec
+from factory import NOW, UID, job, observed, rdzv, spec
 from kubernetes.client import ApiClient, Configuration
 
-from elasticjob import k8s, naming
+from elasticjob import k8s, naming, planner
 from elasticjob.controller import observing, watch
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.controller.mirror import Mirror
@@ -68,3 +68,19 @@ def test_a_reconcile_observes_one_view_per_integration_in_the_registrys_order():
 def test_without_kueue_its_view_is_empty_and_still_gates():
     views = asyncio.run(observing.integrations(context(False), JobMemory(), REF))
     assert views[1] == Kueue()
+
+
+@pytest.mark.parametrize("scheduling, labels, kind, plural", [
+    ({"gang": "Workload"}, {}, "PodGroup", "podgroups"),
+    (None, {naming.QUEUE_LABEL: "lq"}, "Workload", "workloads"),
+])
+def test_an_integrations_object_is_created_under_the_plural_it_names(scheduling, labels, kind, plural):
+    """The client knows the core kinds' collections only: an integration's own kind is created where the
+    integration says, so a new integration needs no line in k8s.py."""
+    fields = {"scheduling": scheduling} if scheduling else {}
+    suspended = {"runPolicy": {"suspend": True}} if labels else {}
+    j = job(labels=labels, **fields, **suspended)
+    result = planner.plan(j, observed([] if labels else [rdzv()]), NOW, Settings(kueue=True))
+    (made,) = [a for a in result.actions if isinstance(a, planner.CreateObject) and a.manifest["kind"] == kind]
+    assert made.plural == plural
+    assert k8s.PLURALS.get(kind) is None

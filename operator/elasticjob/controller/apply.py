@@ -101,12 +101,12 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logg
         try:
             if action.per_namespace:
                 return await ctx.namespace_objects.create(action.manifest, kube.create)
-            created = await kube.create(action.manifest)
+            created = await kube.create(action.manifest, action.plural)
             if created is None and action.manifest["kind"] in ("Pod", "Service"):
                 return await holder(ctx, ref, action.manifest)
             return created
         except k8s.NotFound as exc:  # the API server does not serve this kind (e.g. no NetworkPolicy API)
-            if action.manifest["kind"] in k8s.CUSTOM_PLURALS:  # a PodGroup or Workload: the job waits for it
+            if action.plural is not None:  # an integration's object (a PodGroup, a Workload): the job waits for it
                 raise k8s.Forbidden(404, "NotFound", f"the API server does not serve "
                                     f"{action.manifest['apiVersion']} {action.manifest['kind']}") from None
             log.warning(f"could not create {action.manifest['kind']}: {exc.message}")
@@ -151,7 +151,7 @@ async def holder(ctx: Context, ref: JobRef, manifest: dict[str, Any]) -> planner
 
 
 async def change_object(ctx: Context, ref: JobRef, action: planner.DeleteObject | planner.PatchObject) -> bool:
-    """A PodGroup or a Workload slice deleted or patched: whether it took effect."""
+    """An integration's object (a PodGroup, a Workload slice) deleted or patched: whether it took effect."""
     if isinstance(action, planner.DeleteObject):
         return await ctx.kube.delete_object(action.api_version, action.plural, ref.namespace, action.name,
                                             action.uid, action.resource_version)

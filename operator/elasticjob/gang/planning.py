@@ -58,7 +58,8 @@ def ensure_gang(plan: Plan, job: Job, observed: Observed, have: PodGroupView | N
         what = "gang.minCount" if want.api_version == podgroup.WORKLOAD_API else "minMember"
         plan.act(CreateObject(podgroup.pod_group(job.ref, want), Event(
             "Normal", "CreatedPodGroup", f"created PodGroup {want.name} ({want.api_version}) with {what} "
-            f"{want.min_member}: {want.min_member} workers start together, more join one by one")))
+            f"{want.min_member}: {want.min_member} workers start together, more join one by one"),
+            plural=podgroup.PLURAL))
         return True  # created before the pods in the same apply (objects first)
     if have.owner_uid != job.ref.uid or have.deleting:
         plan.soon(2)  # an earlier job's group the garbage collector is removing, or ours on its way out

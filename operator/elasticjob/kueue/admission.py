@@ -214,7 +214,8 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
         return None
     if not observed.pods:
         plan.act(CreateObject(workloads.workload(job.ref, name, priority, kit_image), Event(
-            "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}")))
+            "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}"),
+            plural=workloads.WORKLOADS))
     queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
     return None
 

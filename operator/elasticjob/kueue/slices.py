@@ -54,7 +54,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
         plan.act(CreateObject(workloads.workload_slice(job.ref, active.queue_name or "", priority, kit_image,
                                                    desired, active, name), Event(
             "Normal", "ScalingUp", f"asked Kueue for {desired} workers: Workload {name} replaces {active.name} "
-            f"({admitted} workers) once admitted; until then the job runs {admitted}")))
+            f"({admitted} workers) once admitted; until then the job runs {admitted}"), plural=workloads.WORKLOADS))
         admission.message = f"{admitted} workers admitted; {desired} asked of Kueue in Workload {name}"
     else:
         if (keep.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:

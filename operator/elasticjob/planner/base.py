@@ -29,6 +29,9 @@ class CreateObject:
     event: Event | None = None  # posted only when the object was really created
     # One per namespace, shared by its jobs (the NetworkPolicy around its stores): created once, not per job.
     per_namespace: bool = False
+    # The collection of an object of an integration's API (a PodGroup's, a Workload's), which the client does not
+    # know; None for the kinds it does (k8s.PLURALS).
+    plural: str | None = None
 
 
 @dataclass(frozen=True)
