@@ -20,9 +20,16 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 
+from localcluster import registry
+from localcluster.layout import Layout
+
 ROOT = Path(__file__).resolve().parents[1]
 KUBECONFIG = ROOT / ".localcluster" / "kubeconfig"
 STATE_DIR = ROOT / ".localcluster"
+# Real local nodes pull the project's images from the local registry with its pull secret, as the e2e tests do.
+WORKER_IMAGE = registry.image("elasticjob-worker", f"{registry.VERSION}-cpu")
+KIT_IMAGE = registry.image("elasticjob-operator")
+KIT_ARGS = ["--kit-image", KIT_IMAGE, "--image-pull-secret", registry.PULL_SECRET]  # the operator's, as the chart's
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 T = TypeVar("T")
 
@@ -42,6 +49,8 @@ class Api:
         name = f"{prefix}-{secrets.token_hex(3)}"
         self.core.create_namespace({"metadata": {"name": name}})
         wait(lambda: _has_default_account(self.core, name), 30, f"namespace {name} ready")
+        if registry.running(Layout(ROOT)):
+            self.core.create_namespaced_secret(name, registry.pull_secret(name, registry.password(Layout(ROOT))))
         try:
             yield name
         finally:

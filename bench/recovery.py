@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from handstart import hand_start  # noqa: E402
-from harness import ROOT, STATE_DIR, Api, Operator, median_range, wait  # noqa: E402
+from harness import KIT_ARGS, ROOT, STATE_DIR, WORKER_IMAGE, Api, Operator, median_range, wait  # noqa: E402
 
 HOST_DIR = Path("/tmp/elasticjob-bench")
 STEP_SECONDS = 0.25
@@ -48,7 +48,6 @@ MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
     "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
                        ["--no-rendezvous-nudges"], False),
 }
-KIT_IMAGE = "elasticjob-operator:dev"
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-down": "<= 4", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand", "delete": "<= 5", "delete-rank0": "<= 3",
            "delete-store": "<= 4"}
@@ -61,7 +60,7 @@ class Sample:
 
 
 def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True) -> dict:
-    container = {"name": "worker", "image": "elasticjob-worker:cpu", "command": [
+    container = {"name": "worker", "image": WORKER_IMAGE, "command": [
         "torchrun", "/workspace/examples/train_ddp.py",
         "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
         "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
@@ -283,7 +282,7 @@ def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: 
     api = Api()
     api.install_crd()
     log = STATE_DIR / f"bench-recovery-{column.replace(' ', '-').replace('+', '-')}.log"
-    kit = ["--kit-image", KIT_IMAGE] if real_nodes() else []
+    kit = KIT_ARGS if real_nodes() else []
     with Operator(log, [*kit, *flags]) as operator:
         for scenario in scenarios:
             # A fault that torch alone never recovers from (a partition) is measured once.

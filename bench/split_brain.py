@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import STATE_DIR, Api, Operator, wait  # noqa: E402
-from recovery import KIT_IMAGE, drain, manifest, real_nodes, records  # noqa: E402
+from harness import KIT_ARGS, STATE_DIR, Api, Operator, wait  # noqa: E402
+from recovery import drain, manifest, real_nodes, records  # noqa: E402
 
 HOG = [sys.executable, "-c", "while True: pass"]
 
@@ -88,7 +88,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hogs = [subprocess.Popen(HOG) for _ in range(2)]
     try:
-        kit = ["--kit-image", KIT_IMAGE] if real_nodes() else []
+        kit = KIT_ARGS if real_nodes() else []
         warm = bool(kit) and not args.cold
         with Operator(STATE_DIR / "bench-split-brain.log", kit), api.namespace("bench-split") as ns:
             job = manifest(ns, {}, replicas=3, warm=warm)

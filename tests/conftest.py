@@ -28,6 +28,8 @@ try:
 except ImportError:  # a checkout without the local cluster's package: no local registry either
     local_registry = None
 CRD_FILE = ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml"
+# The one version (the chart's appVersion): the images' tag.
+APP_VERSION = yaml.safe_load((ROOT / "charts" / "elasticjob-operator" / "Chart.yaml").read_text())["appVersion"]
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 OPERATOR_STOP_SECONDS = 30
 
@@ -60,7 +62,8 @@ class ClusterHandle:
         local nodes, the operator's image in the local registry)."""
         if self.node_kind == "process":
             return None  # the node agent runs every container from the host's .venv: no init containers
-        default = local_registry.image("elasticjob-operator") if self.pulls_from_registry else "elasticjob-operator:dev"
+        default = (local_registry.image("elasticjob-operator") if self.pulls_from_registry
+                   else f"elasticjob-operator:{APP_VERSION}")  # as tests/e2e/kind/up.sh tags it
         return os.environ.get("E2E_KIT_IMAGE", default)
 
     @property

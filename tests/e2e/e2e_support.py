@@ -31,7 +31,7 @@ CHECKPOINT_MOUNT = "/ckpt"
 # images but mount the repo at /workspace, so the same job runs unchanged on each.
 _LOCAL_WORKER = f"{registry.REPOSITORY}/elasticjob-worker:{registry.VERSION}-cpu"
 WORKER_IMAGE = os.environ.get("E2E_WORKER_IMAGE") or (
-    "elasticjob-worker:cpu" if os.environ.get("E2E_CLUSTER") == "kind" else _LOCAL_WORKER)
+    f"elasticjob-worker:{registry.VERSION}-cpu" if os.environ.get("E2E_CLUSTER") == "kind" else _LOCAL_WORKER)
 # What pods a test makes itself (not the operator) pull the worker image with on real local nodes (the namespace
 # fixture makes the secret there); elsewhere the name matches no Secret and the kubelet pulls without it.
 PULL_SECRETS = [{"name": registry.PULL_SECRET}]
