@@ -47,6 +47,9 @@ def marks(detected=0.5, replaced=None, round=None, loading=None, loaded=None, fi
     pytest.param(marks(0.5, 2.5, 3.0, 4.0, 5.5, 5.7, loaded_step=30, last_step=27, step_seconds=0.1),
                  LostPhases(detect=0.5, replace=2.0, rendezvous=0.5, worker_start=1.0, checkpoint_load=1.5,
                             recompute=0.0), id="a-checkpoint-past-the-fault-recomputes-nothing"),
+    pytest.param(marks(1.6, None, None, 1.2, 1.3, 1.9, loaded_step=8, last_step=11, step_seconds=0.1),
+                 LostPhases(detect=1.6, replace=0.0, rendezvous=0.0, worker_start=0.0, checkpoint_load=0.0,
+                            recompute=0.3), id="stepping-again-before-the-operator-saw-the-pods-or-the-round"),
 ])
 def test_phases(seen, expected):
     assert goodput.phases(seen) == expected

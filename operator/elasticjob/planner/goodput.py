@@ -52,6 +52,10 @@ def phases(marks: Marks) -> LostPhases:
     start_done = load_began or load_done or (marks.first_step if resumed else None)
     for name, mark in (("detect", marks.detected), ("replace", marks.replaced), ("rendezvous", marks.round),
                        ("worker_start", start_done)):
+        if mark is None and resumed and name in ("replace", "rendezvous"):
+            # The training stepped again before the operator saw the pods or the round (a warm restart in place
+            # is done in about a second): they are over, within the time the phases before already counted.
+            mark = cursor
         seen[name], cursor = _span(cursor, mark)
     seen["checkpoint_load"] = _span(cursor, load_done)[0] if load_began is not None else None
     seen["recompute"] = recompute(marks) if resumed else None
