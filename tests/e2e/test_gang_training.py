@@ -46,6 +46,15 @@ def nodes(core: client.CoreV1Api) -> list[tuple[str, int]]:
     return sorted(found)
 
 
+def free(core: client.CoreV1Api, node: str) -> int:
+    """Millicores of the node that its pods do not request (the kubelet's admission rule)."""
+    allocatable = millicores(core.read_node(node).status.allocatable["cpu"])
+    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    asked = sum(millicores((c.resources.requests or {}).get("cpu", "0m") if c.resources else "0m")
+                for p in pods if p.status.phase not in ("Succeeded", "Failed") for c in p.spec.containers)
+    return allocatable - asked
+
+
 def blocker(name: str, node: str, cpu: str) -> dict:
     # The worker image: the local registry has it (and it is the one a real node may have pulled already).
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -80,7 +89,9 @@ def test_min_replicas_start_together_and_extras_one_by_one(gang, operator, jobs,
     # the rest leaves room for the store (100m) and CoreDNS.
     big = f"{cpu // 2 + 1}m"
     for name, node in (("block-0", n0), ("block-1", n1)):
-        core.create_namespaced_pod(jobs.namespace, blocker(name, node, big))
+        # Each blocked node keeps 1m less than a worker: sized to what the node's pods already ask (the operator's
+        # replicas, CoreDNS, an add-on's controller), since the kubelet refuses a bound pod that does not fit.
+        core.create_namespaced_pod(jobs.namespace, blocker(name, node, f"{max(1, free(core, node) - millicores(big) + 1)}m"))
     for name in ("block-0", "block-1"):
         wait_for(lambda: jobs.pod(name).status.phase, 60, f"{name} running", until=lambda p: p == "Running")
     steps = 40

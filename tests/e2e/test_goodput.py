@@ -34,7 +34,10 @@ def test_the_ledger_accounts_for_a_killed_rank0_pod(operator, jobs, progress, fa
     redone = max(0, before.last_step - resumed["resumed_from"]) * STEP_SECONDS
     measured = resumed["time"] - fault_time + redone
     # The fault time comes from the API to the second (a container's finishedAt), the reports once a second.
-    assert abs(incident["lostSeconds"] - measured) <= max(2.0, 0.25 * measured), (incident, measured)
+    seen = (f"ledger {incident}; measured {measured:.2f} s: fault {fault_time:.2f}, first step after it "
+            f"{resumed['time']:.2f} (step {resumed['step']}, resumed from {resumed['resumed_from']}), last step "
+            f"before {before.last_step}")
+    assert abs(incident["lostSeconds"] - measured) <= max(2.0, 0.25 * measured), seen
     assert 0 < ledger["goodputPercent"] < 100 and ledger["progressReported"], ledger
     events = [e.message for e in jobs.core.list_namespaced_event(jobs.namespace).items
               if e.reason == "IncidentClosed"]
