@@ -55,6 +55,12 @@ def free(core: client.CoreV1Api, node: str) -> int:
     return allocatable - asked
 
 
+def leaving(core: client.CoreV1Api, nodes: tuple[str, ...]) -> list[str]:
+    return [p.metadata.name for node in nodes
+            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+            if p.metadata.deletion_timestamp]
+
+
 def blocker(name: str, node: str, cpu: str) -> dict:
     # The worker image: the local registry has it (and it is the one a real node may have pulled already).
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -88,6 +94,9 @@ def test_min_replicas_start_together_and_extras_one_by_one(gang, operator, jobs,
     # Over half a node: one worker per node (8 cpus on process-backed nodes, this machine's 2 on real ones);
     # the rest leaves room for the store (100m) and CoreDNS.
     big = f"{cpu // 2 + 1}m"
+    # The pods of the test before may still be leaving: sized while they hold CPU, a blocker would free it later.
+    wait_for(lambda: leaving(core, (n0, n1, n2)), 120, "the pods of earlier tests gone from the nodes",
+             until=lambda names: not names)
     for name, node in (("block-0", n0), ("block-1", n1)):
         # Each blocked node keeps 1m less than a worker: sized to what the node's pods already ask (the operator's
         # replicas, CoreDNS, an add-on's controller), since the kubelet refuses a bound pod that does not fit.
