@@ -1,16 +1,14 @@
 """What the soak does to the cluster: randomized (seeded) orderings of everyday operations and faults.
 
 Jobs reuse a few names, so deletes and re-creations collide with what the garbage collector has not yet
-removed. Workers are cheap `sleep`-like processes that exit 0 once their job's gate file appears.
+removed. Workers are cheap `sleep`-like processes that exit 0 once their job's gate file appears. The operator's
+replicas, and their kills: operators.py.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,59 +41,6 @@ def job_manifest(name: str, replicas: int, gate: Path) -> dict:
                      "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container],
                                            "imagePullSecrets": [{"name": registry.PULL_SECRET}],
                                            "volumes": [volume]}}}}
-
-
-class OperatorRunner:
-    """The operator as the image runs it, SIGKILLed and started again at random moments."""
-
-    def __init__(self, root: Path, kubeconfig: Path, namespace: str, logs: Path):
-        self.root, self.kubeconfig, self.namespace, self.logs = root, kubeconfig, namespace, logs
-        self.proc: subprocess.Popen | None = None
-        self.incarnations = 0
-        self.crashes: list[str] = []
-
-    def start(self) -> None:
-        key = self.logs / "rendezvous.key"
-        if not key.exists():
-            key.write_text(os.urandom(16).hex())
-        log = open(self.logs / f"operator-{self.incarnations}.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "elasticjob", "run", "-n", self.namespace, "--rendezvous-key-file", str(key)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True,
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"})
-        self.incarnations += 1
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            self.crashes.append(f"operator {self.incarnations - 1} exited by itself with {self.proc.returncode}")
-            self.start()
-
-    def kill(self) -> None:
-        self.check_alive()
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.start()
-
-    def stop(self) -> int:
-        """SIGTERM once the last incarnation has started: one SIGKILLed a moment before the churn ended may
-        still be importing, and Python's default for SIGTERM is to die of it, which says nothing about us."""
-        log = self.logs / f"operator-{self.incarnations - 1}.log"
-        deadline = time.monotonic() + 60
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            if "elasticjob operator started" in log.read_text(errors="replace"):
-                break
-            time.sleep(0.2)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return -9
-
-    def logs_text(self) -> list[tuple[str, str]]:
-        """(file name, text) of every incarnation's log, in the order they ran."""
-        paths = sorted(self.logs.glob("operator-*.log"), key=lambda p: int(p.stem.split("-")[1]))
-        return [(path.name, path.read_text(errors="replace")) for path in paths]
 
 
 class Chaos:

@@ -1,12 +1,14 @@
 """The soak: minutes of randomized orderings against the real API server, with the invariants checked all along.
 
 It drives one namespace of the local cluster: jobs created, scaled, deleted and re-created under the same
-names; workers crashed, finished, force-deleted, evicted, drained; the operator SIGKILLed at random moments;
-kube-apiserver and etcd restarted; a node lost. Then the churn stops and every job must settle. It prints a
-table of what it did and of the violations per invariant, every one of which must be 0.
+names; workers crashed, finished, force-deleted, evicted, drained; the operator's replicas (two, with leader
+election on one Lease, as the chart runs them) SIGKILLed at random moments, mostly the leader, and each started
+again; kube-apiserver and etcd restarted; a node lost. Then the churn stops and every job must settle. It prints
+a table of what it did and of the violations per invariant, every one of which must be 0.
 
     make soak                       # 10 minutes, 60 operator kills, both restarts, a lost node
     .venv/bin/python tests/soak/soak.py --minutes 2 --operator-kills 10 --seed 7
+    .venv/bin/python tests/soak/soak.py --operators 1    # one replica, no leader election
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos import Chaos, OperatorRunner  # noqa: E402
+from chaos import Chaos  # noqa: E402
 from invariants import FORCE_DELETE_OVERLAP, INVARIANTS, JobHistory, Objects, Violations, steady  # noqa: E402
+from leadership import breaks, logged_at  # noqa: E402
+from operators import Operators  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTLE_SECONDS = 150.0  # the stated bound: every job steady this long after the churn stops
@@ -38,6 +42,7 @@ class Config:
     apiserver_restarts: int = 1
     etcd_restarts: int = 1
     lose_node: bool = True
+    operators: int = 2  # replicas with --leader-elect on one Lease; 1: a single process without
     seed: int = field(default_factory=lambda: secrets.randbelow(10**6))
     settle_seconds: float = SETTLE_SECONDS
 
@@ -80,16 +85,15 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
     objects = Objects(api, namespace, state_dir, violations)
     chaos = Chaos(api, namespace, rng, state_dir, gates)
     objects.force_deleted = chaos.force_deleted
-    operator = OperatorRunner(ROOT, kubeconfig, namespace, workdir)
+    operators = Operators(ROOT, kubeconfig, namespace, workdir, api, config.operators)
     history.start()
-    operator.start()
+    operators.start()
     duration = config.minutes * 60
     schedule = plan_disruptions(config, rng, duration)
     started = time.monotonic()
     def disrupt(what: str) -> None:
         if what == "operator":
-            operator.kill()
-            chaos.counts["operator SIGKILLs"] += 1
+            operators.kill(rng)
         elif what == "lose-node":
             nodes = [n.metadata.name for n in client.CoreV1Api(api).list_node().items]
             chaos.lose_node(rng.choice(nodes), for_seconds=70)
@@ -101,7 +105,7 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
         while schedule and schedule[0][0] <= elapsed:
             disrupt(schedule.pop(0)[1])
         chaos.step()
-        operator.check_alive()
+        operators.check_alive()
         objects.check(dict(history.latest))
         time.sleep(rng.uniform(0.2, 1.2))
     # A slow last step (a drain, a control-plane restart) can carry the churn past the last ones' moments.
@@ -110,13 +114,16 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
     churn = time.monotonic() - started
     chaos.settle()
     quiet_from = datetime.now() + timedelta(seconds=QUIET_AFTER)
-    settled_in = settle(config, api, namespace, history, objects, operator, violations)
-    code = operator.stop()
-    check_operator(operator, code, violations, quiet_from)
+    settled_in = settle(config, api, namespace, history, objects, operators, violations)
+    codes = operators.stop()
+    check_operator(operators, codes, violations, quiet_from)
+    if config.operators > 1:
+        for key, detail in breaks(operators.incarnations(), namespace):
+            violations.add("two-leaders", key, detail)
     history.stop()
     if objects.tolerated:
         chaos.counts[f"overlaps within {FORCE_DELETE_OVERLAP:.0f} s of a force delete"] = len(objects.tolerated)
-    return Report(config, dict(chaos.counts), violations, churn, settled_in)
+    return Report(config, dict(chaos.counts + operators.counts), violations, churn, settled_in)
 
 
 def plan_disruptions(config: Config, rng: random.Random, duration: float) -> list[tuple[float, str]]:
@@ -129,7 +136,7 @@ def plan_disruptions(config: Config, rng: random.Random, duration: float) -> lis
     return sorted(events)
 
 
-def settle(config: Config, api, namespace: str, history: JobHistory, objects: Objects, operator: OperatorRunner,
+def settle(config: Config, api, namespace: str, history: JobHistory, objects: Objects, operators: Operators,
            violations: Violations) -> float | None:
     from kubernetes import client
 
@@ -137,7 +144,7 @@ def settle(config: Config, api, namespace: str, history: JobHistory, objects: Ob
     started = time.monotonic()
     unsteady: list[str] = []
     while time.monotonic() - started < config.settle_seconds:
-        operator.check_alive()
+        operators.check_alive()
         objects.check(dict(history.latest))
         pods = core.list_namespaced_pod(namespace).items
         unsteady = [b["metadata"]["name"] for b in history.latest.values() if not steady(b, pods)]
@@ -156,28 +163,21 @@ def settle(config: Config, api, namespace: str, history: JobHistory, objects: Ob
     return None
 
 
-def check_operator(operator: OperatorRunner, code: int, violations: Violations, quiet_from: datetime) -> None:
-    for crash in operator.crashes:
+def check_operator(operators: Operators, codes: list[int], violations: Violations, quiet_from: datetime) -> None:
+    for crash in operators.crashes:
         violations.add("operator-unhealthy", crash, crash)
-    if code != 0:
-        violations.add("operator-unhealthy", "exit", f"the last operator exited {code} on SIGTERM")
-    for name, text in operator.logs_text():
+    for i, code in enumerate(codes):
+        if code != 0:
+            violations.add("operator-unhealthy", f"exit/{i}", f"a last operator incarnation exited {code} on SIGTERM")
+    for name, text in operators.logs_text():
         for line in text.splitlines():
             if "Traceback (most recent call last)" in line:
                 violations.add("operator-unhealthy", f"{name}/traceback", f"{name} has a traceback")
-    late = [line for _, text in operator.logs_text() for line in text.splitlines()
+    late = [line for _, text in operators.logs_text() for line in text.splitlines()
             if any(e in line for e in ERROR_LINES) and logged_at(line) and logged_at(line) > quiet_from]
     if late:
         violations.add("operator-unhealthy", "settled", f"errors {QUIET_AFTER:.0f}s after the churn stopped "
                                                         f"({len(late)}): {late[-1][:200]}")
-
-
-def logged_at(line: str) -> datetime | None:
-    """The time of an operator log line ('[2026-11-23 03:22:02,815] ...'), in local time."""
-    try:
-        return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
-    except ValueError:
-        return None
 
 
 def main() -> int:
@@ -191,8 +191,11 @@ def main() -> int:
     parser.add_argument("--operator-kills", type=int, default=60)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-node-loss", action="store_true")
+    parser.add_argument("--operators", type=int, default=2, choices=range(1, 9), metavar="N",
+                        help="operator replicas (default 2, leader election on one Lease; 1: one process without)")
     args = parser.parse_args()
-    config = Config(minutes=args.minutes, operator_kills=args.operator_kills, lose_node=not args.no_node_loss)
+    config = Config(minutes=args.minutes, operator_kills=args.operator_kills, lose_node=not args.no_node_loss,
+                    operators=args.operators)
     if args.seed is not None:
         config.seed = args.seed
     cluster = controlplane.ensure_up(ROOT, 3)

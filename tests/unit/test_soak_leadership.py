@@ -1,4 +1,5 @@
-"""The soak's only-one-replica-acts check (tests/soak/leadership.py), fed with made-up operator logs."""
+"""The soak's only-one-replica-acts check (tests/soak/leadership.py), fed with made-up operator logs; and which
+replica its operator kills hit (tests/soak/operators.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "soak"))
 
 from leadership import Term, acted_outside, breaks, overlaps, terms  # noqa: E402
+from operators import LEADER_SHARE, Replica, choose  # noqa: E402
 
 NS = "soak-abc"
 
@@ -83,3 +85,19 @@ def test_a_failover_after_a_kill_breaks_nothing_and_a_double_leader_breaks_the_r
     assert [key for key, _ in breaks([first, early], NS)] == ["a-0+b-0"]
     eager = ("b-0", log((1, "candidate"), (3.5, ACTS), (15, LEADS)), at(30))
     assert [key for key, _ in breaks([first, eager], NS)] == ["b-0/outside"]
+
+
+A, B = Replica("a"), Replica("b")
+
+
+@pytest.mark.parametrize("leader, roll, pick, victim", [
+    (A, 0.0, 0, A), (A, LEADER_SHARE - 0.01, 1, A),  # mostly the leader
+    (A, LEADER_SHARE, 0, B), (B, 0.99, 1, A),  # else the other
+    (None, 0.0, 0, A), (None, 0.0, 1, B),  # the holder is dead (not yet replaced): either
+])
+def test_a_kill_hits_the_leader_mostly_and_either_replica_while_none_leads(leader, roll, pick, victim):
+    assert choose([A, B], leader, roll, pick) is victim
+
+
+def test_the_one_replica_without_leader_election_is_always_the_one_killed():
+    assert choose([A], A, 0.99, 0) is A
