@@ -113,7 +113,7 @@ bench-checkpoint: $(VENV)/.installed ## Checkpoints in memory (elasticjob_ckpt) 
 bench-recovery: $(VENV)/.installed host-packages ## Fault -> next training step, four ways, medians of RUNS (default 5), on real then process-backed nodes (NODE_KINDS); about 55 min per kind
 	$(PY) bench/recovery.py --runs $(or $(RUNS),5) --node-kinds $(or $(NODE_KINDS),real,process)
 
-soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes: 60 operator kills, API server and etcd restarts, a lost node
+soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes, two operator replicas on a Lease: 60 kills (mostly the leader), API server and etcd restarts, a lost node
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60
 
