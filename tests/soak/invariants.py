@@ -34,7 +34,7 @@ INVARIANTS = {
     "succeeded-while-running": "no job is Succeeded while a worker runs",
     "not-steady": "once the churn stops, every job reaches its steady state within the bound",
     "operator-unhealthy": "the operator neither crashes nor loops on errors",
-    "two-leaders": "never two operator replicas acting at once (their logs' leader terms; job lines only within)",
+    "two-leaders": "never two operator replicas acting at once (leader terms in their logs)",
 }
 
 

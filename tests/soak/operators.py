@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,7 +37,24 @@ CANDIDATE = re.compile(r"leader election: candidate (\S+) for Lease")
 class Incarnation:
     log: Path
     proc: subprocess.Popen
-    ended: datetime | None = None  # when this soak saw the process gone (a SIGKILL leaves no line of its own)
+    # When the process ended, taken by a thread waiting on it: the leader's term ends there when its log says no
+    # earlier (a SIGKILL or a crash leaves no line), even while the soak's loop is busy with a slow step.
+    ended: datetime | None = None
+    _waiter: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = datetime.now()
+
+    def end(self) -> datetime | None:
+        """When it ended, once it has (the waiter may trail a wait() of the soak's by a moment)."""
+        if self.proc.poll() is not None and self._waiter is not None:
+            self._waiter.join(timeout=5)
+        return self.ended
 
     def identity(self) -> str | None:
         found = CANDIDATE.search(self.log.read_text(errors="replace"))
@@ -98,7 +116,6 @@ class Operators:
             current = replica.current
             if current.proc.poll() is None:
                 continue
-            current.ended = datetime.now()
             code = current.proc.returncode
             if self.elect and code == LOST_LEASE_EXIT and LOST_LEASE_LINE in current.log.read_text(errors="replace"):
                 self.counts["operator restarts after losing the Lease"] += 1
@@ -125,7 +142,6 @@ class Operators:
         current = victim.current
         os.killpg(current.proc.pid, signal.SIGKILL)
         current.proc.wait()
-        current.ended = datetime.now()
         self.counts["operator SIGKILLs"] += 1
         if self.elect and victim is leader:
             self.counts["operator SIGKILLs of the leader"] += 1
@@ -135,6 +151,7 @@ class Operators:
         """SIGTERM every replica, the leader last (stopping it first would hand the Lease to one about to stop).
         Each once started: one SIGKILLed a moment before the churn ended may still be importing, and Python's
         default for SIGTERM is to die of it, which says nothing about us."""
+        self.check_alive()  # one that exited by itself meanwhile is counted as such, not as a failed stop
         leader = self.leader() if self.elect else None
         return [self._stop(r.current) for r in sorted(self.replicas, key=lambda r: r is leader)]
 
@@ -151,13 +168,12 @@ class Operators:
             os.killpg(current.proc.pid, signal.SIGKILL)
             current.proc.wait()
             code = -9
-        current.ended = datetime.now()
         return code
 
     def incarnations(self) -> list[tuple[str, str, datetime]]:
         """(log name, log text, when it ended) of every incarnation that has ended, replica by replica."""
-        return [(i.log.name, i.log.read_text(errors="replace"), i.ended)
-                for r in self.replicas for i in r.incarnations if i.ended is not None]
+        return [(i.log.name, i.log.read_text(errors="replace"), ended)
+                for r in self.replicas for i in r.incarnations if (ended := i.end()) is not None]
 
     def logs_text(self) -> list[tuple[str, str]]:
         """(file name, text) of every incarnation's log, replica by replica, in the order they ran."""
