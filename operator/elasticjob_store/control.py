@@ -75,6 +75,7 @@ class Control:
         self.progress = ProgressReader()
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: dict[str, Any] | None = None
+        self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
 
     def log(self, message: str) -> None:
         when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
@@ -207,6 +208,23 @@ class Control:
         self.log(f"stop {name}: every rank stops after step {step}")
         return StopReply(True, f"every rank stops after step {step}", step=step)
 
+    def take_requests(self) -> None:
+        """A worker's agent asked for a stop (stop.REQUEST_KEY grew: its pod is evicted or its node drained): the
+        training stops and saves as for the operator's stop, unless the latest stop still applies to it."""
+        with self._store_lock:
+            count = int(self._store.add(stop.REQUEST_KEY, 0))
+        if count <= self._requests_seen:
+            return
+        self._requests_seen = count
+        with self.lock:
+            known, report = self.stop_record, self.progress.report
+        if known is not None and stop.under_way(known["step"], report):
+            self.log(f"a worker asked for a stop: stop {known['id']} (after step {known['step']}) applies")
+            return
+        reply = self.stop(self.now(), stop.REQUEST_MARGIN)
+        if not reply.changed:
+            self.log(f"a worker asked for a stop: {reply.reason}")
+
     def read_progress(self) -> None:
         with self._store_lock:
             raw = self._store.get(PROGRESS_KEY) if self._store.check([PROGRESS_KEY]) else b""
@@ -217,6 +235,7 @@ class Control:
         """One poller tick: record a newly completed round and the training's progress, take out a waiter that
         did its job, and wake whoever waits for a change."""
         self.read_progress()
+        self.take_requests()
         _, state = self.read()
         now = self.now()
         with self.lock:

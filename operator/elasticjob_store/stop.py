@@ -22,6 +22,12 @@ COUNT_KEY = "elasticjob.stops"
 STOP_PREFIX = "elasticjob.stop."
 # Every rank adds 1 under this prefix + the stop's id once it saved; rank 0 reports the stop when all did.
 DONE_PREFIX = "elasticjob.stopped."
+# A worker's agent adds 1 here when its pod is told to go without the operator having asked (an eviction, a
+# node drain: the kubelet's SIGTERM; elasticjob_warm/evicted.py). The store then writes a stop as the operator's
+# would. Whoever reaches the store's port may add to it, as to every key here: it grants nothing they lack.
+REQUEST_KEY = "elasticjob.stop-requests"
+# The margin of a worker's request: the operator's own (elasticjob/planner/planned_stop.py MARGIN_SECONDS).
+REQUEST_MARGIN = 2.0
 MAX_AGE = 10.0
 
 
@@ -46,6 +52,16 @@ def agreed_step(report: dict[str, Any] | None, received_at: float | None, now: f
     lag = max(0.0, sent - stepped) if sent is not None and stepped is not None else 0.0
     age = min(MAX_AGE, lag + max(0.0, now - received_at))
     return int(step) + math.ceil(round((age + margin) / float(seconds), 6)) + 1  # 2.2 / 0.1 is 22, not 23
+
+
+def under_way(stop_step: int | None, report: dict[str, Any] | None) -> bool:
+    """Whether the latest stop (its step) still applies to the training of `report`: its process began no later
+    than the step and has not stepped past it (it is stopping, or stopped and holds). A worker's request is then
+    answered by that stop; otherwise a new one is written."""
+    if stop_step is None or report is None:
+        return False
+    first, step = report.get("firstStep"), report.get("step")
+    return first is not None and first <= stop_step and (step is None or step <= stop_step)
 
 
 def record(requested_at: float, step: int, now: float) -> bytes:

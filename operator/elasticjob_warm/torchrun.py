@@ -6,7 +6,8 @@ the import. Here this process is torchrun's agent itself: it starts the server f
 there while the agent imports its own and waits for its round, and then runs torchrun with SCRIPT behind
 `-m elasticjob_warm`. Options and exit status are torchrun's own. What no warm server can start (--no-python,
 --run-path) runs as written, cold. Either way the agent reads the rendezvous state through a decoder that runs
-nothing (statecheck.py) and rides out a lost store (outage.py).
+nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an eviction, a node drain) has the
+training save at an agreed step before torchrun stops the workers (evicted.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from elasticjob_warm import client, compat, notice, outage, polling, protocol, statecheck
+from elasticjob_warm import client, compat, evicted, notice, outage, polling, protocol, statecheck
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +32,7 @@ def main(argv: list[str]) -> int:
         return plain(argv, problem)
     args = run.parse_args(argv)
     patch_rendezvous()
+    evicted.install(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # SIGTERM: save first
     try:
         polling.apply(args.nnodes)
     except ValueError as error:
