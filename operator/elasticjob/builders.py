@@ -18,6 +18,10 @@ NODE_LOST_TOLERATION_SECONDS = 30
 # torchrun's own restart budget: one it never reaches while an operator runs, which alone enforces
 # maxRestarts (torch spends its budget on peers that leave, too). A backstop for when no operator runs.
 AGENT_RESTART_BACKSTOP = 10000
+# torchrun's agent gives its workers this long after SIGTERM before SIGKILL (not configurable: pytorch#119856).
+TORCHRUN_SHUTDOWN_SECONDS = 30
+DEFAULT_TERMINATION_GRACE = 30  # the kubelet's, where a pod names none
+TERMINATION_MARGIN = 5  # for the agent's own exit after its workers'
 # The one NetworkPolicy per namespace that fences every store in it (see network_policy).
 NAMESPACE_POLICY = "elasticjob-rendezvous"
 # The one per namespace around every worker in it (see worker_network_policy).
@@ -106,6 +110,9 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     # would hide failures from both.
     spec["restartPolicy"] = "Never"
     spec["tolerations"] = _node_lost_tolerations(list(spec.get("tolerations") or []))
+    grace = termination_grace(spec.get("terminationGracePeriodSeconds"), job.spec.run_policy.stop_grace_seconds)
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
     warm = kit.warm_starts(job.spec, container, kit_image)
     if warm.command is not None and kit_image:
         kit.use_in_worker(spec, container, warm.command, kit_image)
@@ -123,6 +130,18 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
         },
         "spec": spec,
     }, placement)
+
+
+def termination_grace(template: int | None, stop_grace: int) -> int | None:
+    """The worker pod's terminationGracePeriodSeconds: on an eviction or a drain the kubelet's SIGTERM gives the
+    agent stopGraceSeconds to have the training save at an agreed step (elasticjob_warm/evicted.py), then
+    torchrun gives its workers its own 30 s before SIGKILL; the kubelet must wait for both. A template's longer
+    grace is kept, a shorter one raised; with stopGraceSeconds 0 the template's (or the kubelet's default)
+    stands. None: leave the field as it is."""
+    if stop_grace <= 0:
+        return None
+    return max(template if template is not None else DEFAULT_TERMINATION_GRACE,
+               stop_grace + TORCHRUN_SHUTDOWN_SECONDS + TERMINATION_MARGIN)
 
 
 def token_digest(token: str) -> str:

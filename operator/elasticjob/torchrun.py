@@ -18,7 +18,7 @@ RESERVED_ENV = frozenset({
     "PET_MASTER_ADDR", "PET_MASTER_PORT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "TORCHELASTIC_ENABLE_FILE_TIMER", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "ELASTICJOB_NAME", "ELASTICJOB_CHECKPOINT_DIR",
-    "ELASTICJOB_STEP_TIMEOUT_SECONDS",
+    "ELASTICJOB_STEP_TIMEOUT_SECONDS", "ELASTICJOB_STOP_GRACE_SECONDS",
 })
 
 
@@ -71,6 +71,9 @@ def agent_env(*, job_name: str, run_id: str, spec: ElasticJobSpec, container: di
         # With torch's default a node joining a running job waits forever for a MASTER_ADDR key.
         {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
         {"name": "ELASTICJOB_NAME", "value": job_name},
+        # How long the agent lets the training save at an agreed step on SIGTERM (an eviction, a node drain)
+        # before torchrun stops the workers (elasticjob_warm/evicted.py); 0: at once, as torchrun does.
+        {"name": "ELASTICJOB_STOP_GRACE_SECONDS", "value": str(spec.run_policy.stop_grace_seconds)},
     ]
     if spec.checkpoint_dir:
         env.append({"name": "ELASTICJOB_CHECKPOINT_DIR", "value": spec.checkpoint_dir})

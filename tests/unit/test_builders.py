@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 from factory import UID, spec, template
 
 from elasticjob import builders, domain
@@ -56,6 +57,22 @@ def test_lost_node_tolerations_are_short_unless_the_user_set_them():
     pod = builders.worker_pod(ref(template=own), 0, "e:1", 3)
     unreachable = [t for t in pod["spec"]["tolerations"] if t["key"] == "node.kubernetes.io/unreachable"]
     assert unreachable == own["spec"]["tolerations"]
+
+
+@pytest.mark.parametrize("stop_grace, own, expected", [
+    (30, None, 65),  # stopGraceSeconds, torchrun's 30 s, 5 s for the agent: the kubelet waits for all three
+    (120, None, 155),
+    (30, 300, 300),  # the template's longer grace stands
+    (30, 10, 65),  # a shorter one would SIGKILL the training while it saves
+    (0, None, None),  # no planned stop: the kubelet's default, as before
+    (0, 10, 10),
+])
+def test_the_worker_pods_grace_covers_a_stop_and_torchruns_shutdown(stop_grace, own, expected):
+    tpl = template()
+    if own is not None:
+        tpl["spec"]["terminationGracePeriodSeconds"] = own
+    pod = builders.worker_pod(ref(template=tpl, runPolicy={"stopGraceSeconds": stop_grace}), 0, "e:1", 3)
+    assert pod["spec"].get("terminationGracePeriodSeconds") == expected
 
 
 def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():

@@ -104,3 +104,19 @@ def test_a_job_not_yet_running_has_no_ledger():
     job = factory.job()
     plan = planner.plan(job, observed([rdzv()]), NOW)
     assert plan.status.goodput is None
+
+
+def test_a_worker_evicted_after_every_rank_saved_a_stop_it_asked_recomputes_none():
+    # The evicted pod's agent had the training stop and save step 300 (elasticjob_warm/evicted.py), then the pod
+    # went: no planned stop of the operator's, but rank 0's report says every rank saved 300.
+    saved = report(step=300, saved_step=300, saved_at=seconds(-1.0), stopped_step=300, stopped_at=seconds(-0.9))
+    plan = step(running(), [worker(0), failed(1, exit_code=143, ago=0.0)], 0.5, progress=saved)
+    incident = plan.status.goodput.open_incident
+    assert (incident.stopped_step, incident.last_step) == (300, 300)
+    plan = step(plan.status, [worker(0), worker(1)], 3.0, round=2, progress=saved)
+    fresh = report(started_at=seconds(3.2), step=301, step_at=seconds(5.7), first_step=301,
+                   first_step_at=seconds(5.7), loading_at=seconds(4.0), loaded_step=300, loaded_at=seconds(5.5),
+                   saved_step=None, saved_at=None)
+    plan = step(plan.status, [worker(0), worker(1)], 6.5, round=2, progress=fresh)
+    closed = plan.status.goodput.last_incidents[-1]
+    assert closed.stopped_step == 300 and closed.phases.recompute == 0.0, closed

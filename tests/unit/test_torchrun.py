@@ -64,3 +64,9 @@ def test_auto_nproc_follows_requested_gpus(resources, nproc):
 def test_reserved_names_cover_every_variable_the_operator_sets():
     assert set(env_of(spec(checkpointDir="/c", watchdog={"enabled": True}))) - {"POD_IP", "POD_NAME"} \
         <= torchrun.RESERVED_ENV
+
+
+@pytest.mark.parametrize("run_policy, grace", [({}, "30"), ({"stopGraceSeconds": 90}, "90"),
+                                               ({"stopGraceSeconds": 0}, "0")])
+def test_the_agent_learns_the_stop_grace(run_policy, grace):
+    assert env_of(spec(runPolicy=run_policy))["ELASTICJOB_STOP_GRACE_SECONDS"] == grace

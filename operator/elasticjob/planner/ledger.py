@@ -3,8 +3,9 @@ what the operator sees, closed once the training steps again, and the seconds lo
 
 An incident opens on a failure booked (failures.py, recovery.py: a worker, rank 0, a node, a partition), the
 store lost (rendezvous.py), a change of the desired workers, a suspension, or a preemption by Kueue; a fault while
-one is open belongs to it. Where the training stopped and saved at an agreed step first (planned_stop.py), the
-incident starts when it had, at that step: no step is recomputed. It closes at the training's first step after
+one is open belongs to it. Where the training stopped and saved at an agreed step first (planned_stop.py; on an
+eviction or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is recomputed, and the
+incident of the operator's stop starts when the training stopped. It closes at the training's first step after
 it (elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs and the store
 reported the group re-formed. The training's reports are the tenant's word: they are shown here and decide
 nothing else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that kept on
@@ -55,7 +56,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     incident = ledger.open_incident
     if incident is None:
         return
-    saved_first(incident, plan)
+    saved_first(incident, plan, progress)
     advance(incident, plan, observed, now)
     end = resumed(incident, ledger, progress, now)
     if end is not None or status.phase.finished or now - (parse(incident.start_time) or now) > GIVE_UP:
@@ -87,11 +88,18 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
 
 
-def saved_first(incident: Incident, plan: Plan) -> None:
+def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -> None:
     """A planned stop (planned_stop.py) the training acknowledged: every rank saved its step, so none is done
-    again, and the training ran until it did: the time lost starts there."""
+    again, and the training ran until it did: the time lost starts there. A stop the operator did not ask for
+    that every rank saved (a worker's agent asked it on SIGTERM: an eviction, a node drain;
+    elasticjob_warm/evicted.py) recomputes none either; its time lost starts when the pod went."""
     stop = plan.status.planned_stop
-    if stop is None or stop.stopped_time is None or stop.step is None or incident.stopped_step is not None:
+    if incident.stopped_step is not None:
+        return
+    if stop is None and progress is not None and progress.stopped_step is not None:
+        incident.stopped_step = incident.last_step = progress.stopped_step
+        return
+    if stop is None or stop.stopped_time is None or stop.step is None:
         return
     incident.stopped_step = incident.last_step = stop.step
     start, stopped = parse(incident.start_time), parse(stop.stopped_time)
