@@ -22,6 +22,7 @@ One table, measured in one run (2 cores; the local cluster with 3 real nodes and
 
     make bench-fleet      # or: .venv/bin/localcluster up --nodes 3 --kwok && .venv/bin/python bench/fleet.py
     .venv/bin/python bench/fleet.py --real-jobs 50 --runs 3 --fleet 100 300 1000 --churn 300
+    .venv/bin/python bench/fleet.py --processes 40 --real-jobs 0 --fleet   # real processes: fleet_processes.py
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fleet_processes  # noqa: E402
 from fleet_cluster import (  # noqa: E402
     THREADS,
     WORKERS,
@@ -301,6 +304,16 @@ def measure_fleet(api: Api, table: Table, jobs: int, churn_at: int, operator_arg
         listed.stop()
 
 
+def measure_processes(api: Api, table: Table, jobs: int, runs: int, workers: str,
+                      operator_args: list[str]) -> Callable[[], None]:
+    """The converge row with real processes; returns what prints where their starts went (after the table)."""
+    operator, bare = fleet_processes.measure(api, jobs, runs, workers, operator_args)
+    op, bc, ratios = fleet_processes.ratio_cells(operator, bare)
+    table.add(f"converge with processes ({workers} workers, real stores): every worker Running, s "
+              f"(target: <= 1.15x)", jobs, "real", med(op), med(bc), f"{med(ratios, 2)}x")
+    return lambda: fleet_processes.print_ledger(operator, bare)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-jobs", type=int, default=50, help="jobs on the real nodes (0: skip)")
@@ -309,12 +322,20 @@ def main() -> int:
     parser.add_argument("--fleet", type=int, nargs="*", default=[100, 300, 1000], help="kwok fleet sizes")
     parser.add_argument("--churn", type=int, default=300, help="the fleet size that gets churned")
     parser.add_argument("--operator-args", default="", help="extra arguments for `elasticjob run`")
+    parser.add_argument("--processes", type=int, default=0, metavar="JOBS",
+                        help="jobs whose pods run real processes on the real nodes, the real store included "
+                             "(bench/fleet_processes.py; 0: skip)")
+    parser.add_argument("--process-workers", choices=sorted(fleet_processes.WORKER_COMMANDS), default="sleep",
+                        help="what each worker runs with --processes")
     args = parser.parse_args()
     api = Api()
     api.client.configuration.connection_pool_maxsize = THREADS
     api.install_crd()
     extra = args.operator_args.split()
     table = Table()
+    ledgers = []
+    if args.processes:
+        ledgers.append(measure_processes(api, table, args.processes, args.runs, args.process_workers, extra))
     if args.real_jobs:
         measure_converge(api, table, args.real_jobs, kwok=False, runs=args.runs, operator_args=extra, label="")
     if args.kwok_converge:
@@ -322,6 +343,8 @@ def main() -> int:
     for jobs in args.fleet:
         measure_fleet(api, table, jobs, args.churn, extra)
     table.print()
+    for print_ledger in ledgers:
+        print_ledger()
     return 0
 
 

@@ -69,6 +69,7 @@ class Watch:
     events: list[tuple[float, str, dict]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: threading.Event = field(default_factory=threading.Event)
+    listed: threading.Event = field(default_factory=threading.Event)  # set once the first list is in
 
     def start(self) -> Watch:
         threading.Thread(target=self._run, daemon=True).start()
@@ -83,6 +84,7 @@ class Watch:
                     with self.lock:
                         self.objects = {o["metadata"]["name"]: o for o in page.get("items") or []}
                     version = page["metadata"]["resourceVersion"]
+                    self.listed.set()
                 response = self.list_fn(label_selector=self.selector, watch=True, resource_version=version,
                                         allow_watch_bookmarks=True, timeout_seconds=60, _preload_content=False)
                 for line in response:
@@ -147,12 +149,15 @@ def _exists(api: Api, name: str) -> bool:
         raise
 
 
-def create_jobs(api: Api, ns: str, count: int, kwok: bool, then: Callable[[dict], None] | None = None) -> float:
-    """Creates `count` jobs from 32 threads; `then` gets each created job (the bare client's work). Returns the
-    monotonic time the first create was sent."""
+def create_jobs(api: Api, ns: str, count: int, kwok: bool, then: Callable[[dict], None] | None = None,
+                manifest: Callable[[str], dict] | None = None) -> float:
+    """Creates `count` jobs from 32 threads (each `manifest(name)`, by default the sleeping job_manifest); `then`
+    gets each created job (the bare client's work). Returns the monotonic time the first create was sent."""
+    make = manifest or (lambda name: job_manifest(name, kwok))
+
     def one(i: int) -> None:
-        created = api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                                             job_manifest(f"j{i:04d}", kwok), _preload_content=False)
+        created = api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, make(f"j{i:04d}"),
+                                                             _preload_content=False)
         if then is not None:
             then(json.loads(created.data))
 
