@@ -10,14 +10,18 @@ resumes from the latest checkpoint, so a restart loses at most --checkpoint-ever
 Each rank appends one JSON line per completed step to --progress-file, which is what the
 end-to-end tests read to see what training actually did.
 
-Two habits make recovery fast and lose nothing:
-- Before the operator removes workers (a scale-down, a suspension, Kueue's preemption) it asks for a planned
-  stop: elasticjob_progress's should_stop(step) turns true on every rank at the same step; rank 0 saves it
-  (DDP keeps every rank's model identical after a step), and every rank calls stopped(step), which holds the
-  process until the operator ends it. The next run resumes from that step: none is done again. Where no
-  stop was planned (an eviction, a drain, or an image without the package), SIGTERM does it instead: the
-  rank finishes its step, saves and exits 0; the others cannot step on without it, so nothing newer can be overwritten. A rank stuck in a collective
-  (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
+Three habits make recovery fast and lose nothing:
+- Before the operator removes workers (a scale-down, a suspension, Kueue's preemption), and when a worker pod is
+  evicted or its node drained (the pod's agent asks on SIGTERM), a planned stop: elasticjob_progress's
+  should_stop(step) turns true on every rank at the same step; rank 0 saves it (DDP keeps every rank's model
+  identical after a step) and waits until it is on the volume, and every rank calls stopped(step), which holds
+  the process until it is ended. The next run resumes from that step: none is done again. Where no stop could
+  be planned (an image without the package, stopGraceSeconds 0), SIGTERM does it instead: the rank finishes its
+  step, saves and exits 0; the others cannot step on without it, so nothing newer can be overwritten. A rank
+  stuck in a collective (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
+- Checkpoints through elasticjob_ckpt where it is installed: a save copies the state into the pod's memory and
+  returns, and a thread writes it to --checkpoint-dir behind; a worker restarted on the same pod loads it from
+  memory, one on a new pod from the volume. Without the package, torch.save and torch.load on the volume.
 - When a collective fails (a peer died, the group is being restarted) the rank logs the error and leaves with
   os._exit(1) at once: a normal interpreter exit tears torch down for over a second, which the whole group
   waits for before it can re-form.
@@ -44,7 +48,14 @@ try:  # the operator's progress API: in its worker image and its kit; shown in t
 except ImportError:  # run without it (another image, plain torchrun): report nothing
     elasticjob_progress = None
 
+try:  # the operator's in-memory checkpoints: in its worker image and its kit
+    import elasticjob_ckpt
+except ImportError:  # torch.save and torch.load on the volume instead
+    elasticjob_ckpt = None
+
 CHECKPOINT_NAME = "checkpoint.pt"
+# elasticjob_ckpt's name for rank 0's checkpoint: one for the job, as rank 0 alone saves (on whichever pod it is).
+CKPT_NAME = "train"
 
 
 class NoProgress:
@@ -98,19 +109,40 @@ def synthetic_batch(seed, step, rank, device):
     return inputs.to(device), targets.to(device)
 
 
-def load_checkpoint(path, model, optimizer):
-    if not os.path.exists(path):
-        return 0
-    state = torch.load(path, map_location="cpu")
+def make_checkpointer(directory):
+    """elasticjob_ckpt's Checkpointer for rank 0's checkpoint; None without the package."""
+    return elasticjob_ckpt.Checkpointer(directory, name=CKPT_NAME) if elasticjob_ckpt is not None else None
+
+
+def load_checkpoint(path, model, optimizer, ckpt=None):
+    """The step of the newest checkpoint loaded (0: none) and where it came from: memory, volume, file, None."""
+    found = []
+    if ckpt is not None:
+        loaded = ckpt.load()
+        if loaded is not None:
+            found.append(({**loaded.state, "step": loaded.step}, loaded.source))
+    if os.path.exists(path):  # torch.save's: a run without elasticjob_ckpt, or a rank but 0 saving on SIGTERM
+        found.append((torch.load(path, map_location="cpu"), "file"))
+    if not found:
+        return 0, None
+    state, source = max(found, key=lambda pair: pair[0]["step"])
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    return state["step"]
+    return state["step"], source
 
 
-def save_checkpoint(path, model, optimizer, step):
-    # Write then rename: a worker killed mid-save leaves the previous checkpoint intact.
+def save_checkpoint(path, model, optimizer, step, ckpt=None, persisted=False):
+    """Through elasticjob_ckpt: returns once the state is in memory; with `persisted`, once it is on the volume
+    too (a stop: the pod, and its memory, may go next). Without it: write then rename, so a worker killed
+    mid-save leaves the previous checkpoint intact."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if ckpt is not None:
+        ckpt.save(state, step)
+        if persisted:
+            ckpt.wait()
+        return
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+    torch.save({**state, "step": step}, tmp)
     os.replace(tmp, path)
 
 
@@ -240,6 +272,13 @@ class Run:
     host: str
     started: float
     progress: object = None  # elasticjob_progress.Progress, or NoProgress
+    ckpt: object = None  # elasticjob_ckpt.Checkpointer, or None: torch.save
+    loaded_from: str = None  # where the checkpoint resumed from came from: memory, volume, file; None: none
+
+    def save(self, step, persisted=False):
+        # elasticjob_ckpt's files have one writer per name: rank 0. Another rank saves only on SIGTERM, plainly.
+        ckpt = self.ckpt if self.rank == 0 else None
+        save_checkpoint(self.checkpoint, self.model, self.optimizer, step, ckpt, persisted)
 
 
 def start(args) -> Run:
@@ -257,13 +296,17 @@ def start(args) -> Run:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     checkpoint = os.path.join(args.checkpoint_dir, CHECKPOINT_NAME)
     progress = make_progress()
+    ckpt = make_checkpointer(args.checkpoint_dir)
     progress.loading()
-    resumed_from = agreed_start_step(load_checkpoint(checkpoint, model, optimizer), device)
+    loaded_step, loaded_from = load_checkpoint(checkpoint, model, optimizer, ckpt)
+    resumed_from = agreed_start_step(loaded_step, device)
     progress.loaded(resumed_from)
+    # The model every rank starts from is rank 0's (DDP broadcasts it); the optimizer's state is each rank's own.
     ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     host = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
     return Run(args, rank, world_size, local_rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), device,
-               model, ddp_model, optimizer, checkpoint, resumed_from, host, started, progress)
+               model, ddp_model, optimizer, checkpoint, resumed_from, host, started, progress, ckpt,
+               loaded_from if loaded_step == resumed_from else None)
 
 
 def main(argv=None):
@@ -303,7 +346,8 @@ def train(run: Run, timed_step) -> None:
             pause(args)
         append_progress(args.progress_file, {
             "step": step, "rank": run.rank, "world_size": run.world_size, "local_rank": run.local_rank,
-            "restart_count": run.restart_count, "resumed_from": run.resumed_from, "loss": round(loss.item(), 6),
+            "restart_count": run.restart_count, "resumed_from": run.resumed_from, "loaded_from": run.loaded_from,
+            "loss": round(loss.item(), 6),
             "pid": os.getpid(), "host": run.host, "started": run.started, "time": time.time(),
             # Which world: rank 0's store for this round. Two worlds stepping at once would be split brain.
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
@@ -311,7 +355,7 @@ def train(run: Run, timed_step) -> None:
         run.progress.step(step)
         if run.progress.should_stop(step):  # the operator's planned stop: every rank at this same step
             if run.rank == 0:
-                save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+                run.save(step, persisted=True)  # on the volume before the pod, and its memory, may go
                 run.progress.saved(step)
             append_progress(args.events_file, {"event": "checkpoint-on-stop", "step": step, "rank": run.rank,
                                                "host": run.host, "time": time.time()})
@@ -319,13 +363,13 @@ def train(run: Run, timed_step) -> None:
             run.progress.stopped(step)  # holds the process until the operator ends it
             return
         if Stop.requested:
-            save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+            run.save(step, persisted=True)
             run.progress.saved(step)
             append_progress(args.events_file, {"event": "checkpoint-on-sigterm", "step": step, "rank": run.rank,
                                                "host": run.host, "time": time.time()})
             return
         if run.rank == 0 and (step % args.checkpoint_every == 0 or step == args.steps):
-            save_checkpoint(run.checkpoint, run.model, run.optimizer, step)
+            run.save(step, persisted=step == args.steps)  # in memory; on the volume behind, the last at once
             run.progress.saved(step)
 
 

@@ -25,6 +25,8 @@ COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
 # `import elasticjob_progress` in a training script: its steps and checkpoints shown in the job's downtime ledger.
 COPY operator/elasticjob_progress /opt/elasticjob/elasticjob_progress
+# `import elasticjob_ckpt`: checkpoints saved into the pod's memory and persisted behind (the example uses it).
+COPY operator/elasticjob_ckpt /opt/elasticjob/elasticjob_ckpt
 ENV PYTHONPATH=/opt/elasticjob
 # Workers run as the base's user unless their template says otherwise (the example's checkpoints go to a hostPath
 # the kubelet creates root-owned); the rendezvous pod sets its own non-root user (65532, runAsNonRoot).

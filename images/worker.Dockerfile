@@ -17,6 +17,8 @@ COPY operator/elasticjob_store /opt/elasticjob/elasticjob_store
 COPY operator/elasticjob_warm /opt/elasticjob/elasticjob_warm
 # `import elasticjob_progress` in a training script: its steps and checkpoints shown in the job's downtime ledger.
 COPY operator/elasticjob_progress /opt/elasticjob/elasticjob_progress
+# `import elasticjob_ckpt`: checkpoints saved into the pod's memory and persisted behind (the example uses it).
+COPY operator/elasticjob_ckpt /opt/elasticjob/elasticjob_ckpt
 ENV PYTHONPATH=/opt/elasticjob
 # torchrun comes with the base image; the operator supplies every PET_* setting through the environment.
 CMD ["torchrun", "/workspace/train_ddp.py"]

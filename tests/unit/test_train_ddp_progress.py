@@ -52,14 +52,19 @@ def test_a_planned_stop_saves_the_agreed_step_on_every_rank_and_the_next_run_res
     deletion or a group restart does). The next run's first step is the one after it: none is lost."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
                           timeout=timedelta(seconds=10))
-    env = {**os.environ, "PET_RDZV_ENDPOINT": f"127.0.0.1:{store.port}", "POD_NAME": "train-worker-0"}
+    env = {**os.environ, "PET_RDZV_ENDPOINT": f"127.0.0.1:{store.port}", "POD_NAME": "train-worker-0",
+           "ELASTICJOB_CKPT_MEMORY_DIR": str(tmp_path / "shm")}  # the pod's memory (elasticjob_ckpt)
     torchrun = Path(sys.executable).parent / "torchrun"
 
-    def run(steps: int) -> subprocess.Popen:
+    def run(steps: int, memory: str = "shm") -> subprocess.Popen:
         return subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--steps",
                                  str(steps), "--step-seconds", "0.05", "--checkpoint-every", "1000",
-                                 "--checkpoint-dir", str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                 "--checkpoint-dir", str(tmp_path / "ckpt")],
+                                env={**env, "ELASTICJOB_CKPT_MEMORY_DIR": str(tmp_path / memory)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def progress() -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / "ckpt" / "progress.jsonl").read_text().splitlines()]
 
     def report() -> dict | None:
         return json.loads(store.get(KEY)) if store.check([KEY]) else None
@@ -77,12 +82,37 @@ def test_a_planned_stop_saves_the_agreed_step_on_every_rank_and_the_next_run_res
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
-    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / "ckpt" / "events.jsonl").read_text().splitlines()]
     assert sorted((e["event"], e["rank"], e["step"]) for e in events) == [
         ("checkpoint-on-stop", 0, agreed), ("checkpoint-on-stop", 1, agreed)]
-    steps = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    steps = progress()
     assert max(s["step"] for s in steps) == agreed  # no rank stepped past it
+    # Restarted on the same pod: the checkpoint comes from the pod's memory (elasticjob_ckpt).
     second = run(agreed + 2)
     assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:] if second.stderr else ""
-    resumed = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()][len(steps):]
+    resumed = progress()[len(steps):]
     assert min(s["step"] for s in resumed) == agreed + 1 and {s["resumed_from"] for s in resumed} == {agreed}
+    assert {s["loaded_from"] for s in resumed} == {"memory"}
+    # On a new pod (its memory empty): from the volume, which the stop's save reached before the pod could go.
+    third = run(agreed + 4, memory="new-pod-shm")
+    assert third.wait(timeout=120) == 0, third.stderr.read()[-3000:] if third.stderr else ""
+    replaced = progress()[len(steps) + len(resumed):]
+    assert {(s["resumed_from"], s["loaded_from"]) for s in replaced} == {(agreed + 2, "volume")}
+
+
+def test_without_the_checkpoint_package_the_example_saves_with_torch(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['elasticjob_ckpt'] = None\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    ckpt = tmp_path / "ckpt"
+    for steps in (4, 6):
+        done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "1", str(SCRIPT), "--steps",
+                               str(steps), "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt)],
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (ckpt / "progress.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["resumed_from"], r["loaded_from"]) for r in records] == [
+        (1, 0, None), (2, 0, None), (3, 0, None), (4, 0, None), (5, 4, "file"), (6, 4, "file")]
+    assert (ckpt / "checkpoint.pt").exists() and not list(ckpt.glob("*.ejckpt"))
