@@ -113,6 +113,10 @@ bench-checkpoint: $(VENV)/.installed ## Checkpoints in memory (elasticjob_ckpt) 
 bench-recovery: $(VENV)/.installed host-packages ## Fault -> next training step, four ways, medians of RUNS (default 5), on real then process-backed nodes (NODE_KINDS); about 55 min per kind
 	$(PY) bench/recovery.py --runs $(or $(RUNS),5) --node-kinds $(or $(NODE_KINDS),real,process)
 
+bench-goodput: $(VENV)/.installed host-packages ## ETTR and the ledger's phases under a fault every 2 minutes, three setups (this operator, warmStarts false, torchrun in a StatefulSet) for MINUTES each (default 20; QUICK=1: 4); real nodes and Kueue
+	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes --kueue
+	$(PY) bench/goodput.py $(if $(QUICK),--quick,--minutes $(or $(MINUTES),20))
+
 soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes, two operator replicas on a Lease: 60 kills (mostly the leader), API server and etcd restarts, a lost node
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60
@@ -121,7 +125,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery bench-goodput soak clean images release chart e2e-kind
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)

@@ -59,11 +59,12 @@ class Sample:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True) -> dict:
+def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True,
+             step_seconds: float = STEP_SECONDS, checkpoint_every: int = 5) -> dict:
     container = {"name": "worker", "image": WORKER_IMAGE, "command": [
         "torchrun", "/workspace/examples/train_ddp.py",
-        "--steps", "100000", "--step-seconds", str(STEP_SECONDS),
-        "--checkpoint-every", "5", "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
+        "--steps", "100000", "--step-seconds", str(step_seconds),
+        "--checkpoint-every", str(checkpoint_every), "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
     return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
             "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1, "warmStarts": warm,

@@ -105,3 +105,19 @@ def test_the_summary_shows_a_setup_without_a_ledger_as_such():
     assert rows[1][:5] == ["operator", "97.50", "15.0", "14.0 (1)", "yes"]
     assert rows[2][:5] == ["by hand", "80.00", "120.0", "-", "-"] and rows[2][-1] == "preemption"
     assert gm.per_kind_rows(results)[1] == ["rank0", "5.0 (1)", "60.0 (1)"]
+
+
+def test_the_by_hand_setup_is_valid_kubernetes_with_the_rendezvous_on_pod_0():
+    import kubernetes_validate
+    from goodput_setups import ByHand
+    from test_chart import KUBE_VERSION
+
+    service, stateful_set = ByHand("by hand", kueue=False).objects("bench-goodput-x")
+    for obj in (service, stateful_set):
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    command = stateful_set["spec"]["template"]["spec"]["containers"][0]["command"]
+    # Pod 0's name as its own /etc/hosts has it: its agent hosts torch's store, the others reach it there.
+    assert f"--rdzv-endpoint={stateful_set['metadata']['name']}-0.{service['metadata']['name']}" \
+           ".$(POD_NAMESPACE).svc.cluster.local:29400" in command
+    assert stateful_set["spec"]["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+    assert "--step-seconds=0.1" in command and "--checkpoint-every=10" in command
