@@ -1,6 +1,7 @@
 """Planned stops on real nodes (issue 38): examples/train_ddp.py asks elasticjob_progress's should_stop(), so
-before the operator removes workers it chose to remove, every rank stops after one agreed step and rank 0 saves
-it; the pods go only then. The next step after the restart is the one after the agreed stop (0 steps lost),
+before the operator removes workers it chose to remove, and when a worker pod is evicted (the Eviction API, as
+`kubectl drain` uses: the evicted pod's agent asks on SIGTERM, elasticjob_warm/evicted.py), every rank stops
+after one agreed step and rank 0 saves it; the pods go only then. The next step after the restart is the one after the agreed stop (0 steps lost),
 nothing is charged, and the job's downtime ledger shows 0 s recomputed.
 
 A checkpoint every 1000 steps: any step not lost is the planned stop's doing, not a periodic save's.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from kubernetes import client
 
 from e2e_support import job_manifest, parse_events, summary, train_args
 from helpers import wait_for
@@ -95,6 +97,41 @@ def test_a_kueue_preemption_stops_at_an_agreed_step_and_the_job_resumes_after_it
     assert incident["stoppedStep"] == step and incident["phases"]["recompute"] == 0.0, incident
     status = jobs.status("low")
     assert status.get("restarts") == 0 and not status.get("lastFailures"), summary(status)
+
+
+def test_an_evicted_worker_has_every_rank_save_an_agreed_step_first_and_loses_none(operator, jobs, progress,
+                                                                                   record_recovery):
+    """One worker pod evicted as `kubectl drain` evicts it: the kubelet's SIGTERM reaches its agent at once,
+    which has the store pick a step; every rank stops after it and rank 0 saves it before torchrun stops the
+    evicted pod's workers. The replacement's group resumes from that step."""
+    manifest = job_manifest(jobs.namespace, replicas=3, max_restarts=1,
+                            train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))
+    manifest["spec"]["runPolicy"]["stopGraceSeconds"] = GRACE
+    start(jobs, progress, manifest, world_size=3, min_step=20)
+    victim = next(p for p in jobs.worker_pods() if p.metadata.name.endswith("-worker-1"))
+    assert victim.spec.termination_grace_period_seconds >= GRACE + 30, "the kubelet would cut the stop short"
+    evicted_at = time.time()
+    jobs.core.create_namespaced_pod_eviction(victim.metadata.name, jobs.namespace, client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=victim.metadata.name, namespace=jobs.namespace)))
+    stops = wait_for(lambda: stop_events(progress.events(), evicted_at), GRACE, "every rank saved the stop",
+                     until=lambda found: {e["rank"] for e in found} == {0, 1, 2})
+    agreed = {e["step"] for e in stops}
+    assert len(agreed) == 1, f"the ranks stopped at different steps: {stops}"
+    (step,) = agreed
+    stopped_at = max(e["time"] for e in stops)
+    resumed = recovery(progress, stopped_at, "the eviction", world_size=3)
+    assert (resumed["resumed_from"], resumed["step"]) == (step, step + 1), (
+        f"the first step after the eviction is {resumed['step']} (resumed from {resumed['resumed_from']}), not "
+        f"the one after the agreed stop {step}")
+    before = [r for r in progress().records if r["time"] < resumed["time"]]
+    assert max(r["step"] for r in before) == step, "a rank stepped past the agreed stop"
+    record_recovery("eviction of one worker of 3, saved first", resumed["time"] - evicted_at, 3,
+                    jobs.status().get("restarts"))
+    ledger = wait_for(lambda: jobs.status().get("goodput") or {}, RECOVERY_TIMEOUT, "the eviction's incident closed",
+                      until=lambda g: any(i.get("stoppedStep") == step for i in g.get("lastIncidents") or []))
+    incident = next(i for i in ledger["lastIncidents"] if i.get("stoppedStep") == step)
+    assert incident["phases"]["recompute"] == 0.0, incident
+    finish(jobs, progress, STEPS)
 
 
 def events(training: Training) -> list[dict]:
