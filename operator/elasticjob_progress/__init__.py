@@ -11,7 +11,8 @@
         if (step + 1) % every == 0 or progress.should_stop(step + 1):
             save()
             progress.saved(step + 1)
-        if progress.should_stop(step + 1):   # every rank: a planned stop (scale-down, suspend, preemption)
+        if progress.should_stop(step + 1):   # every rank: a planned stop (scale-down, suspend, preemption,
+                                             # an eviction or a node drain)
             progress.stopped(step + 1)        # every rank; holds the process until the operator ends it
 
 should_stop and stopped (stop.py) are for every rank: before the operator removes workers it chose to remove, it

@@ -232,8 +232,8 @@ class Control:
             self.progress.take(raw, self.now())
 
     def poll(self) -> None:
-        """One poller tick: record a newly completed round and the training's progress, take out a waiter that
-        did its job, and wake whoever waits for a change."""
+        """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
+        agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
         self.read_progress()
         self.take_requests()
         _, state = self.read()
