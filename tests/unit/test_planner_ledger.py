@@ -59,8 +59,9 @@ def test_a_killed_rank0_pod_is_one_incident_with_every_phase():
                                           "checkpoint_load": 1.5, "recompute": 2.5}
     assert closed.lost_seconds == 8.0
     assert ledger.wall_seconds == 606.5 and ledger.goodput_percent == round(100 * (606.5 - 8.0) / 606.5, 2)
-    assert ("Normal", "IncidentClosed", "Rank0Lost (Killed, pod train-worker-1): 8.0 s of training lost, most in "
-            "recompute (2.5 s)") in [(e.type, e.reason, e.message) for e in plan.events]
+    assert ("Normal", "IncidentClosed", "Rank0Lost (Killed, pod train-worker-1): 8.0 s of training lost (detect 0.5, "
+            "replace 2.0, rendezvous 0.5, workerStart 1.0, checkpointLoad 1.5, recompute 2.5; most in recompute)") \
+        in [(e.type, e.reason, e.message) for e in plan.events]
 
 
 def test_without_progress_reports_the_incident_closes_at_the_round_and_the_rest_is_unknown():
@@ -73,7 +74,9 @@ def test_without_progress_reports_the_incident_closes_at_the_round_and_the_rest_
     closed = plan.status.goodput.last_incidents[-1]
     assert closed.phases.wire() == {"detect": 1.0, "replace": 2.0, "rendezvous": 1.0}  # the rest null, not 0
     assert closed.lost_seconds == 4.0
-    assert "unknown: workerStart, checkpointLoad, recompute" in plan.events[-1].message
+    assert plan.events[-1].message == ("WorkerLost (Error, pod train-worker-1): 4.0 s of training lost (detect 1.0, "
+                                       "replace 2.0, rendezvous 1.0; most in replace; unknown: workerStart, "
+                                       "checkpointLoad, recompute)")
 
 
 def test_a_training_that_kept_stepping_through_the_fault_lost_nothing():
@@ -87,6 +90,7 @@ def test_a_training_that_kept_stepping_through_the_fault_lost_nothing():
     plan = step(plan.status, [worker(0), worker(1)], 4.5, progress=later)
     closed = plan.status.goodput.last_incidents[-1]
     assert closed.kind == "StoreLost" and closed.lost_seconds == 0.0
+    assert plan.events[-1].message.endswith(": 0.0 s of training lost (the training stepped on through it)")
 
 
 def test_only_the_last_five_incidents_are_kept():

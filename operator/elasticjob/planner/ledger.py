@@ -193,15 +193,22 @@ def marks(incident: Incident, progress: ProgressView | None, start: datetime, no
 
 
 def summary(incident: Incident) -> str:
-    """One line per closed incident: its kind, the seconds lost and the biggest phase."""
+    """One line per closed incident, as `kubectl describe` lists it under Events: the kind, the seconds lost, each
+    phase's share in the ledger's order (so the line adds up), the biggest named, and the phases not seen."""
     what = f"{incident.kind}" + (f" ({incident.reason}, pod {incident.pod})" if incident.pod else
                                  f" ({incident.reason})" if incident.reason else "")
-    line = f"{what}: {incident.lost_seconds or 0.0:.1f} s of training lost"
-    top = goodput.biggest(incident.phases) if incident.phases else None
-    if top is not None:
-        line += f", most in {top[0]} ({top[1]:.1f} s)"
+    lost = incident.lost_seconds or 0.0
+    line = f"{what}: {lost:.1f} s of training lost"
+    seen = [(goodput.wire_name(name), value) for name in goodput.PHASE_NAMES
+            if incident.phases is not None and (value := getattr(incident.phases, name)) is not None]
     unknown = [goodput.wire_name(name) for name in goodput.PHASE_NAMES
                if incident.phases is None or getattr(incident.phases, name) is None]
+    if seen and lost == 0 and not unknown:
+        return line + " (the training stepped on through it)"
+    parts = [", ".join(f"{name} {value:.1f}" for name, value in seen)] if seen else []
+    top = goodput.biggest(incident.phases) if incident.phases else None
+    if top is not None and top[1] > 0:
+        parts.append(f"most in {top[0]}")
     if unknown:
-        line += f"; unknown: {', '.join(unknown)}"
-    return line
+        parts.append(f"unknown: {', '.join(unknown)}")
+    return line + (f" ({'; '.join(parts)})" if parts else "")
