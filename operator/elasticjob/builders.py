@@ -114,8 +114,8 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
     warm = kit.warm_starts(job.spec, container, kit_image)
-    if warm.command is not None and kit_image:
-        kit.use_in_worker(spec, container, warm.command, kit_image)
+    if warm.command is not None:
+        kit.use_in_worker(spec, container, warm.command, kit.copied_from(job.spec, kit_image))
     add_pull_secrets(spec, pull_secrets)
     return place({
         "apiVersion": "v1",
@@ -158,6 +158,7 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
     template_spec = job.spec.template.get("spec") or {}
     container = worker_container(job.spec.template) or {}
     rdzv, name = job.spec.rendezvous, naming.rendezvous_name(job.name)
+    kit_image = kit.copied_from(job.spec, kit_image)  # spec.kit Image: the image's own elasticjob_store
     user = (template_spec.get("securityContext") or {}).get("runAsUser") or STORE_USER
     spec: dict[str, Any] = {
         "restartPolicy": "Always",

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from elasticjob.models import ElasticJobSpec
+from elasticjob.models import ElasticJobSpec, KitSource
 
 DIR = "/opt/elasticjob-kit"
 VOLUME = "elasticjob-kit"
@@ -28,7 +28,8 @@ SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "
 RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
 SHELLS = re.compile(r"^(.*/)?(sh|bash|dash|ash|zsh)$")
 PYTHONS = re.compile(r"^(.*/)?python(3(\.\d+)?)?$")
-TORCHRUN_MODULES = ("torch.distributed.run", "elasticjob_warm.torchrun")
+WARM_MODULE = "elasticjob_warm.torchrun"
+TORCHRUN_MODULES = ("torch.distributed.run", WARM_MODULE)
 # torchrun's options that take no value (torch/distributed/run.py); each of its other options takes one.
 TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path",
                   "--run_path", "--virtual-local-rank", "--virtual_local_rank"}
@@ -53,25 +54,36 @@ class WarmStarts:
         return self.command is not None
 
 
+def copied_from(spec: ElasticJobSpec, image: str | None) -> str | None:
+    """The image the job's pods copy the kit from (their init container's), or None: no copy, because the
+    operator runs without --kit-image or the job's image carries the kit (spec.kit: Image)."""
+    return image if spec.kit == KitSource.COPY else None
+
+
 def warm_starts(spec: ElasticJobSpec, container: dict[str, Any], image: str | None) -> WarmStarts:
     if not spec.warm_starts:
         return WarmStarts(None, "Disabled", "spec.warmStarts is false: torchrun runs as written")
-    if not image:
+    in_image = spec.kit == KitSource.IMAGE
+    if not image and not in_image:
         return WarmStarts(None, "NoKit", "this operator runs without --kit-image: torchrun runs as written")
     argv = [str(a) for a in (container.get("command") or [])]
     if not argv:
         return WarmStarts(None, "NoCommand", "the worker container sets no command; the image's entrypoint "
                                              "runs as is (write `command: [torchrun, ...]` for warm starts)")
     argv += [str(a) for a in (container.get("args") or [])]
-    routed = route(argv)
+    routed = route_in_image(argv) if in_image else route(argv)
     if routed is None:
+        shells = "" if in_image else " or a shell running torchrun"
         return WarmStarts(None, "CommandNotTorchrun", f"the worker command {shlex.join(argv)[:200]!r} is not "
-                          "torchrun, `python -m torch.distributed.run` or a shell running torchrun: it runs as "
-                          "written")
+                          f"torchrun or `python -m torch.distributed.run`{shells}: it runs as written")
     cold = cold_option(argv, container)
     if cold is not None:
         return WarmStarts(None, "TorchrunRunsCold", f"torchrun's {cold} starts workers that no warm server can fork "
                           "(the command itself, or Python that torchrun spawns): the command runs as written")
+    if in_image:
+        return WarmStarts(routed, "KitInImage", "torchrun runs through the image's own elasticjob_warm (spec.kit: "
+                          "Image): workers are forked from a process that imported torch, rendezvous polls every "
+                          "0.1 s")
     return WarmStarts(routed, "KitLauncher", "torchrun runs through elasticjob_warm from the operator's kit: "
                       "workers are forked from a process that imported torch, rendezvous polls every 0.1 s")
 
@@ -87,6 +99,18 @@ def route(argv: list[str]) -> list[str] | None:
     if script is not None and re.search(r"(^|[\s;&|(`])torchrun(\s|$)", argv[script]):
         # The shell finds torchrun on its PATH: the kit's comes first, and the launcher finds the image's.
         return [*argv[:script], f'PATH="{PATH_DIR}:$PATH"; export PATH; ' + argv[script], *argv[script + 1:]]
+    return None
+
+
+def route_in_image(argv: list[str]) -> list[str] | None:
+    """The command through the image's own elasticjob_warm.torchrun, or None. No launcher to find the Python that
+    runs torchrun: `python` on the image's PATH runs it. A shell's torchrun cannot be routed without the kit's
+    path/ (the launcher named torchrun): it runs as written."""
+    program = argv[0]
+    if program == "torchrun" or program.endswith("/torchrun"):
+        return ["python", "-m", WARM_MODULE, *argv[1:]]
+    if PYTHONS.match(program) and argv[1:2] == ["-m"] and argv[2:3] and argv[2] in TORCHRUN_MODULES:
+        return [program, "-m", WARM_MODULE, *argv[3:]]
     return None
 
 
@@ -146,9 +170,11 @@ def mount(container: dict[str, Any]) -> None:
                                  {"name": VOLUME, "mountPath": DIR, "readOnly": True}]
 
 
-def use_in_worker(spec: dict[str, Any], container: dict[str, Any], command: list[str], image: str) -> None:
-    add_to_pod(spec, image)
-    mount(container)
+def use_in_worker(spec: dict[str, Any], container: dict[str, Any], command: list[str], image: str | None) -> None:
+    """The worker runs `command` (warm_starts'), with the kit copied from `image`, or from its own image (None)."""
+    if image:
+        add_to_pod(spec, image)
+        mount(container)
     container["command"] = command
     container.pop("args", None)
 

@@ -198,8 +198,9 @@ def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     template.setdefault("metadata", {})
     template["metadata"]["annotations"] = {**(template["metadata"].get("annotations") or {}),
                                            TEMPLATE_HASH_ANNOTATION: template_hash(spec)}
-    if kit_image and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
-        kit.add_to_pod(template["spec"], kit_image)
+    copied = kit.copied_from(spec, kit_image)  # none where the job's image carries the kit (spec.kit: Image)
+    if copied and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
+        kit.add_to_pod(template["spec"], copied)
     workers: dict[str, Any] = {"name": naming.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
     if spec.min_replicas < spec.desired_replicas:
         workers["minCount"] = spec.min_replicas
