@@ -31,6 +31,9 @@ LOST_SECONDS = Histogram("elasticjob_lost_seconds", "Training seconds lost per c
                          buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
 JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each unfinished job is in", ["namespace", "job", "phase"])
 JOB_RESTARTS = Gauge("elasticjob_job_restarts", "Restarts charged to each unfinished job", ["namespace", "job"])
+JOB_GOODPUT = Gauge("elasticjob_job_goodput_percent", "Each unfinished job's ETTR (status.goodput.goodputPercent): "
+                    "percent of its wall time spent training, as of its last incident closed; absent before one",
+                    ["namespace", "job"])
 # 1 while this replica holds the Lease and reconciles (always, without --leader-elect); 0 while it waits idle.
 LEADER = Gauge("elasticjob_operator_leader", "1 if this operator replica is the leader and reconciles")
 
@@ -40,7 +43,7 @@ FINISHED = ("Succeeded", "Failed")
 _phases: dict[tuple[str, str], str] = {}
 
 
-def observe_job(namespace: str, job: str, phase: str, restarts: int) -> None:
+def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: float | None = None) -> None:
     """The job's phase now: the fleet gauge, and the per-job series while it is unfinished."""
     _phases[(namespace, job)] = phase
     _publish_fleet()
@@ -50,6 +53,8 @@ def observe_job(namespace: str, job: str, phase: str, restarts: int) -> None:
     for name in PHASES:
         JOB_PHASE.labels(namespace, job, name).set(1 if name == phase else 0)
     JOB_RESTARTS.labels(namespace, job).set(restarts)
+    if goodput is not None:
+        JOB_GOODPUT.labels(namespace, job).set(goodput)
 
 
 def forget_job(namespace: str, job: str) -> None:
@@ -65,7 +70,8 @@ def _publish_fleet() -> None:
 
 
 def _forget_series(namespace: str, job: str) -> None:
-    label_sets = [(JOB_PHASE, (namespace, job, name)) for name in PHASES] + [(JOB_RESTARTS, (namespace, job))]
+    label_sets = [(JOB_PHASE, (namespace, job, name)) for name in PHASES] + [
+        (JOB_RESTARTS, (namespace, job)), (JOB_GOODPUT, (namespace, job))]
     for metric, labels in label_sets:
         try:
             metric.remove(*labels)
