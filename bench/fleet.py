@@ -22,7 +22,7 @@ One table, measured in one run (2 cores; the local cluster with 3 real nodes and
 
     make bench-fleet      # or: .venv/bin/localcluster up --nodes 3 --kwok && .venv/bin/python bench/fleet.py
     .venv/bin/python bench/fleet.py --real-jobs 50 --runs 3 --fleet 100 300 1000 --churn 300
-    .venv/bin/python bench/fleet.py --processes 40 --real-jobs 0 --fleet   # real processes: fleet_processes.py
+    .venv/bin/python bench/fleet.py --processes 40 --process-kit Copy Image --real-jobs 0 --fleet  # processes
 """
 
 from __future__ import annotations
@@ -304,14 +304,15 @@ def measure_fleet(api: Api, table: Table, jobs: int, churn_at: int, operator_arg
         listed.stop()
 
 
-def measure_processes(api: Api, table: Table, jobs: int, runs: int, workers: str,
+def measure_processes(api: Api, table: Table, jobs: int, runs: int, workers: str, kit: str,
                       operator_args: list[str]) -> Callable[[], None]:
     """The converge row with real processes; returns what prints where their starts went (after the table)."""
-    operator, bare = fleet_processes.measure(api, jobs, runs, workers, operator_args)
+    operator, bare = fleet_processes.measure(api, jobs, runs, workers, kit, operator_args)
     op, bc, ratios = fleet_processes.ratio_cells(operator, bare)
-    table.add(f"converge with processes ({workers} workers, real stores): every worker Running, s "
-              f"(target: <= 1.15x)", jobs, "real", med(op), med(bc), f"{med(ratios, 2)}x")
-    return lambda: fleet_processes.print_ledger(operator, bare)
+    label = f"{workers} workers, real stores, kit: {kit}"
+    table.add(f"converge with processes ({label}): every worker Running, s (target: <= 1.15x)", jobs, "real",
+              med(op), med(bc), f"{med(ratios, 2)}x")
+    return lambda: fleet_processes.print_ledger(operator, bare, label)
 
 
 def main() -> int:
@@ -327,6 +328,8 @@ def main() -> int:
                              "(bench/fleet_processes.py; 0: skip)")
     parser.add_argument("--process-workers", choices=sorted(fleet_processes.WORKER_COMMANDS), default="sleep",
                         help="what each worker runs with --processes")
+    parser.add_argument("--process-kit", choices=("Copy", "Image"), nargs="+", default=["Copy"],
+                        help="spec.kit of the --processes jobs; each one named is measured in turn")
     args = parser.parse_args()
     api = Api()
     api.client.configuration.connection_pool_maxsize = THREADS
@@ -334,8 +337,8 @@ def main() -> int:
     extra = args.operator_args.split()
     table = Table()
     ledgers = []
-    if args.processes:
-        ledgers.append(measure_processes(api, table, args.processes, args.runs, args.process_workers, extra))
+    for kit in args.process_kit if args.processes else ():
+        ledgers.append(measure_processes(api, table, args.processes, args.runs, args.process_workers, kit, extra))
     if args.real_jobs:
         measure_converge(api, table, args.real_jobs, kwok=False, runs=args.runs, operator_args=extra, label="")
     if args.kwok_converge:

@@ -42,12 +42,13 @@ WORKER_COMMANDS = {
 }
 
 
-def job_manifest(name: str, workers: str) -> dict:
-    """4 workers of the worker image; no rendezvous image, so the store runs in the worker image too."""
+def job_manifest(name: str, workers: str, kit: str = "Copy") -> dict:
+    """4 workers of the worker image; no rendezvous image, so the store runs in the worker image too. `kit`:
+    spec.kit (Image: the worker image's own packages, no init container)."""
     container = {"name": "worker", "image": WORKER_IMAGE, "command": WORKER_COMMANDS[workers],
                  "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "metadata": {"name": name},
-            "spec": {"minReplicas": 1, "maxReplicas": WORKERS, "replicas": WORKERS, "maxRestarts": 10000,
+            "spec": {"minReplicas": 1, "maxReplicas": WORKERS, "replicas": WORKERS, "maxRestarts": 10000, "kit": kit,
                      "template": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [container],
                                            "imagePullSecrets": [{"name": registry.PULL_SECRET}]}}}}
 
@@ -76,13 +77,13 @@ class Run:
     stages: dict[str, list[float]]
 
 
-def converge(api: Api, ns: str, jobs: int, workers: str, bare: bool) -> Run:
+def converge(api: Api, ns: str, jobs: int, workers: str, kit: str, bare: bool) -> Run:
     """Every worker Running; then the objects read once for the ledger."""
     pods = Watch(lambda **kw: api.core.list_namespaced_pod(ns, **kw), WORKER_SELECTOR).start()
     wait(pods.listed.is_set, 30, "the pod watch's first list")
     bare_client = BareClient(api) if bare else None
     started = create_jobs(api, ns, jobs, kwok=False, then=bare_client.submit if bare_client else None,
-                          manifest=lambda name: job_manifest(name, workers))
+                          manifest=lambda name: job_manifest(name, workers, kit))
     if bare_client:
         bare_client.close()
     want = jobs * WORKERS
@@ -115,19 +116,21 @@ def read_ledger(api: Api, ns: str) -> dict[str, list[float]]:
     return fleet_ledger.ledger(jobs, pods, slices, WORKERS)
 
 
-def measure(api: Api, jobs: int, runs: int, workers: str, operator_args: list[str]) -> tuple[list[Run], list[Run]]:
+def measure(api: Api, jobs: int, runs: int, workers: str, kit: str,
+            operator_args: list[str]) -> tuple[list[Run], list[Run]]:
     """Alternated: operator, bare, operator, bare, ..."""
     results: dict[bool, list[Run]] = {False: [], True: []}
     for run in range(runs):
         for bare in (False, True):
             with pulling_namespace(api, "fleetp-bare" if bare else "fleetp-op") as ns:
                 if bare:
-                    results[bare].append(converge(api, ns, jobs, workers, bare))
+                    results[bare].append(converge(api, ns, jobs, workers, kit, bare))
                 else:
                     with Operator(STATE_DIR / "fleet-processes-operator.log", [*KIT_ARGS, *operator_args]):
-                        results[bare].append(converge(api, ns, jobs, workers, bare))
-            print(f"  processes run {run + 1}: {'bare' if bare else 'operator'} {results[bare][-1].seconds:.1f}s",
-                  file=sys.stderr, flush=True)
+                        results[bare].append(converge(api, ns, jobs, workers, kit, bare))
+            side = "bare" if bare else "operator"
+            print(f"  processes (kit {kit}) run {run + 1}: {side} {results[bare][-1].seconds:.1f}s", file=sys.stderr,
+                  flush=True)
     return results[False], results[True]
 
 
@@ -136,9 +139,9 @@ def ratio_cells(operator: list[Run], bare: list[Run]) -> tuple[list[float], list
     return op, bc, [o / b for o, b in zip(op, bc)]
 
 
-def print_ledger(operator: list[Run], bare: list[Run]) -> None:
+def print_ledger(operator: list[Run], bare: list[Run], label: str) -> None:
     print()
-    print(f"Where the start goes (median of {len(operator)} runs of each run's median over its jobs):")
+    print(f"Where the start goes, {label} (median of {len(operator)} runs of each run's median over its jobs):")
     for row in fleet_ledger.table([r.stages for r in operator], [r.stages for r in bare]):
         print(row)
     spread = [statistics.median(r.stages["workers running"]) for r in operator if r.stages["workers running"]]

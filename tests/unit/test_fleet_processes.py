@@ -27,3 +27,12 @@ def test_the_jobs_are_valid_and_only_torchrun_goes_through_the_kit(workers, thro
     store = builders.rendezvous_pod(ref)
     assert store["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]  # the real store
 
+
+
+@pytest.mark.parametrize("workers", ["sleep", "torchrun"])
+def test_with_the_kit_in_the_image_no_pod_gets_an_init_container(workers):
+    ref = JobRef(namespace="ns", name="j0000", uid="u",
+                 spec=ElasticJobSpec.model_validate(job_manifest("j0000", workers, "Image")["spec"]))
+    for pod in (builders.worker_pod(ref, 0, "10.0.0.1:29400", kit_image="kit"),
+                builders.rendezvous_pod(ref, kit_image="kit")):
+        assert "initContainers" not in pod["spec"]
