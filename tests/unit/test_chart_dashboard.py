@@ -88,10 +88,17 @@ def test_series_names_follow_the_types():
     "elasticjob_jobs", "elasticjob_restarts_total", "elasticjob_infrastructure_failures_total",
     "elasticjob_time_to_running_seconds_bucket", "elasticjob_scale_events_total", "elasticjob_recovery_seconds_bucket",
     "elasticjob_reconciles_total", "elasticjob_reconcile_seconds_bucket", "elasticjob_store_actions_total",
+    "elasticjob_job_goodput_percent", "elasticjob_lost_seconds_sum", "elasticjob_lost_seconds_count",
 ])
 def test_the_dashboard_shows(metric):
     named = set().union(*(series_named(e) for _, e in queries(json.loads(DASHBOARD.read_text()))))
     assert metric in named
+
+
+def test_the_goodput_panels_split_the_lost_time_by_phase():
+    by_title = dict(queries(json.loads(DASHBOARD.read_text())))
+    assert "elasticjob_job_goodput_percent" in by_title["Goodput per job (ETTR)"]
+    assert by_title["Training time lost, by phase"].startswith("sum by (phase) (")
 
 
 def test_panels_use_the_datasource_variable_and_do_not_overlap():
