@@ -109,8 +109,9 @@ def test_the_summary_shows_a_setup_without_a_ledger_as_such():
 
 def test_the_by_hand_setup_is_valid_kubernetes_with_the_rendezvous_on_pod_0():
     import kubernetes_validate
-    from goodput_setups import ByHand
     from test_chart import KUBE_VERSION
+
+    from goodput_setups import ByHand
 
     service, stateful_set = ByHand("by hand", kueue=False).objects("bench-goodput-x")
     for obj in (service, stateful_set):
