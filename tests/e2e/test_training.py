@@ -76,6 +76,23 @@ def test_start_runs_to_success(operator, jobs, progress):
     assert {(r["rank"], r["world_size"]) for r in last} == {(0, 2), (1, 2)}, last
 
 
+@pytest.mark.slow
+def test_the_kit_in_the_image_trains_warm_without_init_containers(operator, jobs, progress):
+    """spec.kit: Image (issue 37): the project's worker image carries the kit, so no pod of the job gets the kit's
+    init container; the store and warm torchrun run from the image."""
+    steps = 8
+    start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), kit="Image"), world_size=2)
+    pods = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="elasticjob.dev/job-name").items
+    assert {p.metadata.name for p in pods} >= {STORE_POD, "train-worker-0", "train-worker-1"}, jobs.pods_summary()
+    with_init = [p.metadata.name for p in pods if p.spec.init_containers]
+    assert not with_init, f"pods with an init container: {with_init}"
+    warm_starts = next(c for c in jobs.status()["conditions"] if c["type"] == "WarmStarts")
+    assert (warm_starts["status"], warm_starts["reason"]) == ("True", "KitInImage"), warm_starts
+    logs = [jobs.core.read_namespaced_pod_log(p.metadata.name, jobs.namespace) for p in jobs.worker_pods()]
+    assert all("rendezvous polled every 0.1 s" in log for log in logs), "not run by the image's elasticjob_warm"
+    finish(jobs, progress, steps)
+
+
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery, warm):
     steps = 40
