@@ -81,18 +81,20 @@ def in_child(action: str, **arguments: Any) -> Any:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def publish(root: Path = ROOT) -> Published:
-    """`helm package charts/elasticjob-operator` and `helm push` to the local registry (which must run)."""
-    return Published(**in_child("publish", root=str(root)))
+def publish(root: Path = ROOT, chart: Path = CHART) -> Published:
+    """`helm package charts/elasticjob-operator` (or another copy of the chart: an earlier commit's, previous.py)
+    and `helm push` to the local registry (which must run), under the version its Chart.yaml names."""
+    return Published(**in_child("publish", root=str(root), chart=str(chart)))
 
 
-def _publish_here(root: str) -> dict[str, str]:
+def _publish_here(root: str, chart: str = str(CHART)) -> dict[str, str]:
+    version = str(yaml.safe_load((Path(chart) / "Chart.yaml").read_text())["version"])
     with registry_client(Path(root)) as helm_client, tempfile.TemporaryDirectory(prefix="elasticjob-chart-") as scratch:
-        archive = helm.chart.package(str(CHART), destination=scratch)
+        archive = helm.chart.package(chart, destination=scratch)
         helm_client.push(archive, registry.CHARTS)
         ref = f"{registry.CHARTS}/{CHART_NAME}"
-        digest = str(helm_client.resolve(f"{ref}:{registry.VERSION}")["digest"])
-    return {"ref": ref, "version": registry.VERSION, "digest": digest}
+        digest = str(helm_client.resolve(f"{ref}:{version}")["digest"])
+    return {"ref": ref, "version": version, "digest": digest}
 
 
 def registry_values(secret: str = registry.PULL_SECRET) -> dict[str, Any]:
@@ -103,30 +105,32 @@ def registry_values(secret: str = registry.PULL_SECRET) -> dict[str, Any]:
 
 
 def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = RELEASE,
-                       namespace: str = NAMESPACE, timeout: int = 180, chart: Published | None = None) -> Release:
+                       namespace: str = NAMESPACE, timeout: int = 180, chart: Published | None = None,
+                       crds: Path = CHART) -> Release:
     """`helm upgrade --install --wait` of the chart in the repository, or of `chart` from its registry: a first
     install creates the namespace and installs crds/; an upgrade first applies crds/ itself, as
-    docs/operations.md tells users to (Helm leaves existing CRDs alone)."""
+    docs/operations.md tells users to (Helm leaves existing CRDs alone). `crds` is the chart directory whose crds/
+    those are: the published chart's own (an earlier commit's chart brings its own CRDs, previous.py)."""
     if chart:
         fields = in_child("install", kubeconfig=str(kubeconfig), values=values, release=release, namespace=namespace,
-                          timeout=timeout, source=chart.ref, version=chart.version)
+                          timeout=timeout, source=chart.ref, version=chart.version, crds=str(crds))
         return Release(**fields)
-    return _install_here(str(kubeconfig), values, release, namespace, timeout)
+    return _install_here(str(kubeconfig), values, release, namespace, timeout, crds=str(crds))
 
 
 def _install_here(kubeconfig_path: str, values: dict[str, Any], release: str, namespace: str, timeout: int,
-                  source: str = str(CHART), version: str | None = None) -> Release:
+                  source: str = str(CHART), version: str | None = None, crds: str = str(CHART)) -> Release:
     kubeconfig = Path(kubeconfig_path)
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
         if version is not None:
             cfg.set_registry_client(registry_client())
         exists = release_exists(cfg, release)
         if exists:
-            crds_applied = apply_crds(kubeconfig)
+            crds_applied = apply_crds(kubeconfig, chart=Path(crds))
             result = cfg.upgrade(source, release, values, namespace=namespace, wait="watcher", timeout=timeout,
                                  chart_version=version)
         else:
-            crds_applied = apply_crds(kubeconfig, only_existing=True)
+            crds_applied = apply_crds(kubeconfig, only_existing=True, chart=Path(crds))
             result = cfg.install(source, release, values, namespace=namespace, create_namespace=True,
                                  wait="watcher", timeout=timeout, chart_version=version)
     return Release(release, namespace, int(result["revision"]), not exists, crds_applied)
@@ -162,21 +166,22 @@ def uninstall(kubeconfig: Path, release: str = RELEASE, namespace: str = NAMESPA
         cfg.uninstall(release, wait="watcher", timeout=timeout)
 
 
-def chart_crds() -> list[dict]:
-    return [doc for path in sorted((CHART / "crds").glob("*.yaml"))
+def chart_crds(chart: Path = CHART) -> list[dict]:
+    return [doc for path in sorted((chart / "crds").glob("*.yaml"))
             for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def apply_crds(kubeconfig: Path, only_existing: bool = False) -> bool:
-    """Server-side apply of the chart's CRDs (all, or only those already in the cluster, which Helm would skip).
-    Returns whether any was applied."""
+def apply_crds(kubeconfig: Path, only_existing: bool = False, chart: Path = CHART) -> bool:
+    """Server-side apply of the chart's CRDs (all, or only those already in the cluster, which Helm would skip),
+    taking their fields over from whoever set them (`kubectl apply --server-side --force-conflicts`: Helm created
+    them). Returns whether any was applied."""
     from kubernetes import config
 
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         ext = client.ApiextensionsV1Api(api)
         present = {crd.metadata.name for crd in ext.list_custom_resource_definition().items}
         applied = False
-        for doc in chart_crds():
+        for doc in chart_crds(chart):
             if only_existing and doc["metadata"]["name"] not in present:
                 continue
             ext.patch_custom_resource_definition(doc["metadata"]["name"], doc, field_manager="elasticjob-chart",
