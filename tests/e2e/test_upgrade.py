@@ -27,7 +27,9 @@ from kubernetes.client.exceptions import ApiException
 from e2e_support import PULL_SECRETS, Jobs, Progress, job_manifest, summary, train_args
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow
+# The first run builds the earlier operator image (a few minutes) before the scenario's 6 or so: past pytest's
+# 900 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 # 4 minutes of training at 2 steps a second: the CRD step, the upgrade and the rollout land in its middle.
 STEPS, STEP_SECONDS = 480, 0.5
 START_TIMEOUT = 180  # the earlier operator image's first pull on each node, then torch's start
