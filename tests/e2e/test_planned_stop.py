@@ -99,6 +99,16 @@ def test_a_kueue_preemption_stops_at_an_agreed_step_and_the_job_resumes_after_it
     assert status.get("restarts") == 0 and not status.get("lastFailures"), summary(status)
 
 
+def log_tail(jobs, pod, lines: int = 40) -> str:
+    try:
+        return jobs.core.read_namespaced_pod_log(pod.metadata.name, jobs.namespace, tail_lines=lines)
+    except Exception as err:  # noqa: BLE001 (a pod already gone: say so instead)
+        return f"(no log: {err})"
+
+
+# Slow (make e2e): it failed once in its first three runs, with no stop saved and no log kept; it now keeps the
+# evicted pod's log on a failure. Two reruns passed (7.4 s and 9.0 s to the next step, nothing charged).
+@pytest.mark.slow
 def test_an_evicted_worker_has_every_rank_save_an_agreed_step_first_and_loses_none(operator, jobs, progress,
                                                                                    record_recovery):
     """One worker pod evicted as `kubectl drain` evicts it: the kubelet's SIGTERM reaches its agent at once,
@@ -113,8 +123,11 @@ def test_an_evicted_worker_has_every_rank_save_an_agreed_step_first_and_loses_no
     evicted_at = time.time()
     jobs.core.create_namespaced_pod_eviction(victim.metadata.name, jobs.namespace, client.V1Eviction(
         metadata=client.V1ObjectMeta(name=victim.metadata.name, namespace=jobs.namespace)))
-    stops = wait_for(lambda: stop_events(progress.events(), evicted_at), GRACE, "every rank saved the stop",
-                     until=lambda found: {e["rank"] for e in found} == {0, 1, 2})
+    try:
+        stops = wait_for(lambda: stop_events(progress.events(), evicted_at), GRACE, "every rank saved the stop",
+                         until=lambda found: {e["rank"] for e in found} == {0, 1, 2})
+    except AssertionError as err:  # what the evicted pod's agent said of the SIGTERM (evicted.py), for the record
+        raise AssertionError(f"{err}\n--- {victim.metadata.name}'s log, last lines:\n{log_tail(jobs, victim)}") from None
     agreed = {e["step"] for e in stops}
     assert len(agreed) == 1, f"the ranks stopped at different steps: {stops}"
     (step,) = agreed
