@@ -110,10 +110,11 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     # would hide failures from both.
     spec["restartPolicy"] = "Never"
     spec["tolerations"] = _node_lost_tolerations(list(spec.get("tolerations") or []))
-    grace = termination_grace(spec.get("terminationGracePeriodSeconds"), job.spec.run_policy.stop_grace_seconds)
+    warm = kit.warm_starts(job.spec, container, kit_image)
+    grace = termination_grace(spec.get("terminationGracePeriodSeconds"), job.spec.run_policy.stop_grace_seconds,
+                              guarded=warm.on)
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    warm = kit.warm_starts(job.spec, container, kit_image)
     if warm.command is not None:
         kit.use_in_worker(spec, container, warm.command, kit.copied_from(job.spec, kit_image))
     add_pull_secrets(spec, pull_secrets)
@@ -132,16 +133,16 @@ def worker_pod(job: JobRef, index: int, endpoint: str, generation: int = 0,
     }, placement)
 
 
-def termination_grace(template: int | None, stop_grace: int) -> int | None:
+def termination_grace(template: int | None, stop_grace: int, guarded: bool) -> int | None:
     """The worker pod's terminationGracePeriodSeconds: on an eviction or a drain the kubelet's SIGTERM gives the
-    agent stopGraceSeconds to have the training save at an agreed step (elasticjob_warm/evicted.py), then
-    torchrun gives its workers its own 30 s before SIGKILL; the kubelet must wait for both. A template's longer
-    grace is kept, a shorter one raised; with stopGraceSeconds 0 the template's (or the kubelet's default)
-    stands. None: leave the field as it is."""
-    if stop_grace <= 0:
+    agent stopGraceSeconds to have the training save at an agreed step (elasticjob_warm/evicted.py, which runs
+    where torchrun runs through the kit: `guarded`), then torchrun gives its workers its own 30 s before SIGKILL;
+    the kubelet must wait for both. Only the kubelet's default is raised: a grace the template sets is the
+    user's word and stands (a pod whose first process ignores SIGTERM waits it out on every delete). None: leave
+    the field as it is."""
+    if stop_grace <= 0 or not guarded or template is not None:
         return None
-    return max(template if template is not None else DEFAULT_TERMINATION_GRACE,
-               stop_grace + TORCHRUN_SHUTDOWN_SECONDS + TERMINATION_MARGIN)
+    return max(DEFAULT_TERMINATION_GRACE, stop_grace + TORCHRUN_SHUTDOWN_SECONDS + TERMINATION_MARGIN)
 
 
 def token_digest(token: str) -> str:

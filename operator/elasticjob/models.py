@@ -101,9 +101,10 @@ class RunPolicy(Model):
                                     "should_stop() is told to stop after a step all ranks agree on and save it; "
                                     "the pods go once every rank said so, or after this many seconds at most "
                                     "(then as without it). On an eviction or a node drain the worker's agent "
-                                    "asks for the same stop before torchrun stops the workers; the worker pods' "
-                                    "terminationGracePeriodSeconds is raised to cover it and torchrun's own "
-                                    "30 s. 0: never ask. A script that never asks is not waited for. Default 30.")
+                                    "asks for the same stop before torchrun stops the workers; worker pods whose "
+                                    "template sets no terminationGracePeriodSeconds get one covering it and "
+                                    "torchrun's own 30 s. 0: never ask. A script that never asks is not waited "
+                                    "for. Default 30.")
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Which pods to delete when "
                                              "the job finishes: All, Running (those still running, and the "
                                              "rendezvous store and Service) or None (keep them all). Default "

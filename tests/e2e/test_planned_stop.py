@@ -117,6 +117,7 @@ def test_an_evicted_worker_has_every_rank_save_an_agreed_step_first_and_loses_no
     manifest = job_manifest(jobs.namespace, replicas=3, max_restarts=1,
                             train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))
     manifest["spec"]["runPolicy"]["stopGraceSeconds"] = GRACE
+    del manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]  # the operator raises only the default
     start(jobs, progress, manifest, world_size=3, min_step=20)
     victim = next(p for p in jobs.worker_pods() if p.metadata.name.endswith("-worker-1"))
     assert victim.spec.termination_grace_period_seconds >= GRACE + 30, "the kubelet would cut the stop short"

@@ -59,20 +59,21 @@ def test_lost_node_tolerations_are_short_unless_the_user_set_them():
     assert unreachable == own["spec"]["tolerations"]
 
 
-@pytest.mark.parametrize("stop_grace, own, expected", [
-    (30, None, 65),  # stopGraceSeconds, torchrun's 30 s, 5 s for the agent: the kubelet waits for all three
-    (120, None, 155),
-    (30, 300, 300),  # the template's longer grace stands
-    (30, 10, 65),  # a shorter one would SIGKILL the training while it saves
-    (0, None, None),  # no planned stop: the kubelet's default, as before
-    (0, 10, 10),
+@pytest.mark.parametrize("stop_grace, own, kit_image, expected", [
+    (30, None, "kit:1", 65),  # stopGraceSeconds, torchrun's 30 s, 5 s for the agent: the kubelet waits for all three
+    (120, None, "kit:1", 155),
+    (30, 300, "kit:1", None),  # the template's own grace is the user's word and stands, longer or shorter
+    (30, 10, "kit:1", None),
+    (30, None, None, None),  # no kit, no agent guarding the SIGTERM: nothing to wait for
+    (0, None, "kit:1", None),  # no planned stop: the kubelet's default, as before
 ])
-def test_the_worker_pods_grace_covers_a_stop_and_torchruns_shutdown(stop_grace, own, expected):
+def test_the_worker_pods_grace_covers_a_stop_and_torchruns_shutdown(stop_grace, own, kit_image, expected):
     tpl = template()
     if own is not None:
         tpl["spec"]["terminationGracePeriodSeconds"] = own
-    pod = builders.worker_pod(ref(template=tpl, runPolicy={"stopGraceSeconds": stop_grace}), 0, "e:1", 3)
-    assert pod["spec"].get("terminationGracePeriodSeconds") == expected
+    pod = builders.worker_pod(ref(template=tpl, runPolicy={"stopGraceSeconds": stop_grace}), 0, "e:1", 3,
+                              kit_image=kit_image)
+    assert pod["spec"].get("terminationGracePeriodSeconds") == (own if expected is None else expected)
 
 
 def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():

@@ -125,14 +125,19 @@ def records(tmp_path, rank: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def terminate_when_stepping(tmp_path, proc: subprocess.Popen) -> float:
-    """SIGTERM to the agent, as the kubelet sends it on an eviction, once both ranks stepped and rank 0 reported
-    that it listens; returns when."""
+def terminate_when_stepping(tmp_path, proc: subprocess.Popen, port: int | None = None) -> float:
+    """SIGTERM to the agent, as the kubelet sends it on an eviction, once both ranks stepped and (with the store's
+    port) rank 0's report that it listens reached the store (reports go once a second: on a loaded machine 30
+    steps came before the first); returns when."""
     def stepping():
         assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
         return [len(records(tmp_path, rank)) for rank in (0, 1)]
 
     wait_for(stepping, 90, "both ranks stepping", until=lambda counts: min(counts) >= 30)
+    if port is not None:
+        view = evicted.StoreView(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)))
+        wait_for(view.report, 60, "rank 0's report that it listens in the store",
+                 until=lambda report: evicted.first_look(report, None, 30.0) == evicted.Next.ASK)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     return sent
@@ -150,7 +155,7 @@ def finish(tmp_path, proc: subprocess.Popen, timeout: float) -> str:
 
 def test_sigterm_has_every_rank_save_one_agreed_step_before_the_workers_stop(tmp_path, store):
     proc = agent(tmp_path, store, "listen", "30")
-    terminate_when_stepping(tmp_path, proc)
+    terminate_when_stepping(tmp_path, proc, store)
     log = finish(tmp_path, proc, 60)
     stops = [[r["stopped"] for r in records(tmp_path, rank) if "stopped" in r] for rank in (0, 1)]
     assert stops[0] and stops[0] == stops[1], f"the ranks did not stop at one step: {stops}\n{log[-3000:]}"
