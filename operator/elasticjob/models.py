@@ -324,7 +324,8 @@ class PlannedStop(Model):
     """A stop the operator asked the training for before removing workers: pods that exit meanwhile did not
     finish the training."""
 
-    reason: str = Field(description="Why: ScaleDown, Suspend, Preempted or Evicted.")
+    reason: str = Field(description="Why: ScaleDown, Suspend, Preempted, Evicted (by Kueue) "
+                        "or AgentAsked (a worker's agent asked it on SIGTERM).")
     requested_time: str = Field(description="When the operator asked (RFC 3339 with milliseconds, UTC); it names "
                                 "the stop in the store.")
     deadline: str = Field(description="When the pods go whether or not the training stopped: requestedTime + "
@@ -426,6 +427,8 @@ class ElasticJobStatus(Model):
                                               "kueue.x-k8s.io/queue-name; absent otherwise.")
     planned_stop: PlannedStop | None = Field(None, description="The planned stop under way (runPolicy."
                                              "stopGraceSeconds), if any.")
+    last_stop: str | None = Field(None, description="The store's id of the last planned stop settled: a stop "
+                                  "a worker's agent asked on SIGTERM is taken up once.")
     goodput: GoodputStatus | None = Field(None, description="The downtime ledger: goodput (ETTR) and the last "
                                           "incidents with the seconds lost per phase; absent until the job "
                                           "first runs.")

@@ -56,9 +56,14 @@ def free(core: client.CoreV1Api, node: str) -> int:
 
 
 def leaving(core: client.CoreV1Api, nodes: tuple[str, ...]) -> list[str]:
-    return [p.metadata.name for node in nodes
+    """Pods on the nodes that are going: deleted, or in a namespace being deleted. An earlier test's namespace is
+    deleted at its end, but its pods get their own deletion a few seconds later, from the namespace controller:
+    sized while they still held CPU, a blocker left room for a worker once they went (a CI failure)."""
+    going = {ns.metadata.name for ns in core.list_namespace().items
+             if ns.metadata.deletion_timestamp or (ns.status and ns.status.phase == "Terminating")}
+    return [f"{p.metadata.namespace}/{p.metadata.name}" for node in nodes
             for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-            if p.metadata.deletion_timestamp]
+            if p.metadata.deletion_timestamp or p.metadata.namespace in going]
 
 
 def blocker(name: str, node: str, cpu: str) -> dict:

@@ -191,3 +191,50 @@ def test_kueues_preemption_waits_for_the_stop_then_stops_every_pod_and_queues():
                            workload=queueing.workload(queueing.PREEMPTED, queueing.admission(2)))
     assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
     assert (result.status.phase, result.status.admission.state) == ("Queued", "Preempted")
+
+
+def test_a_stop_a_workers_agent_asked_is_taken_up_and_the_survivors_restart_once_the_pod_is_gone():
+    """The operator removed a worker before the training said it listens; the leaving agent asked the store on
+    SIGTERM, every rank saved and holds. No pod joins after a scale-down: without the operator's Restart the
+    survivors held until their own timeout (a CI failure)."""
+    saved = dict(stop_id=STOP_ID, stop_step=13, progress=progress(step=13, stopped_step=13))
+    going = worker(2, deleting=True)
+    result = plan(running_status(desiredReplicas=2), pods=[worker(0), worker(1), going], **saved)
+    stop = result.status.planned_stop
+    assert (stop.reason, stop.step, stop.round, stop.stopped_time) == ("AgentAsked", 13, 4, precise(NOW))
+    assert planned_stop.stop_id(stop) == STOP_ID
+    assert "StoppedAndSaved" in [e.reason for e in result.events] and stores(result, Restart) == []
+    result = plan(result.status, at(1), pods=[worker(0), worker(1)], **saved)
+    assert stores(result, Restart) == [Restart(4)]
+    # Re-formed without it; rank 0's new process has not reported yet: the old report still says it saved.
+    result = plan(result.status, at(3), pods=[worker(0), worker(1)], round=5, **saved)
+    assert result.status.planned_stop is None and result.status.last_stop == STOP_ID
+    result = plan(result.status, at(4), pods=[worker(0), worker(1)], round=5, **saved)
+    assert result.status.planned_stop is None and stores(result, Restart) == []
+
+
+def test_an_evicted_worker_is_waited_for_before_the_survivors_restart():
+    saved = dict(stop_id=STOP_ID, stop_step=13, progress=progress(step=13, stopped_step=13))
+    result = plan(running_status(desiredReplicas=3), pods=[worker(0, deleting=True), worker(1), worker(2)],
+                  replicas=3, **saved)
+    assert result.status.planned_stop.reason == "AgentAsked" and stores(result, Restart) == []
+
+
+@pytest.mark.parametrize("fields", [
+    dict(stop_id=STOP_ID, stop_step=13, progress=progress(step=13)),  # asked, not every rank saved yet
+    dict(stop_id=STOP_ID, stop_step=13, progress=progress(step=20, stopped_step=12)),  # an older stop's report
+    dict(stop_id="not-a-time", stop_step=13, progress=progress(step=13, stopped_step=13)),
+], ids=["not-saved-yet", "other-step", "bad-id"])
+def test_no_stop_is_taken_up_before_every_rank_saved_it(fields):
+    result = plan(running_status(desiredReplicas=2), pods=[worker(0), worker(1)], **fields)
+    assert result.status.planned_stop is None and stores(result, Restart) == []
+
+
+def test_a_settled_stop_of_the_operators_own_is_not_taken_up_again():
+    done = pending(step=123, stopped_time=precise(NOW))
+    saved = dict(stop_id=STOP_ID, stop_step=123, progress=progress(step=123, stopped_step=123))
+    result = plan(running_status(desiredReplicas=2, plannedStop=done.wire()), pods=[worker(0), worker(1)], **saved)
+    assert stores(result, Restart) == [Restart(4)]
+    for later in (3, 4):
+        result = plan(result.status, at(later), pods=[worker(0), worker(1)], round=5, **saved)
+        assert result.status.planned_stop is None and stores(result, Restart) == []

@@ -105,7 +105,9 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     show_warm_starts(plan, job, settings.kit_image, now)
     ensure_rendezvous(plan, job, observed, settings, token, now, allowed.store)
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
-    # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py).
+    # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py; one a
+    # worker's agent asked on SIGTERM is taken as the operator's).
+    planned_stop.adopt(plan, observed, now)
     training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:

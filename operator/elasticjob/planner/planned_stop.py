@@ -15,7 +15,7 @@ saved. While a stop is under way, a worker that exits 0 has not finished the tra
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from elasticjob.models import PlannedStop
@@ -102,6 +102,36 @@ def hold(plan: Plan, job: Job, observed: Observed, reason: str, now: datetime) -
     return True
 
 
+def adopt(plan: Plan, observed: Observed, now: datetime) -> None:
+    """A stop a worker's agent asked on SIGTERM (elasticjob_warm/evicted.py: an eviction, a node drain, or a
+    scale-down the operator made before the training said it listens) that every rank saved: the ranks hold
+    their processes, and where no pod joins to restart them (a scale-down) they would hold until their own
+    timeout. The operator takes the stop as its own, once: settle() restarts the workers that stay once the pods
+    that go are gone."""
+    status, store = plan.status, observed.store
+    if status.planned_stop is not None or store is None or store.stop_id is None or store.stop_step is None \
+            or store.stop_id == status.last_stop or store.progress is None \
+            or store.progress.stopped_step != store.stop_step:
+        return
+    try:
+        asked = datetime.fromtimestamp(float(store.stop_id), tz=UTC)
+    except (ValueError, OverflowError):
+        return  # not a stop id this store writes
+    status.planned_stop = PlannedStop(reason="AgentAsked", requested_time=precise(asked),
+                                      deadline=precise(asked), round=store.round, step=store.stop_step,
+                                      stopped_time=precise(now))
+    plan.normal("StoppedAndSaved", f"every rank saved step {store.stop_step} of the stop a worker's agent asked "
+                "on SIGTERM: the workers that stay restart from it once the pods that go are gone")
+
+
+def forget(plan: Plan) -> None:
+    """The stop is over: remembered by its id, so a report that still says it was saved does not bring it back."""
+    pending = plan.status.planned_stop
+    if pending is not None:
+        plan.status.last_stop = stop_id(pending)
+    plan.status.planned_stop = None
+
+
 def settle(plan: Plan, job: Job, observed: Observed, leaving: bool, now: datetime) -> None:
     """The stop once the pods it was for are going or gone (`leaving`: some still are): the workers that stay
     are restarted to re-form without those that went, and the stop is forgotten once they did (or at once
@@ -126,20 +156,20 @@ def settle(plan: Plan, job: Job, observed: Observed, leaving: bool, now: datetim
                 f"those that went")))
         plan.soon(1)
         return
-    plan.status.planned_stop = None
+    forget(plan)
 
 
 def leaving(observed: Observed, desired: int) -> bool:
-    """Workers above `desired` whose containers have not stopped yet (deleted or not): the survivors restart
-    only once they did, or they would rendezvous with them again."""
-    return any(p.index is not None and p.index >= desired and p.finished_at is None and p.phase != "Succeeded"
-               for p in observed.workers)
+    """Workers above `desired`, or deleted (an eviction), whose containers have not stopped yet: the survivors
+    restart only once they did, or they would rendezvous with them again."""
+    return any(p.index is not None and (p.index >= desired or p.deleting) and p.finished_at is None
+               and p.phase != "Succeeded" for p in observed.workers)
 
 
 def forget_once_gone(plan: Plan, observed: Observed) -> None:
     """A stop before every pod goes (suspension, Kueue): done once none is left."""
     if not observed.pods:
-        plan.status.planned_stop = None
+        forget(plan)
 
 
 def stopping(plan: Plan) -> bool:
@@ -149,7 +179,8 @@ def stopping(plan: Plan) -> bool:
 
 def describe(reason: str) -> str:
     return {"ScaleDown": "the scale-down", "Suspend": "the suspension", "Preempted": "Kueue's preemption",
-            "Evicted": "Kueue's eviction"}.get(reason, reason)
+            "Evicted": "Kueue's eviction",
+            "AgentAsked": "the stop a worker's agent asked"}.get(reason, reason)
 
 
 def stop_id(pending: PlannedStop) -> str:
