@@ -117,6 +117,10 @@ bench-goodput: $(VENV)/.installed host-packages ## ETTR and the ledger's phases 
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes --kueue
 	$(PY) bench/goodput.py $(if $(QUICK),--quick,--minutes $(or $(MINUTES),20))
 
+bench-steps-lost: $(VENV)/.installed host-packages ## Steps lost per scale-down and per eviction, with the progress API's planned stop, with a SIGTERM handler only, and with neither (RUNS, default 3); real nodes
+	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
+	$(PY) bench/steps_lost.py --runs $(or $(RUNS),3)
+
 soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes, two operator replicas on a Lease: 60 kills (mostly the leader), API server and etcd restarts, a lost node
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60

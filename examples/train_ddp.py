@@ -69,8 +69,8 @@ class NoProgress:
     def stopped(self, n): pass
 
 
-def make_progress():
-    return elasticjob_progress.Progress() if elasticjob_progress is not None else NoProgress()
+def make_progress(use_api=True):
+    return elasticjob_progress.Progress() if elasticjob_progress is not None and use_api else NoProgress()
 
 
 def parse_args(argv=None):
@@ -86,6 +86,11 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sigterm-grace", type=float, default=2.0,
                         help="seconds after SIGTERM to finish the step and save, before leaving anyway")
+    # For bench/steps_lost.py: the script as users write it without these habits.
+    parser.add_argument("--no-progress-api", action="store_true",
+                        help="do not use elasticjob_progress (no planned stop reaches the script)")
+    parser.add_argument("--no-sigterm-save", action="store_true",
+                        help="no SIGTERM handler: SIGTERM ends the process where it is, as Python's default")
     # Fault injection for the operator's tests.
     parser.add_argument("--fail-exit-code", type=int, help="every run exits with this code at its first step")
     parser.add_argument("--hang-at-step", type=int, help="rank 0 blocks at this step, once per checkpoint dir")
@@ -295,7 +300,7 @@ def start(args) -> Run:
     model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     checkpoint = os.path.join(args.checkpoint_dir, CHECKPOINT_NAME)
-    progress = make_progress()
+    progress = make_progress(not args.no_progress_api)
     ckpt = make_checkpointer(args.checkpoint_dir)
     progress.loading()
     loaded_step, loaded_from = load_checkpoint(checkpoint, model, optimizer, ckpt)
@@ -312,7 +317,8 @@ def start(args) -> Run:
 def main(argv=None):
     args = parse_args(argv)
     # SIGTERM saves too where the operator planned no stop (an eviction, a drain, a stop it could not ask for).
-    Stop.install(args.sigterm_grace)
+    if not args.no_sigterm_save:
+        Stop.install(args.sigterm_grace)
     run = start(args)
     print(f"rank {run.rank}/{run.world_size} on {run.host} resuming from step {run.resumed_from} "
           f"(restart {run.restart_count})", flush=True)
