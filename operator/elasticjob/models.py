@@ -329,7 +329,8 @@ class PlannedStop(Model):
     requested_time: str = Field(description="When the operator asked (RFC 3339 with milliseconds, UTC); it names "
                                 "the stop in the store.")
     deadline: str = Field(description="When the pods go whether or not the training stopped: requestedTime + "
-                          "runPolicy.stopGraceSeconds.")
+                          "runPolicy.stopGraceSeconds. For AgentAsked: until when the workers that stay wait for "
+                          "an evicted pod's replacement to join them.")
     round: int | None = Field(None, description="The store's round when asked: the survivors of a scale-down "
                               "re-form in a later one.")
     step: int | None = Field(None, description="The step every rank stops after, as the store picked it.")

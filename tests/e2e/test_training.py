@@ -162,7 +162,8 @@ def test_fatal_exit_code_fails_the_job(operator, jobs, progress):
 
 def test_scale_downs_cost_nothing_and_lose_no_step(operator, jobs, progress, record_recovery):
     """torchrun spends its restart budget when a peer leaves; with maxRestarts 1 two scale-downs used to
-    fail the job. Membership changes are never charged, and the leaving rank checkpoints on SIGTERM."""
+    fail the job. Membership changes are never charged, and no step is lost: the smaller world resumes from the
+    last step any rank completed (saved at a planned stop, or on SIGTERM where none could be asked)."""
     steps = 70
     manifest = job_manifest(jobs.namespace, replicas=3, max_restarts=1, train_args=train_args(steps))
     start(jobs, progress, manifest, world_size=3, min_step=3)
@@ -170,10 +171,11 @@ def test_scale_downs_cost_nothing_and_lose_no_step(operator, jobs, progress, rec
         scaled_at = time.time()
         jobs.scale(world)
         shrunk = recovery(progress, scaled_at, f"scaling to {world}", world_size=world)
-        saved = [e["step"] for e in progress.events() if e["time"] >= scaled_at]
-        assert saved, f"the leaving rank saved no checkpoint on SIGTERM: {progress.events()}"
-        assert shrunk["resumed_from"] == max(saved), (
-            f"resumed from {shrunk['resumed_from']}, not from the step saved on SIGTERM {max(saved)}: no step lost")
+        # A scale right after a restart may reach a rank before its first step: then it has nothing to save.
+        done = max(r["step"] for r in progress().records if r["time"] < shrunk["time"])
+        assert shrunk["resumed_from"] == done, (
+            f"resumed from {shrunk['resumed_from']} after step {done} was done: steps lost "
+            f"(saved since the scale: {[e for e in progress.events() if e['time'] >= scaled_at]})")
         record_recovery(f"scale {world + 1} -> {world}", shrunk["time"] - scaled_at, world,
                         jobs.status().get("restarts"))
     done = finish(jobs, progress, steps)

@@ -213,11 +213,21 @@ def test_a_stop_a_workers_agent_asked_is_taken_up_and_the_survivors_restart_once
     assert result.status.planned_stop is None and stores(result, Restart) == []
 
 
-def test_an_evicted_worker_is_waited_for_before_the_survivors_restart():
+def test_after_an_eviction_the_survivors_wait_for_the_replacement_within_the_grace():
+    """Its agent joining restarts them at the full size, once; a replacement that cannot start costs the
+    survivors the grace, not their 10-minute hold."""
     saved = dict(stop_id=STOP_ID, stop_step=13, progress=progress(step=13, stopped_step=13))
     result = plan(running_status(desiredReplicas=3), pods=[worker(0, deleting=True), worker(1), worker(2)],
                   replicas=3, **saved)
     assert result.status.planned_stop.reason == "AgentAsked" and stores(result, Restart) == []
+    assert result.status.planned_stop.deadline == precise(at(30))
+    for pods in ([worker(1), worker(2)], [worker(0, "Pending"), worker(1), worker(2)], [worker(0), worker(1), worker(2)]):
+        waiting = plan(result.status, at(5), pods=pods, replicas=3, **saved)  # gone; replaced; running, not joined
+        assert stores(waiting, Restart) == [] and waiting.requeue_after <= 1
+    joined = plan(result.status, at(8), pods=[worker(0), worker(1), worker(2)], replicas=3, round=5, **saved)
+    assert stores(joined, Restart) == [] and joined.status.planned_stop is None
+    late = plan(result.status, at(31), pods=[worker(1), worker(2)], replicas=3, **saved)
+    assert stores(late, Restart) == [Restart(4)]
 
 
 @pytest.mark.parametrize("fields", [

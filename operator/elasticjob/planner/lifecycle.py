@@ -107,7 +107,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
     # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py; one a
     # worker's agent asked on SIGTERM is taken as the operator's).
-    planned_stop.adopt(plan, observed, now)
+    planned_stop.adopt(plan, job, observed, plan.status.desired_replicas, now)
     training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
@@ -124,7 +124,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     # 3.6 The workers: as many as wanted and allowed (status.desiredReplicas), placed as the integrations say,
     # made once every integration is ready for them (the gang's group first).
     desired = plan.status.desired_replicas
-    planned_stop.settle(plan, job, observed, planned_stop.leaving(observed, desired), now)
+    planned_stop.settle(plan, job, observed, desired, now)
     ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
     scale(plan, job, observed, desired, now, allowed.worker, create=ready, token=token,
           kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets)

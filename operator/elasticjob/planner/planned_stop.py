@@ -102,12 +102,14 @@ def hold(plan: Plan, job: Job, observed: Observed, reason: str, now: datetime) -
     return True
 
 
-def adopt(plan: Plan, observed: Observed, now: datetime) -> None:
+def adopt(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime) -> None:
     """A stop a worker's agent asked on SIGTERM (elasticjob_warm/evicted.py: an eviction, a node drain, or a
     scale-down the operator made before the training said it listens) that every rank saved: the ranks hold
     their processes, and where no pod joins to restart them (a scale-down) they would hold until their own
     timeout. The operator takes the stop as its own, once: settle() restarts the workers that stay once the pods
-    that go are gone."""
+    that go are gone. Where the pod that asked is replaced (an eviction: a worker below `desired` is going or
+    not running), its replacement's agent joining restarts them at the full size, once: they wait for it until
+    `deadline`, stopGraceSeconds after every rank saved."""
     status, store = plan.status, observed.store
     if status.planned_stop is not None or store is None or store.stop_id is None or store.stop_step is None \
             or store.stop_id == status.last_stop or store.progress is None \
@@ -117,9 +119,10 @@ def adopt(plan: Plan, observed: Observed, now: datetime) -> None:
         asked = datetime.fromtimestamp(float(store.stop_id), tz=UTC)
     except (ValueError, OverflowError):
         return  # not a stop id this store writes
+    wait = job.ref.spec.run_policy.stop_grace_seconds if replaced(observed, desired) else 0
     status.planned_stop = PlannedStop(reason="AgentAsked", requested_time=precise(asked),
-                                      deadline=precise(asked), round=store.round, step=store.stop_step,
-                                      stopped_time=precise(now))
+                                      deadline=precise(now + timedelta(seconds=wait)), round=store.round,
+                                      step=store.stop_step, stopped_time=precise(now))
     plan.normal("StoppedAndSaved", f"every rank saved step {store.stop_step} of the stop a worker's agent asked "
                 "on SIGTERM: the workers that stay restart from it once the pods that go are gone")
 
@@ -132,10 +135,11 @@ def forget(plan: Plan) -> None:
     plan.status.planned_stop = None
 
 
-def settle(plan: Plan, job: Job, observed: Observed, leaving: bool, now: datetime) -> None:
-    """The stop once the pods it was for are going or gone (`leaving`: some still are): the workers that stay
-    are restarted to re-form without those that went, and the stop is forgotten once they did (or at once
-    when it expired: the survivors restart as they would have without it)."""
+def settle(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime) -> None:
+    """The stop once the pods it was for are going or gone: the workers that stay are restarted to re-form
+    without those that went, and the stop is forgotten once they did (or at once when it expired: the survivors
+    restart as they would have without it). After an eviction the survivors wait for the replacement the
+    operator makes (its agent joining restarts them at the full size, once), stopGraceSeconds at most."""
     pending = plan.status.planned_stop
     if pending is None:
         return
@@ -145,9 +149,11 @@ def settle(plan: Plan, job: Job, observed: Observed, leaving: bool, now: datetim
     if found == Next.WAIT:
         plan.soon(1)
         return  # the stop the store already told the ranks runs its course, whatever asked it
-    if leaving:
-        return
     store, endpoint = observed.store, control_endpoint(plan, job)
+    reformed = store is not None and store.round is not None and store.round != pending.round
+    if leaving(observed, desired) or (replacing(pending, now) and not reformed):
+        plan.soon(1)
+        return
     if found == Next.GO and store is not None and store.round is not None and store.round == pending.round \
             and store.complete and not store.closed and endpoint is not None:
         if not store.waiter_active:
@@ -164,6 +170,18 @@ def leaving(observed: Observed, desired: int) -> bool:
     restart only once they did, or they would rendezvous with them again."""
     return any(p.index is not None and (p.index >= desired or p.deleting) and p.finished_at is None
                and p.phase != "Succeeded" for p in observed.workers)
+
+
+def replaced(observed: Observed, desired: int) -> bool:
+    """A worker the operator keeps is going or not running yet: the pod that asked for the stop is replaced."""
+    running = {p.index for p in observed.workers if p.index is not None and p.index < desired and not p.deleting
+               and p.phase == "Running" and p.finished_at is None}
+    return len(running) < desired
+
+
+def replacing(pending: PlannedStop, now: datetime) -> bool:
+    """The survivors of a stop a worker's agent asked wait for its replacement to join (adopt)."""
+    return pending.reason == "AgentAsked" and now < parse(pending.deadline)
 
 
 def forget_once_gone(plan: Plan, observed: Observed) -> None:
