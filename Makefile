@@ -129,7 +129,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery bench-goodput soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)
