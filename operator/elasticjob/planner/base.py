@@ -268,12 +268,24 @@ class Integration(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class CutOff:
+    """An agent recovery.py took out of a running round for its silence (a partition, a freeze), as the downtime
+    ledger books it: a pod left running books no failure, and a fenced one's failure is booked at detection."""
+
+    pod: str
+    uid: str
+    reason: str  # what the operator saw: PodNotReady, NodeNotReady, or NoHeartbeat (the store's word alone)
+    last_heartbeat: datetime  # on the operator's clock: the answer's time less the heartbeat's age
+
+
 @dataclass
 class Plan:
     status: ElasticJobStatus
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float = RESYNC_SECONDS
+    cut_off: list[CutOff] = field(default_factory=list)  # this reconcile's, for the ledger (ledger.py)
 
     def act(self, action: Action) -> None:
         self.actions.append(action)

@@ -1,16 +1,18 @@
 """The job's downtime ledger (status.goodput): incidents opened from what this reconcile booked, advanced with
 what the operator sees, closed once the training steps again, and the seconds lost per phase (goodput.py). Pure.
 
-An incident opens on a failure booked (failures.py, recovery.py: a worker, rank 0, a node, a partition), the
-store lost (rendezvous.py), a change of the desired workers, a suspension, or a preemption by Kueue; a fault while
-one is open belongs to it. Where the training stopped and saved at an agreed step first (planned_stop.py; on an
-eviction or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is recomputed, and the
-incident of the operator's stop starts when the training stopped. It closes at the training's first step after
-it (elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs and the store
-reported the group re-formed. The training's reports are the tenant's word: they are shown here and decide
-nothing else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that kept on
-stepping through the fault (the store lost and back, its agents riding it out) lost nothing: the incident closes
-at 0 s.
+An incident opens on a failure booked (failures.py: a worker, rank 0, a node), an agent cut off for its silence
+(recovery.py: a partition, whether its pod was stopped or left running; Plan.cut_off), the store lost
+(rendezvous.py), a change of the desired workers, a suspension, or a preemption by Kueue; a fault while one is open
+belongs to it. It starts at the operator's evidence of the fault, moved later to the training's last step where
+that is better evidence (goodput.fault_start). Where the training stopped and saved at an agreed step first
+(planned_stop.py; on an eviction or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is
+recomputed, and the incident of the operator's stop starts when the training stopped. It closes at the training's
+first step after it (elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs
+and the store reported the group re-formed. The training's reports are the tenant's word: they are shown here and
+decide nothing else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that
+kept on stepping through the fault (the store lost and back, its agents riding it out) lost nothing: the incident
+closes at 0 s.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from datetime import datetime, timedelta
 from elasticjob.models import MAX_INCIDENTS_KEPT, FailureRecord, GoodputStatus, Incident, LostPhases, Phase
 from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput
-from elasticjob.planner.base import Job, Observed, Plan
+from elasticjob.planner.base import CutOff, Job, Observed, Plan
 from elasticjob.planner.failures import is_round_record
 
 # An incident still open after this long is closed with what was seen (a training that never steps again).
@@ -67,12 +69,13 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     """What this reconcile booked that costs training time, oldest first, each with whether it is a restart
     torchrun made in place that the store already reported re-formed."""
     old, new = job.status, plan.status
-    found = []
+    # A fenced agent's failure (recovery.fence) is booked beside its cut-off, at detection: the cut-off, from
+    # its last heartbeat, sorts first and is that fault's one incident.
+    found = [(partitioned(cut, progress, now), False) for cut in plan.cut_off]
     known = {f.uid for f in old.last_failures}
-    rank0 = progress.pod if progress is not None and progress.pod else None
     for record in new.last_failures:
         if record.uid not in known and record.reason != "RendezvousLost":  # the store's incident is its own
-            found.append((from_failure(record, rank0, now), is_round_record(record)))
+            found.append((from_failure(record, progress, now), is_round_record(record)))
     if new.rendezvous.last_lost_time and new.rendezvous.last_lost_time != old.rendezvous.last_lost_time:
         found.append((Incident(kind="StoreLost", reason="StoreLost", pod=new.rendezvous.pod,
                                start_time=new.rendezvous.last_lost_time), False))
@@ -107,11 +110,33 @@ def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -
         incident.start_time = stop.stopped_time
 
 
-def from_failure(record: FailureRecord, rank0: str | None, now: datetime) -> Incident:
+def from_failure(record: FailureRecord, progress: ProgressView | None, now: datetime) -> Incident:
+    """A failure booked: its start is the container's end (finishedAt, to the second) or, later within that
+    second, the training's last step before it (goodput.fault_start says why)."""
     kind = KINDS.get(record.reason, "WorkerLost")
-    if kind == "WorkerLost" and rank0 is not None and record.pod == rank0:
+    if kind == "WorkerLost" and progress is not None and progress.pod and record.pod == progress.pod:
         kind = "Rank0Lost"
-    return Incident(kind=kind, reason=record.reason, pod=record.pod or None, start_time=record.time or precise(now))
+    start = record.time or precise(now)
+    evidence = parse(start) or now
+    if progress is not None:
+        best = goodput.fault_start(evidence, coarseness(start), now, progress.started_at, progress.step_at)
+        start = start if best == evidence else precise(best)
+    return Incident(kind=kind, reason=record.reason, pod=record.pod or None, start_time=start)
+
+
+def partitioned(cut: CutOff, progress: ProgressView | None, now: datetime) -> Incident:
+    """An agent cut off for its silence (recovery.py), its pod fenced or left running: the training stopped at
+    its last heartbeat at the earliest, or at its last step since, if it reported one (the survivors hang in a
+    collective from the partition on; a partitioned rank 0's reports stop reaching the store there too)."""
+    start = cut.last_heartbeat
+    if progress is not None:
+        start = goodput.fault_start(start, None, now, progress.started_at, progress.step_at)
+    return Incident(kind="Partition", reason=cut.reason, pod=cut.pod, start_time=precise(start))
+
+
+def coarseness(value: str) -> timedelta:
+    """How much later than written a time can be: Kubernetes writes a container's finishedAt to the second."""
+    return timedelta(0) if "." in value else timedelta(seconds=1)
 
 
 def opened(incident: Incident, in_place: bool, store: StoreView | None, progress: ProgressView | None,

@@ -14,6 +14,7 @@ tenant's own rendezvous, but a pod is stopped only on what the operator sees its
   collective otherwise) and its pod is stopped, so that it cannot come back with stale state;
 - one whose heartbeats stopped for torch's own dead-node time while its pod is Ready: that is the store's word
   alone. It is removed and the survivors restarted, but its pod is left running and no failure is booked.
+Either cut-off is noted on the plan (Plan.cut_off) for the downtime ledger, which books its time lost.
 The last call ends early once the agents in the round are every live agent. The store itself refuses to
 empty a complete round that no agent left (that made a second world in measurements).
 """
@@ -25,7 +26,18 @@ from datetime import datetime, timedelta
 from elasticjob import builders, kit, torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
-from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, StoreAction, condition, set_condition, stamp
+from elasticjob.planner.base import (
+    CutOff,
+    DeletePod,
+    Event,
+    Job,
+    Observed,
+    Plan,
+    StoreAction,
+    condition,
+    set_condition,
+    stamp,
+)
 from elasticjob.planner.failures import book
 from elasticjob_store.protocol import Complete, Remove, Restart, control_port
 
@@ -159,8 +171,10 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
         found = cut_off(node, live[0], observed, store, job, now, plan)
         if found is None:
             continue
-        why, seen = found
+        why, reason, seen = found
         cut.add(node.addr)
+        silent = timedelta(seconds=store.age(node, now) or 0.0)
+        plan.cut_off.append(CutOff(live[0].name, live[0].uid, reason, now - silent))
         if seen:
             fence(plan, job, live[0], node, endpoint, why, now)
         else:
@@ -173,8 +187,9 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
 
 
 def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView, job: Job, now: datetime,
-            plan: Plan) -> tuple[str, bool] | None:
-    """(why the agent is cut off, whether the operator itself sees its pod silent) — or None.
+            plan: Plan) -> tuple[str, str, bool] | None:
+    """(why the agent is cut off, what the operator saw in a word, whether the operator itself sees its pod
+    silent) — or None.
 
     The heartbeat ages are the store's word (anyone who reaches its port can write them): on their own they
     may take the agent out of the tenant's own rendezvous, never stop its pod. Stopping it needs the pod or its
@@ -183,12 +198,12 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
     if age is None or age <= stale_after(job):
         return None
     if not pod.ready:
-        return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", True
+        return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", "PodNotReady", True
     if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
-        return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", True
+        return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", "NodeNotReady", True
     limit = dead_after(job)
     if age >= limit:
-        return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)", False
+        return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)", "NoHeartbeat", False
     plan.soon(limit - age)
     return None
 
