@@ -203,5 +203,5 @@ def crd() -> dict[str, Any]:
 
 
 def crd_yaml() -> str:
-    header = "# Generated from operator/elasticjob/models.py by `elasticjob crd` (make crds). Do not edit.\n"
+    header = "# Generated from operator/elasticjob/models/ by `elasticjob crd` (make crds). Do not edit.\n"
     return header + str(yaml.safe_dump(crd(), sort_keys=False, width=120))

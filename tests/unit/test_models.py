@@ -17,7 +17,7 @@ CHART_CRD_FILE = ROOT / "charts" / "elasticjob-operator" / "crds" / "elasticjob.
 
 
 def test_crd_file_matches_the_models():
-    assert CRD_FILE.read_text() == crd.crd_yaml(), "crds/ drifted from models.py: run `make crds`"
+    assert CRD_FILE.read_text() == crd.crd_yaml(), "crds/ drifted from elasticjob.models: run `make crds`"
 
 
 def test_chart_crd_matches_the_models():

@@ -1,0 +1,177 @@
+"""The ElasticJob's spec: what the user asks for."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field
+
+from elasticjob.models.base import MAX_NODES, Model
+
+
+class RendezvousSpec(Model):
+    """The per-job c10d rendezvous store and the agents' rendezvous timeouts.
+
+    The defaults are measured on torch 2.13: torch's own 30 s last call dominates start-up whenever fewer than
+    max nodes run, and 2 s x 3 keep-alives recover from a lost node in about 9 s where 1 s x 2 caused split
+    brain under CPU load.
+    """
+
+    port: int = Field(29400, ge=1, le=65534, description="Port of the rendezvous Service and store; the next "
+                      "port serves the rendezvous state (round, nodes) to the operator. Default 29400.")
+    image: str | None = Field(None, description="Image of the rendezvous pod; defaults to the worker image "
+                              "(it must hold the same torch version as the agents).")
+    join_timeout_seconds: int = Field(600, ge=1, le=86400, description="Seconds agents wait for minReplicas "
+                                      "nodes to join a round, and for a lost store to come back, before they "
+                                      "give up. Default 600.")
+    last_call_timeout_seconds: int = Field(2, ge=0, le=3600, description="Seconds agents wait for more nodes "
+                                           "once minReplicas have joined; the operator ends the wait as soon as "
+                                           "every running worker's agent is in (torch's own default of 30 s "
+                                           "slows every start). Default 2.")
+    close_timeout_seconds: int = Field(10, ge=1, le=3600, description="Seconds an agent may take to mark the "
+                                       "rendezvous closed (it then takes no more nodes) when torchrun exits. "
+                                       "Default 10.")
+    keep_alive_interval_seconds: int = Field(2, ge=1, le=600, description="Seconds between an agent's "
+                                             "heartbeats; times keepAliveMaxAttempts, how fast a lost node is "
+                                             "noticed. Default 2.")
+    keep_alive_max_attempts: int = Field(3, ge=2, le=100, description="Missed heartbeats before a node is "
+                                         "declared dead (at least 2: fewer caused split brain under load). "
+                                         "Default 3.")
+    read_timeout_seconds: int = Field(60, ge=5, le=3600, description="Seconds an agent waits for one "
+                                      "operation of the rendezvous store. Default 60.")
+
+
+class FailurePolicy(Model):
+    """Which worker failures fail the job at once, and which count against maxRestarts."""
+
+    fatal_exit_codes: list[int] = Field(default_factory=list, max_length=64, description=(
+        "Worker exit codes that fail the job at once (no pod is replaced), e.g. a configuration error. "
+        "Other non-zero exits restart the group within maxRestarts. Default none."))
+    count_infrastructure_failures: bool = Field(False, description=(
+        "Whether evictions, preemptions, lost nodes and partitions consume maxRestarts (by default they are "
+        "recorded but not charged to the job). Default false."))
+
+
+class CleanPodPolicy(StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class RunPolicy(Model):
+    """Suspending the job, its deadline, and what becomes of it and its pods once it finished."""
+
+    suspend: bool = Field(False, description="true deletes all pods and keeps the job (phase Suspended); "
+                          "false resumes it from its checkpoint. Default false.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Seconds the job may run, counted from "
+                                                "its last start (status.startTime); then it fails with reason "
+                                                "DeadlineExceeded and its pods are stopped. Unset: no limit.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Seconds after the job succeeded "
+                                                   "or failed (status.completionTime) that the operator deletes "
+                                                   "it. Unset: the job is kept.")
+    stop_grace_seconds: int = Field(30, ge=0, le=3600, description="Planned stops: before the operator removes "
+                                    "workers it chose to remove (a scale-down, runPolicy.suspend, Kueue's "
+                                    "preemption or eviction), a training that asks elasticjob_progress's "
+                                    "should_stop() is told to stop after a step all ranks agree on and save it; "
+                                    "the pods go once every rank said so, or after this many seconds at most "
+                                    "(then as without it). On an eviction or a node drain the worker's agent "
+                                    "asks for the same stop before torchrun stops the workers; worker pods whose "
+                                    "template sets no terminationGracePeriodSeconds get one covering it and "
+                                    "torchrun's own 30 s. 0: never ask. A script that never asks is not waited "
+                                    "for. Default 30.")
+    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Which pods to delete when "
+                                             "the job finishes: All, Running (those still running, and the "
+                                             "rendezvous store and Service) or None (keep them all). Default "
+                                             "Running.")
+
+
+class WatchdogSpec(Model):
+    """torch elastic expiration timers: a rank that blocks past its deadline is killed by its agent."""
+
+    enabled: bool = Field(False, description="Run torch elastic's file-based timer server in each agent: a "
+                          "worker rank whose expires() deadline passes is killed, and the group restarts from its "
+                          "checkpoint (charged like any worker failure). Default false.")
+    step_timeout_seconds: int = Field(300, ge=1, le=86400, description="Deadline the training script passes "
+                                      "to torch.distributed.elastic.timer.expires "
+                                      "(env ELASTICJOB_STEP_TIMEOUT_SECONDS), in seconds. Default 300.")
+
+
+class KitSource(StrEnum):
+    COPY = "Copy"  # an init container copies the kit from the operator's image into each job pod
+    IMAGE = "Image"  # the job's image carries the kit's packages: no init container
+
+
+class GangMode(StrEnum):
+    NONE = "None"
+    WORKLOAD = "Workload"  # the upstream Workload API: scheduling.k8s.io/v1alpha2 PodGroup
+    COSCHEDULING = "Coscheduling"  # scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup
+
+
+class SchedulingSpec(Model):
+    """Gang scheduling of the workers: minReplicas of them start together or not at all; more join one by one.
+    The rendezvous store pod stays outside the gang (it must run first and holds no accelerator)."""
+
+    gang: GangMode = Field(GangMode.NONE, description="How minReplicas workers are bound together. "
+                           "None: not at all; Workload: a scheduling.k8s.io/v1alpha2 PodGroup "
+                           "(Kubernetes 1.36, GenericWorkload and GangScheduling gates) with gang.minCount = "
+                           "minReplicas; Coscheduling: a scheduler-plugins scheduling.x-k8s.io/v1alpha1 PodGroup "
+                           "with minMember = minReplicas. Default None.")
+    scheduler_name: str | None = Field(None, max_length=253, description="Scheduler of the job's pods with "
+                                       "Coscheduling; default scheduler-plugins-scheduler (or the template's "
+                                       "schedulerName). Ignored by the other gang modes.")
+    schedule_timeout_seconds: int | None = Field(None, ge=1, le=86400, description="Coscheduling: how long a "
+                                                 "gang may wait at Permit for its minMember (PodGroup "
+                                                 "scheduleTimeoutSeconds), in seconds; unset: the plugin's "
+                                                 "default. The Workload API waits 5 minutes.")
+
+
+class ElasticJobSpec(Model):
+    """What the job runs and how: the worker pod template, how many nodes (pods) it may run on, and how its
+    rendezvous, failures, lifetime and scheduling are handled."""
+
+    min_replicas: int = Field(1, ge=1, le=MAX_NODES, description="Fewest nodes (pods) training runs with. "
+                              "Default 1.")
+    max_replicas: int = Field(ge=1, le=MAX_NODES, description="Most nodes (pods) training runs with.")
+    replicas: int | None = Field(None, ge=1, le=MAX_NODES, description="Desired nodes; defaults to "
+                                 "maxReplicas. kubectl scale and HPAs set it through the scale subresource.")
+    nproc_per_node: int | Literal["auto"] = Field("auto", description="Worker processes per pod: an integer, "
+                                                  "or auto = the GPUs the worker container requests, else 1. "
+                                                  "Default auto.")
+    max_restarts: int = Field(3, ge=0, le=10000, description="How often the worker group may be restarted "
+                              "after failures before the job fails. Default 3.")
+    warm_starts: bool = Field(True, description="Run torchrun through elasticjob_warm, copied into each pod by an "
+                              "init container from the operator's image: workers are forked from a process that "
+                              "imported torch, and agents read the rendezvous every 0.1 s. Works with any image "
+                              "that has Python and torch, for `torchrun ...`, `python -m torch.distributed.run "
+                              "...` and shell commands that run torchrun; other commands run as written, and the "
+                              "WarmStarts condition says why. false: the command runs as written. Default true.")
+    kit: KitSource = Field(KitSource.COPY, description="Where the job's pods get the operator's kit (the "
+                           "rendezvous store, warm starts, the progress API). Copy: an init container copies it "
+                           "from the operator's image into each pod, so any image with Python and torch works. "
+                           "Image: the job's image carries elasticjob_store, elasticjob_warm, elasticjob_progress "
+                           "and elasticjob_ckpt on its PYTHONPATH at the operator's version, as the project's "
+                           "worker images do: no init container, one container fewer to start in every pod (a "
+                           "fleet starts faster); the store runs `python -m elasticjob_store` and torchrun runs "
+                           "as `python -m elasticjob_warm.torchrun` (a shell's torchrun then runs as written). "
+                           "Default Copy.")
+    checkpoint_dir: str | None = Field(None, description="Passed to workers as ELASTICJOB_CHECKPOINT_DIR; "
+                                       "mount shared storage there in the template.")
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec, description="The job's rendezvous: the "
+                                       "c10d store pod the operator runs for it, and the timeouts torchrun's "
+                                       "agents use to form the worker group. All optional.")
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy, description="Which worker failures "
+                                          "fail the job at once, and which count against maxRestarts.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspending the job, its deadline, "
+                                  "and what becomes of it and its pods once it finished.")
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="torch elastic's expiration "
+                                   "timers: a worker rank that blocks past its step deadline is killed by its "
+                                   "agent.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling of the "
+                                       "workers: minReplicas of them start together or not at all.")
+    template: dict[str, Any] = Field(description="Pod template of a worker (a PodTemplateSpec). Its container "
+                                     "named 'worker' (or the first) runs torchrun.")
+
+    @property
+    def desired_replicas(self) -> int:
+        return self.replicas if self.replicas is not None else self.max_replicas
