@@ -11,8 +11,9 @@ three ways:
 - plain script:  --no-progress-api --no-sigterm-save: SIGTERM ends the process where it is (most scripts).
 Stops: a scale-down 3 -> 2 (the operator removes a worker it chose) and an eviction of a worker that is not rank
 0 (the Eviction API, as `kubectl drain` does: the kubelet sends SIGTERM at once). Steps lost: the highest step
-any rank of the old round completed minus the step the new round resumed from. Recovery: the stop to the next
-completed step. Each cell is the median [min-max] (runs).
+any rank of the old round completed minus the step the new round resumed from. Seconds without a step: the old
+round's last step to the new round's first (a planned stop trains on to the agreed step first, so the time from
+the stop itself would count training as lost). Each cell is the median [min-max] (runs).
 
     make cluster-up REAL_NODES=1 && .venv/bin/python bench/steps_lost.py [--runs 3] [--only scale-down]
 """
@@ -64,11 +65,14 @@ def evict(api: Api, ns: str) -> tuple[float, int | None]:
 STOPS = {"scale-down": scale_down, "eviction": evict}
 
 
-def lost(ns: str, first: dict) -> int:
-    """Steps the old round completed past the checkpoint the new round resumed from."""
+def lost(ns: str, first: dict) -> tuple[int, float]:
+    """Steps the old round completed past the checkpoint the new round resumed from, and the seconds from its
+    last step to the new round's first (a planned stop trains on until the agreed step: that time is not lost)."""
     new = (first["host"], first["pid"], first["started"])
-    done = [r["step"] for r in records(ns) if r["time"] <= first["time"] and (r["host"], r["pid"], r["started"]) != new]
-    return max(0, max(done, default=0) - first["resumed_from"])
+    old = [r for r in records(ns) if r["time"] <= first["time"] and (r["host"], r["pid"], r["started"]) != new]
+    done = max((r["step"] for r in old), default=0)
+    last = max((r["time"] for r in old), default=first["time"])
+    return max(0, done - first["resumed_from"]), first["time"] - last
 
 
 def run_once(api: Api, stop: str, flags: list[str]) -> tuple[int | None, float | None]:
@@ -79,7 +83,7 @@ def run_once(api: Api, stop: str, flags: list[str]) -> tuple[int | None, float |
         when, world = STOPS[stop](api, ns)
         try:
             first = wait(lambda: first_step_after(ns, when, world), LIMIT, f"a step after the {stop}")
-            return lost(ns, first), first["time"] - when
+            return lost(ns, first)
         except TimeoutError:
             return None, None
         finally:
@@ -103,7 +107,7 @@ def main() -> int:
                 for setup, flags in SETUPS.items():
                     steps, seconds = run_once(api, stop, flags)
                     results.setdefault((stop, setup), []).append((steps, seconds))
-                    print(f"  run {i + 1} {stop:<10} {setup:<12} steps lost {steps}, next step after "
+                    print(f"  run {i + 1} {stop:<10} {setup:<12} steps lost {steps}, no step for "
                           f"{'-' if seconds is None else f'{seconds:.1f}'} s", flush=True)
     print_table(stops, results)
     return 0
@@ -111,8 +115,8 @@ def main() -> int:
 
 def print_table(stops: list[str], results: dict) -> None:
     print(f"\nsteps lost per stop (a step every {STEP_SECONDS} s, a checkpoint every {CHECKPOINT_EVERY}) and "
-          "seconds to the next step: median [min-max] (runs)\n")
-    header = ["stop", *(f"{s}: steps lost" for s in SETUPS), *(f"{s}: s" for s in SETUPS)]
+          "seconds without a step (the old round's last step to the new one's first): median [min-max] (runs)\n")
+    header = ["stop", *(f"{s}: steps lost" for s in SETUPS), *(f"{s}: s without a step" for s in SETUPS)]
     rows = []
     for stop in stops:
         cells = [results.get((stop, s), []) for s in SETUPS]

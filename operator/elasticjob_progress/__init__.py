@@ -106,6 +106,9 @@ class Progress:
             ((lambda: store) if store is not None else None)
         self._interval = interval
         self._wake = threading.Event()
+        # The stop's report goes out at once, past the interval: the operator waits on it with every rank held.
+        # Set by it and by close(), it also ends a pause under way.
+        self._hurry = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.writes = 0
@@ -177,7 +180,7 @@ class Progress:
         except Exception:  # noqa: BLE001 - a lost store: the operator's grace ends the stop instead
             pass
         else:
-            self._event(lambda now: self._report.stopped_at(int(n), now))
+            self._event(lambda now: self._report.stopped_at(int(n), now), urgent=True)
         self._stop.wait(max(0.0, deadline - time.monotonic()))
         self._leave(1)
 
@@ -185,17 +188,20 @@ class Progress:
         """Writes what is left and stops the threads. Called at the interpreter's exit too; a script that leaves
         by os._exit loses at most the last second of reports."""
         self._stop.set()
+        self._hurry.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         if self._listener is not None:
             self._listener.join(timeout)
 
-    def _event(self, note: Callable[[float], None]) -> None:
+    def _event(self, note: Callable[[float], None], urgent: bool = False) -> None:
         if not self.active:
             return
         with self._lock:
             note(self._clock())
+        if urgent:
+            self._hurry.set()
         self._wake.set()
 
     def _run(self) -> None:
@@ -205,7 +211,8 @@ class Progress:
             self._wake.clear()
             pause = last + self._interval - time.monotonic()
             if pause > 0:
-                self._stop.wait(pause)  # at most one write per interval, whatever woke the thread
+                self._hurry.wait(pause)  # at most one write per interval, whatever woke the thread
+            self._hurry.clear()
             with self._lock:
                 changes = self._report.changes
                 body = json.dumps(self._report.wire(self._clock()), separators=(",", ":")).encode()

@@ -32,11 +32,11 @@ def tcp_store():
 class Rank:
     """One rank's Progress, under torchrun's environment, whose hold ends when the test says (not os._exit)."""
 
-    def __init__(self, tcp_store, rank: int, world: int = 2, hold: float = 30.0) -> None:
+    def __init__(self, tcp_store, rank: int, world: int = 2, hold: float = 30.0, interval: float = 0.05) -> None:
         self.left: list[int] = []
         environ = {"RANK": str(rank), "WORLD_SIZE": str(world), "PET_RDZV_ENDPOINT": f"127.0.0.1:{tcp_store.port}",
                    "POD_NAME": f"train-worker-{rank}"}
-        self.progress = elasticjob_progress.Progress(environ=environ, interval=0.05, hold=hold,
+        self.progress = elasticjob_progress.Progress(environ=environ, interval=interval, hold=hold,
                                                      leave=self.left.append)
 
     def stop_in_thread(self, step: int) -> threading.Thread:
@@ -133,3 +133,21 @@ def test_the_operator_reads_the_stop_and_the_report_of_it_from_the_stores_state(
     view = rendezvous_client.parse_state(json.dumps(reply).encode())
     assert view is not None and (view.stop_id, view.stop_step) == ("5.000", 123)
     assert view.progress is not None and view.progress.listens and view.progress.stopped_step == 123
+
+
+def test_the_stops_report_goes_out_at_once_past_the_interval(tcp_store):
+    """Every rank holds until the operator reads it: waiting out the reporter's interval (1 s by default) was
+    training time lost at every planned stop."""
+    rank = Rank(tcp_store, 0, world=1, interval=30.0)  # after the first write, one every 30 s at most
+    rank.progress.step(1)
+    rank.progress.should_stop(1)
+    wait_for(lambda: report(tcp_store), 10, "the first report", until=lambda r: r is not None)
+    # The store's stop, as Control.stop writes it (its step from a report this interval holds back).
+    tcp_store.add(store_stop.COUNT_KEY, 1)
+    tcp_store.set(store_stop.stop_key(1), store_stop.record(time.time(), 1, time.time()))
+    wait_for(lambda: rank.progress.stop_step(), 10, "the rank learned the stop", until=lambda s: s == 1)
+    rank.stop_in_thread(1)
+    stopped = wait_for(lambda: report(tcp_store), 5, "the stop reported within the interval",
+                       until=lambda r: r is not None and r.get("stopped") is not None)
+    assert stopped["stopped"]["step"] == 1
+    rank.progress.close(1)
