@@ -54,6 +54,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._found_slots = False
         self._lent: set[int] = set()  # slots whose file a load's tensors map: replaced, never written, by a save
+        self._size = 0  # the newest save's bytes: the other slot is allocated to it behind
         atexit.register(self.wait)
 
     # -- save
@@ -76,6 +77,7 @@ class Checkpointer:
         self._seq += 1
         header = fill(slot.view, slot.fd, laid_out, step, self._seq)
         with self._lock:
+            self._size = laid_out.total
             self._newest = target
             self._pending = (target, header)
             self._lock.notify_all()
@@ -94,7 +96,7 @@ class Checkpointer:
         """False, once and logged, when memory cannot hold two copies: every save then goes straight to the volume."""
         assert self.memory is not None
         try:
-            self.memory.reserve(size, renew=target if target in self._lent else None)
+            self.memory.reserve(size, target, renew=target in self._lent)
             self._lent.discard(target)
             return True
         except OSError as error:
@@ -130,7 +132,11 @@ class Checkpointer:
                 self._lock.wait_for(lambda: self._pending is not None)
                 assert self._pending is not None
                 index, header = self._pending
-                self._pending, self._busy = None, index
+                self._pending, self._busy = None, 1 - index
+            self._reserve_other(index)
+            with self._lock:
+                self._busy = index
+                self._lock.notify_all()
             try:
                 assert self.memory is not None
                 volume.persist(self.memory.slots[index].path, header, self.directory, self.name)
@@ -141,6 +147,17 @@ class Checkpointer:
             with self._lock:
                 self._busy = None
                 self._lock.notify_all()
+
+    def _reserve_other(self, index: int) -> None:
+        """The slot the next save writes, allocated while it is marked busy (a save for it waits). A slot a load
+        lent out is left to the save, which replaces its file; a failure too: the save's own allocation fails
+        again and says so."""
+        if self.memory is None or not self._size or (1 - index) in self._lent:
+            return
+        try:
+            self.memory.reserve_other(self._size, index)
+        except OSError:
+            pass
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the newest save is on the volume (fsynced and renamed into place); raises what the persist raised."""

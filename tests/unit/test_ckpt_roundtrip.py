@@ -150,3 +150,19 @@ def test_a_save_during_a_persist_corrupts_neither(dirs, monkeypatch):
 def test_sparse_tensors_are_refused(dirs):
     with pytest.raises(TypeError, match="dense"):
         Checkpointer(dirs[0], memory_dir=dirs[1]).save({"s": torch.eye(3).to_sparse()}, 1)
+
+
+def test_the_other_memory_copy_is_allocated_behind_the_first_save(dirs):
+    """A save allocates only the slot it writes (about 0.25 s per GiB of tmpfs here): the other is ready for the
+    next save once the first is persisted."""
+    volume_dir, memory = dirs
+    ckpt = Checkpointer(volume_dir, memory_dir=memory, name="rank0")
+    ckpt.save({"w": torch.randn(300_000)}, 1)
+    ckpt.wait()
+    sizes = [(memory / "rank0" / f"slot-{index}").stat().st_size for index in (0, 1)]
+    assert sizes[0] == sizes[1] >= 1_200_000, sizes
+    ckpt.save({"w": torch.ones(300_000)}, 2)
+    ckpt.wait()
+    assert ckpt.saves_waited == 0
+    loaded = reopen(volume_dir, memory, new_pod=False).load()
+    assert (loaded.step, loaded.source) == (2, "memory") and torch.equal(loaded.state["w"], torch.ones(300_000))
