@@ -130,7 +130,8 @@ def table(runs: list[dict[str, float]]) -> str:
         return statistics.median(col(top)) / statistics.median(col(bottom))
 
     rows = [
-        ("save stall, the first save of a process (allocates 2 x 1 GiB of tmpfs, maps it)", cell(col("save1")), ""),
+        ("save stall, the first save of a process (allocates 1 GiB of tmpfs and maps it; the other copy behind)",
+         cell(col("save1")), ""),
         ("save stall, the next save (first write into the second copy)", cell(col("save2")), ""),
         ("save stall, later saves", f"**{cell(col('save3'))}**",
          f"≤ 0.5 and ≤ 0.1× torch.save: {ratio('save3', 'torch_save'):.3f}×"),
