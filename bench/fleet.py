@@ -45,6 +45,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_processes  # noqa: E402
 from fleet_cluster import (  # noqa: E402
+    BENCH_ROWS,
+    CONTROLLER_ROWS,
     THREADS,
     WORKERS,
     BareClient,
@@ -59,12 +61,6 @@ from harness import GROUP, PLURAL, STATE_DIR, VERSION, Api, Operator, wait  # no
 
 METRICS_PORT = 9319
 WORKER_SELECTOR = "elasticjob.dev/role=worker"
-# (verb, group, resource, subresource) that only the operator (or in its run the bare client) makes here.
-CONTROLLER_ROWS = {("POST", "", "pods", ""), ("POST", "", "services", ""), ("POST", "", "secrets", ""),
-                   ("POST", "networking.k8s.io", "networkpolicies", ""), ("POST", "", "events", ""),
-                   ("PATCH", GROUP, PLURAL, "status"), ("PATCH", GROUP, PLURAL, ""), ("GET", GROUP, PLURAL, ""),
-                   ("DELETE", "", "pods", ""), ("DELETE", "", "services", "")}
-BENCH_ROWS = {("POST", GROUP, PLURAL, "")}  # the bench creates the jobs in both runs
 
 
 # ------------------------------------------------------------------------------------------------ measurements

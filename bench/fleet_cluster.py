@@ -29,6 +29,14 @@ from localcluster.layout import Layout, load_endpoints
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 32  # the operator's API thread pool (controller/kopf_app.py API_THREADS)
 WORKERS = 4
+# (verb, group, resource, subresource) that only the operator (or in its run the bare client) makes here.
+CONTROLLER_ROWS = {("POST", "", "pods", ""), ("POST", "", "services", ""), ("POST", "", "secrets", ""),
+                   ("POST", "networking.k8s.io", "networkpolicies", ""), ("POST", "", "events", ""),
+                   ("PATCH", GROUP, PLURAL, "status"), ("PATCH", GROUP, PLURAL, ""), ("GET", GROUP, PLURAL, ""),
+                   ("DELETE", "", "pods", ""), ("DELETE", "", "services", ""),
+                   ("POST", "discovery.k8s.io", "endpointslices", ""),
+                   ("PUT", "discovery.k8s.io", "endpointslices", "")}
+BENCH_ROWS = {("POST", GROUP, PLURAL, "")}  # the bench creates the jobs in both runs
 
 
 
@@ -81,8 +89,7 @@ class Watch:
             try:
                 if version is None:
                     page = json.loads(self.list_fn(label_selector=self.selector, _preload_content=False).data)
-                    with self.lock:
-                        self.objects = {o["metadata"]["name"]: o for o in page.get("items") or []}
+                    self._replace(page.get("items") or [])
                     version = page["metadata"]["resourceVersion"]
                     self.listed.set()
                 response = self.list_fn(label_selector=self.selector, watch=True, resource_version=version,
@@ -100,6 +107,10 @@ class Watch:
                         self._seen(time.monotonic(), event["type"], body)
             except Exception:  # a broken stream: resume
                 time.sleep(0.5)
+
+    def _replace(self, items: list[dict]) -> None:
+        with self.lock:
+            self.objects = {o["metadata"]["name"]: o for o in items}
 
     def _seen(self, at: float, kind: str, body: dict) -> None:
         name = body["metadata"]["name"]

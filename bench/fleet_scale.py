@@ -1,0 +1,210 @@
+"""Up to 10,000 jobs on one operator, on kwok's fake nodes, against a bare client (issue 37).
+
+For each size, in one run on the same cluster: the bare client (bench/fleet_cluster.py BareClient: per job the
+Service, the store pod, 4 workers, one status write, from 32 threads) and then the operator, each in a fresh
+namespace, N jobs of 4 workers created at once from 32 threads. Per size it prints:
+
+- converge: seconds until every worker is Running, and operator / bare;
+- requests per job by the controller at start, from the API server's own apiserver_request_total (the rows only
+  a controller makes: bench/fleet_cluster.py CONTROLLER_ROWS), counted until every job's status settled;
+- the API server's load while the fleet starts: requests per second from every client (the scheduler's
+  bindings, kwok's pod status, the controllers, the bench), and the watches open on it at the end
+  (apiserver_longrunning_requests, verb WATCH), the operator's run beside the bare client's;
+- the operator's resident memory once the fleet runs, its peak (VmHWM) since it started, and its CPU seconds per
+  minute while nothing changes (median of 3 windows of 20 s).
+
+Pods and events are tallied, not kept: a 10,000-job fleet is 50,000 pods. Between runs the operator is stopped,
+then every pod is removed at once (grace 0: kwok's pods have no process to stop) and the namespace deleted.
+
+    .venv/bin/localcluster up --nodes 0 --kwok && .venv/bin/python bench/fleet_scale.py 1000 3000 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fleet import METRICS_PORT, WORKER_SELECTOR, idle  # noqa: E402
+from fleet_cluster import (  # noqa: E402
+    CONTROLLER_ROWS,
+    ROOT,
+    THREADS,
+    WORKERS,
+    BareClient,
+    Watch,
+    create_jobs,
+    namespace,
+    request_counts,
+    running,
+)
+from harness import GROUP, PLURAL, STATE_DIR, VERSION, Api, Operator, wait  # noqa: E402
+from localcluster.health import admin_context  # noqa: E402
+from localcluster.layout import Layout, load_endpoints  # noqa: E402
+
+CONVERGE_LIMIT = 3600.0
+
+
+@dataclass
+class Tally(Watch):
+    """A Watch that keeps, per object, only whether `judge` holds and when it first did."""
+
+    judge: Callable[[dict], bool] = running
+    first: dict[str, float] = field(default_factory=dict)
+    state: dict[str, bool] = field(default_factory=dict)
+    last: float = field(default_factory=time.monotonic)
+
+    def _replace(self, items: list[dict]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.state = {}
+            for body in items:
+                self._judge(now, body)
+
+    def _seen(self, at: float, kind: str, body: dict) -> None:
+        with self.lock:
+            self.last = at
+            if kind == "DELETED":
+                self.state.pop(body["metadata"]["uid"], None)
+            else:
+                self._judge(at, body)
+
+    def _judge(self, at: float, body: dict) -> None:
+        uid, holds = body["metadata"]["uid"], self.judge(body)
+        self.state[uid] = holds
+        if holds:
+            self.first.setdefault(uid, at)
+
+    def count(self) -> int:
+        with self.lock:
+            return sum(self.state.values())
+
+
+def settled(job: dict) -> bool:
+    status = job.get("status") or {}
+    return status.get("phase") == "Running" and status.get("readyReplicas") == WORKERS
+
+
+def open_watches() -> float:
+    endpoints = load_endpoints(Layout(ROOT))
+    with urllib.request.urlopen(f"{endpoints.server}/metrics", context=admin_context(endpoints.layout),
+                                timeout=30) as response:
+        text = response.read().decode()
+    return sum(float(v) for labels, v in re.findall(r"^apiserver_longrunning_requests\{([^}]*)\} (\S+)$", text, re.M)
+               if 'verb="WATCH"' in labels)
+
+
+def peak_mib(pid: int) -> float:
+    found = re.search(r"^VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+    return int(found.group(1)) / 1024 if found else float("nan")
+
+
+@dataclass
+class Run:
+    seconds: float
+    requests_per_job: float
+    api_per_second: float
+    watches: float
+    rss_mib: float = 0.0
+    peak_mib: float = 0.0
+    cpu_per_minute: float = 0.0
+
+
+def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process | None) -> Run:
+    pods = Tally(lambda **kw: api.core.list_namespaced_pod(ns, **kw), WORKER_SELECTOR).start()
+    listed = Tally(lambda **kw: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
+                   judge=settled).start()
+    wait(lambda: pods.listed.is_set() and listed.listed.is_set(), 60, "the bench's watches")
+    before, t0 = request_counts(), time.monotonic()
+    client = BareClient(api) if bare else None
+    started = create_jobs(api, ns, jobs, True, client.submit if client else None)
+    if client:
+        client.close()
+    want = jobs * WORKERS
+    wait(lambda: pods.count() == want, CONVERGE_LIMIT, f"{want} workers Running", interval=1)
+    seconds = max(pods.first.values()) - started
+    if not bare:  # the operator's status writes settle after the pods: count them too
+        wait(lambda: listed.count() == jobs, 900, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
+    wait(lambda: time.monotonic() - max(listed.last, pods.last) >= 5, 300, "no change for 5 s", interval=0.5)
+    counts, t1 = request_counts() - before, time.monotonic()
+    run = Run(seconds, sum(v for k, v in counts.items() if k in CONTROLLER_ROWS) / jobs,
+              sum(counts.values()) / (t1 - t0), open_watches())
+    if proc is not None:
+        steady = idle(proc)
+        run.rss_mib, run.peak_mib, run.cpu_per_minute = steady.rss_mib, peak_mib(proc.pid), steady.cpu_per_minute
+    pods.stop()
+    listed.stop()
+    return run
+
+
+def clear(api: Api, ns: str) -> None:
+    """Every pod at once (deletecollection until none is left: one call may outlast the API server's request
+    timeout), then the jobs; the namespace's deletion does the rest."""
+    def left() -> int:
+        return len(api.core.list_namespaced_pod(ns, limit=1).items)
+
+    deadline = time.monotonic() + 900
+    while left() and time.monotonic() < deadline:
+        try:
+            api.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _request_timeout=300,
+                                                      _preload_content=False)
+        except Exception as exc:  # a timed-out call has deleted some: go on
+            print(f"  deleting pods: {exc.__class__.__name__}; again", file=sys.stderr, flush=True)
+    api.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False)
+
+
+def measure(api: Api, jobs: int, operator_args: list[str]) -> tuple[Run, Run]:
+    with namespace(api, "scale-bare") as ns:
+        bare = start_fleet(api, ns, jobs, True, None)
+        print(f"  {jobs} jobs, bare client: {bare.seconds:.1f} s", file=sys.stderr, flush=True)
+        clear(api, ns)
+    with namespace(api, "scale-op") as ns:
+        with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
+                      [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
+            operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid))
+        print(f"  {jobs} jobs, operator: {operator.seconds:.1f} s, RSS {operator.rss_mib:.0f} MiB",
+              file=sys.stderr, flush=True)
+        clear(api, ns)
+    return operator, bare
+
+
+def table(results: dict[int, tuple[Run, Run]]) -> None:
+    header = ("jobs (x4 workers)", "converge s: operator", "bare client", "operator / bare (target <= 1.3x)",
+              "controller requests per job at start: operator (target <= 10)", "bare",
+              "API server requests/s while starting: operator run", "bare run", "watches open: operator run",
+              "bare run", "operator RSS MiB, fleet running (target <= 600)", "peak", "operator CPU s/min, idle")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for jobs, (op, bare) in sorted(results.items()):
+        cells = (f"{jobs:,}", f"{op.seconds:.1f}", f"{bare.seconds:.1f}", f"{op.seconds / bare.seconds:.2f}x",
+                 f"{op.requests_per_job:.2f}", f"{bare.requests_per_job:.2f}", f"{op.api_per_second:.0f}",
+                 f"{bare.api_per_second:.0f}", f"{op.watches:.0f}", f"{bare.watches:.0f}", f"{op.rss_mib:.0f}",
+                 f"{op.peak_mib:.0f}", f"{op.cpu_per_minute:.2f}")
+        print("| " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sizes", type=int, nargs="*", default=[1000, 3000, 10000], help="jobs per fleet")
+    parser.add_argument("--operator-args", default="", help="extra arguments for `elasticjob run`")
+    args = parser.parse_args()
+    api = Api()
+    api.client.configuration.connection_pool_maxsize = THREADS
+    api.install_crd()
+    results = {}
+    for jobs in args.sizes:
+        results[jobs] = measure(api, jobs, args.operator_args.split())
+        table(results)  # so far, in case a larger size does not finish
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
