@@ -83,14 +83,15 @@ def translate(exc: ApiException) -> KubeError:
     return _BY_STATUS.get(exc.status, KubeError)(exc.status or 0, exc.reason or "", message)
 
 
-def api_client() -> kubernetes.client.ApiClient:
-    """In-cluster credentials when in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def api_client(connections: int = CLIENT_CONNECTIONS) -> kubernetes.client.ApiClient:
+    """In-cluster credentials when in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config). `connections`:
+    as many as threads use it at once; a request beyond them opens a connection (a TLS handshake) and drops it."""
     config = kubernetes.client.Configuration()
     try:
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(client_configuration=config)
-    config.connection_pool_maxsize = CLIENT_CONNECTIONS
+    config.connection_pool_maxsize = connections
     return kubernetes.client.ApiClient(config)
 
 

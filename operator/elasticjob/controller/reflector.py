@@ -30,6 +30,7 @@ from elasticjob import k8s
 LIST_PAGE = 500
 WATCH_SECONDS = 300  # the server ends each watch after this; it resumes from the last resourceVersion
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10)
+LIST_THREADS = 2  # beside the one thread each watch holds: lists after a gap
 
 OnList = Callable[[str | None, list[dict[str, Any]]], None]
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -190,5 +191,5 @@ def describe(exc: BaseException) -> str:
 
 def watch_threads(sources: int) -> ThreadPoolExecutor:
     """A thread per stream, plus a few for lists: a watch holds its thread for minutes."""
-    return ThreadPoolExecutor(sources + 2, "watch")
+    return ThreadPoolExecutor(sources + LIST_THREADS, "watch")
 

@@ -10,7 +10,7 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import metrics, naming, rest
+from elasticjob import k8s, metrics, naming, rest
 from elasticjob.controller import namespace_cleanup, reflector, telemetry
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
@@ -23,8 +23,8 @@ OWNED_SELECTOR = naming.JOB_LABEL
 SLICE_SELECTOR = naming.SERVICE_NAME_LABEL
 
 
-def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
-    kube, found = ctx.kube, []
+def sources(ctx: Context, namespaces: list[str] | None, kube: k8s.Kube | None = None) -> list[reflector.Source]:
+    kube, found = kube or ctx.kube, []
     targets: list[str | None] = list(namespaces) if namespaces else [None]
     for ns in targets:
         found += [reflector.Source("elasticjobs", ns, None, kube.lister(rest.resource(API_VERSION, ns, PLURAL))),
@@ -40,9 +40,18 @@ def sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source
     return found
 
 
+def own_client_sources(ctx: Context, namespaces: list[str] | None) -> list[reflector.Source]:
+    """The sources, on a client of their own with a connection for each. A watch holds its connection for
+    minutes: sharing the API threads' pool (a connection per thread), they left those threads short, and at fleet
+    size a third of the operator's CPU went to TLS handshakes of connections opened for one request and dropped
+    (py-spy, 1,000 jobs starting)."""
+    count = len(sources(ctx, namespaces))
+    return sources(ctx, namespaces, k8s.Kube(k8s.api_client(connections=count + reflector.LIST_THREADS)))
+
+
 def start(ctx: Context, namespaces: list[str] | None) -> tuple[list[reflector.Reflector], list[asyncio.Task[Any]]]:
     """Start the watches; the loops of the jobs found start once all have listed."""
-    chosen = sources(ctx, namespaces)
+    chosen = own_client_sources(ctx, namespaces)
     threads = reflector.watch_threads(len(chosen))
     reflectors = [reflector.Reflector(source, functools.partial(listed, ctx, source.kind),
                                       functools.partial(changed, ctx, source.kind), threads, ctx.logger)
