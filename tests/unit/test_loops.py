@@ -9,7 +9,7 @@ import logging
 import pytest
 
 import helpers
-from elasticjob.controller.loops import Failed, JobLoops, wait_woken
+from elasticjob.controller.loops import FOLLOW_UPS, Failed, JobLoops, wait_woken
 
 LOG = logging.getLogger("test")
 
@@ -215,3 +215,44 @@ def test_a_wait_ends_when_woken(delay):
 
 def test_a_wait_ends_unwoken_after_its_delay():
     asyncio.run(asyncio.wait_for(wait_woken(asyncio.Event(), 0.01), 2.0))
+
+
+def test_a_pass_that_asks_for_another_at_once_gets_it_in_its_slot_before_queued_jobs():
+    """A job's first pass makes the Service, the next its workers: that one must not queue behind the fleet."""
+    async def scenario():
+        order, gate = [], asyncio.Event()
+
+        async def reconcile(loop):
+            order.append(loop.key)
+            if loop.key == "first" and order.count("first") == 1:
+                await gate.wait()
+                return 0.0  # made the Service: the workers next, at once
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG, concurrency=1)
+        loops.observe("first")
+        await until(lambda: order == ["first"])
+        for key in ("b", "c"):
+            loops.observe(key)  # queued for the one slot
+        gate.set()
+        await until(lambda: len(order) == 4)
+        assert order == ["first", "first", "b", "c"]
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
+def test_a_job_that_always_asks_at_once_frees_its_slot_after_its_follow_ups():
+    async def scenario():
+        order = []
+
+        async def reconcile(loop):
+            order.append(loop.key)
+            return 0.0 if loop.key == "spin" else 60.0
+
+        loops = JobLoops(reconcile, LOG, concurrency=1)
+        loops.observe("spin")
+        loops.observe("other")
+        await until(lambda: "other" in order)
+        assert order.index("other") == FOLLOW_UPS + 1
+        await loops.stop_all()
+    asyncio.run(scenario())
