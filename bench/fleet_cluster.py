@@ -35,7 +35,8 @@ CONTROLLER_ROWS = {("POST", "", "pods", ""), ("POST", "", "services", ""), ("POS
                    ("PATCH", GROUP, PLURAL, "status"), ("PATCH", GROUP, PLURAL, ""), ("GET", GROUP, PLURAL, ""),
                    ("DELETE", "", "pods", ""), ("DELETE", "", "services", ""),
                    ("POST", "discovery.k8s.io", "endpointslices", ""),
-                   ("PUT", "discovery.k8s.io", "endpointslices", "")}
+                   ("APPLY", "discovery.k8s.io", "endpointslices", ""),
+                   ("PATCH", "discovery.k8s.io", "endpointslices", "")}
 BENCH_ROWS = {("POST", GROUP, PLURAL, "")}  # the bench creates the jobs in both runs
 
 

@@ -132,7 +132,7 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     wait(lambda: pods.count() == want, CONVERGE_LIMIT, f"{want} workers Running", interval=1)
     seconds = max(pods.first.values()) - started
     if not bare:  # the operator's status writes settle after the pods: count them too
-        wait(lambda: listed.count() == jobs, 900, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
+        wait(lambda: listed.count() == jobs, 1800, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
     wait(lambda: time.monotonic() - max(listed.last, pods.last) >= 5, 300, "no change for 5 s", interval=0.5)
     counts, t1 = request_counts() - before, time.monotonic()
     run = Run(seconds, sum(v for k, v in counts.items() if k in CONTROLLER_ROWS) / jobs,
