@@ -107,6 +107,10 @@ bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on on
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/fleet.py
 
+bench-fleet-scale: $(VENV)/.installed ## 1,000, 3,000 and 10,000 jobs on one operator (kwok) vs a bare client: converge, requests per job, API server load, memory (about 90 minutes)
+	$(VENV)/bin/localcluster up --nodes 0 --kwok
+	$(PY) bench/fleet_scale.py 1000 3000 10000
+
 bench-checkpoint: $(VENV)/.installed ## Checkpoints in memory (elasticjob_ckpt) vs torch.save: the save stall for 1 GiB and the load after a worker kill, medians of RUNS (default 5); local processes, no cluster
 	$(PY) bench/checkpoint.py --runs $(or $(RUNS),5)
 
@@ -129,7 +133,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
+import orjson
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -107,7 +108,7 @@ async def _call(fn: Callable[..., Any], *args: Any, executor: Executor | None = 
 
 
 def _json(response: Any) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(response.data)
+    body: dict[str, Any] = orjson.loads(response.data)
     return body
 
 

@@ -11,10 +11,11 @@ the planner looks at (a new resourceVersion, a kubelet heartbeat) wake no one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from elasticjob import naming
 from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, labelled
@@ -67,7 +68,7 @@ class StoredJob:
     raw: bytes
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = json.loads(self.raw)
+        body: dict[str, Any] = orjson.loads(self.raw)
         return body
 
 
@@ -75,7 +76,7 @@ def _job(body: Mapping[str, Any]) -> tuple[str, Entry[StoredJob]] | None:
     meta = body.get("metadata") or {}
     if not meta.get("uid") or not meta.get("name"):
         return None
-    raw = json.dumps(without_managed_fields(body), separators=(",", ":")).encode()
+    raw = orjson.dumps(without_managed_fields(body))
     stored = StoredJob(meta.get("resourceVersion") or "", meta.get("creationTimestamp") or "", raw)
     return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), meta["name"]), stored)
 

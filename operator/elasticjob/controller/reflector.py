@@ -13,7 +13,6 @@ objects deleted meanwhile disappear, and their jobs are woken.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -22,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -105,7 +105,7 @@ class Reflector:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            page = json.loads(self._call(limit=LIST_PAGE, _continue=token).data)
+            page = orjson.loads(self._call(limit=LIST_PAGE, _continue=token).data)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -161,7 +161,7 @@ class Reflector:
         try:
             for line in response:
                 if line.strip():
-                    yield json.loads(line)
+                    yield orjson.loads(line)
         finally:
             self._response = None
             response.release_conn()
