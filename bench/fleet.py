@@ -328,7 +328,7 @@ def main() -> int:
                         help="spec.kit of the --processes jobs; each one named is measured in turn")
     args = parser.parse_args()
     api = Api()
-    api.client.configuration.connection_pool_maxsize = THREADS
+    api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
     api.install_crd()
     extra = args.operator_args.split()
     table = Table()

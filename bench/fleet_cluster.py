@@ -168,10 +168,12 @@ def create_jobs(api: Api, ns: str, count: int, kwok: bool, then: Callable[[dict]
     make = manifest or (lambda name: job_manifest(name, kwok))
 
     def one(i: int) -> None:
+        # Every reply read: an unread one keeps its connection out of the pool, and the next request opens a
+        # new one (a TLS handshake each).
         created = api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, make(f"j{i:04d}"),
-                                                             _preload_content=False)
+                                                             _preload_content=False).data
         if then is not None:
-            then(json.loads(created.data))
+            then(json.loads(created))
 
     started = time.monotonic()
     with ThreadPoolExecutor(THREADS) as pool:
@@ -201,10 +203,10 @@ class BareClient:
         workers = [builders.worker_pod(ref, i, endpoint) for i in range(WORKERS)]
         pods = [builders.rendezvous_pod(ref, token="token"), *workers]
         for pod in pods:
-            core.create_namespaced_pod(ns, pod, _preload_content=False)
-        self.api.custom.patch_namespaced_custom_object_status(
+            _ = core.create_namespaced_pod(ns, pod, _preload_content=False).data  # read: see create_jobs
+        _ = self.api.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, ns, PLURAL, ref.name, {"status": {"phase": "Pending", "replicas": WORKERS}},
-            _preload_content=False)
+            _preload_content=False).data
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -220,8 +222,8 @@ def finish_all(api: Api, ns: str, pods: Watch) -> None:
                                          "restartCount": 0, "started": False, "state": {"terminated": {
                                              "exitCode": 0, "reason": "Completed", "startedAt": now,
                                              "finishedAt": now}}}]}
-        api.core.patch_namespaced_pod_status(pod["metadata"]["name"], ns, {"status": status},
-                                             _preload_content=False)
+        _ = api.core.patch_namespaced_pod_status(pod["metadata"]["name"], ns, {"status": status},
+                                                 _preload_content=False).data
 
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(one, [p for p in pods.snapshot() if running(p)]))

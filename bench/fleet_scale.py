@@ -154,11 +154,11 @@ def clear(api: Api, ns: str) -> None:
     deadline = time.monotonic() + 900
     while left() and time.monotonic() < deadline:
         try:
-            api.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _request_timeout=300,
-                                                      _preload_content=False)
+            _ = api.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _request_timeout=300,
+                                                          _preload_content=False).data
         except Exception as exc:  # a timed-out call has deleted some: go on
             print(f"  deleting pods: {exc.__class__.__name__}; again", file=sys.stderr, flush=True)
-    api.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False)
+    _ = api.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False).data
 
 
 def measure(api: Api, jobs: int, operator_args: list[str]) -> tuple[Run, Run]:
@@ -197,7 +197,7 @@ def main() -> int:
     parser.add_argument("--operator-args", default="", help="extra arguments for `elasticjob run`")
     args = parser.parse_args()
     api = Api()
-    api.client.configuration.connection_pool_maxsize = THREADS
+    api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
     api.install_crd()
     results = {}
     for jobs in args.sizes:

@@ -40,6 +40,12 @@ class Api:
         self.core = client.CoreV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
 
+    def connections(self, count: int) -> None:
+        """Keep `count` connections: the client's pool is made when it is, with 5 per CPU by default, and a
+        thread beyond them opens (and drops) a connection per request, a TLS handshake each."""
+        self.client.configuration.connection_pool_maxsize = count
+        self.client.rest_client = client.rest.RESTClientObject(self.client.configuration)
+
     def install_crd(self) -> None:
         subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "apply", "--server-side", "--force-conflicts",
                         "-f", str(ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml")], check=True, capture_output=True)
