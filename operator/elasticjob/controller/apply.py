@@ -31,7 +31,7 @@ def waves(actions: list[planner.Action]) -> tuple[list[planner.Action], list[pla
 @dataclass
 class Applied:
     refusal: str | None = None  # the API server's words when it refused to create something
-    created: list[str] = field(default_factory=list)  # kinds of the objects created and now in the mirror
+    created: list[str] = field(default_factory=list)  # kinds of the objects created (all in the mirror now)
     taken: list[planner.NameTaken] = field(default_factory=list)  # names another object held (409)
 
 
@@ -55,7 +55,10 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox
                 event = getattr(action, "event", None)
                 if isinstance(event, planner.Event):
                     events.append(event)
-                if isinstance(result, dict) and ctx.mirror.add_created(result):
+                if isinstance(result, dict):
+                    # Known to the mirror now, by this reply or by the watch that was quicker: counted as made
+                    # either way (a Service made now means the workers can be made at once).
+                    ctx.mirror.add_created(result)
                     applied.created.append(result.get("kind", ""))
     outbox += merged(events)
     invalid = next((e for e in errors if isinstance(e, k8s.Invalid)), None)
