@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -52,3 +56,34 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str = "a con
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def json_server(answer: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> Iterator[str]:
+    """A keep-alive HTTP server on 127.0.0.1 that answers every request with `answer(method, body sent)` as JSON
+    (201 to a POST, 200 otherwise); yields its URL. For the API client's own behaviour, no cluster needed."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a connection serves many requests
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            sent = json.loads(self.rfile.read(length)) if length else None
+            body = json.dumps(answer(self.command, sent)).encode()
+            self.send_response(201 if self.command == "POST" else 200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
