@@ -99,6 +99,76 @@ def test_forget_stops_the_loop():
     asyncio.run(scenario())
 
 
+def test_a_job_deleted_and_created_again_at_once_gets_a_loop_of_its_own():
+    """The watch hands over the old job's DELETED and the new job's ADDED before the forget runs (soak, seed
+    514993: the new job was never reconciled)."""
+    async def scenario():
+        runs: list[object] = []
+
+        async def reconcile(loop):
+            runs.append(loop)
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG)
+        old = loops.observe("k")
+        await until(lambda: runs == [old])
+        ending = asyncio.ensure_future(loops.forget("k"))  # spawned, as watch.dispatch does
+        new = loops.observe("k")
+        await ending
+        await until(lambda: runs == [old, new])
+        assert new is not old and "k" in loops
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
+def test_a_loop_forgotten_just_as_it_was_woken_ends():
+    """A pod's event wakes the job, its DELETED forgets it, in one go: the cancellation lands on a wait whose wake
+    has just come (asyncio.wait_for on Python 3.11 returned normally then, and the loop lived on)."""
+    async def scenario():
+        runs: list[int] = []
+
+        async def reconcile(loop):
+            runs.append(1)
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("k")
+        await until(lambda: runs == [1])
+        await asyncio.sleep(0.01)  # the loop waits to be woken
+        loops.wake("k")
+        await asyncio.wait_for(loops.forget("k"), 2.0)
+        await asyncio.sleep(0.05)
+        assert runs == [1]
+    asyncio.run(scenario())
+
+
+def test_the_new_loop_of_a_name_starts_once_the_old_loop_has_ended():
+    async def scenario():
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def reconcile(loop):
+            events.append(f"start {len(events)}")
+            if len(events) == 1:
+                try:
+                    await release.wait()
+                finally:  # a cancelled pass still finishes what it had in flight (a thread's API call)
+                    await asyncio.sleep(0.05)
+                    events.append("old ended")
+            return 60.0
+
+        loops = JobLoops(reconcile, LOG)
+        loops.observe("k")
+        await until(lambda: events == ["start 0"])
+        ending = asyncio.ensure_future(loops.forget("k"))
+        loops.observe("k")
+        await ending
+        await until(lambda: len(events) == 3)
+        assert events == ["start 0", "old ended", "start 2"]
+        await loops.stop_all()
+    asyncio.run(scenario())
+
+
 def test_reconciles_in_flight_are_bounded_and_the_waiting_ones_run_when_a_slot_frees():
     async def scenario():
         running, done, gate = set(), [], asyncio.Event()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ class JobLoop:
     task: asyncio.Task[Any] | None = None
     memory: Any = None  # what the reconcile keeps between runs
     failures: int = 0  # reconciles failed in a row: the step of backoff.RECONCILE_FAILED the next retry waits
+    forgotten: bool = False  # ends the loop even where a cancellation was swallowed
 
 
 class Failed(Exception):
@@ -79,8 +80,11 @@ Wait = Callable[[asyncio.Event, float], Awaitable[None]]
 
 
 async def wait_woken(wake: asyncio.Event, delay: float) -> None:
+    """Not asyncio.wait_for: on Python 3.11 it returns normally when cancelled just as the wake came (a job's pod
+    event, then its DELETED, handled in one go), and the forgotten loop would go on reconciling."""
     try:
-        await asyncio.wait_for(wake.wait(), delay)
+        async with asyncio.timeout(delay if delay != float("inf") else None):
+            await wake.wait()
     except TimeoutError:
         pass
 
@@ -90,14 +94,15 @@ class JobLoops:
                  concurrency: int = CONCURRENT_RECONCILES, wait: Wait = wait_woken) -> None:
         self._reconcile, self._log, self._wait = reconcile, logger, wait
         self._loops: dict[Hashable, JobLoop] = {}
+        self._ending: dict[Hashable, asyncio.Task[Any]] = {}  # forgotten loops' tasks, until they have ended
         self._slots = asyncio.Semaphore(concurrency)
 
     def observe(self, key: Hashable) -> JobLoop:
-        """Wake the job's loop, starting it on first sight."""
+        """Wake the job's loop, starting it on first sight (after the name's forgotten loop, if any, has ended)."""
         loop = self._loops.get(key)
         if loop is None:
             loop = self._loops[key] = JobLoop(key=key)
-            loop.task = asyncio.create_task(self._run(loop), name=f"reconcile {key}")
+            loop.task = asyncio.create_task(self._run(loop, self._ending.get(key)), name=f"reconcile {key}")
         loop.wake.set()
         return loop
 
@@ -105,16 +110,30 @@ class JobLoops:
         if (loop := self._loops.get(key)) is not None:
             loop.wake.set()
 
-    async def forget(self, key: Hashable) -> None:
-        if (loop := self._loops.pop(key, None)) is not None and loop.task is not None:
-            loop.task.cancel()
-            await asyncio.gather(loop.task, return_exceptions=True)
+    def forget(self, key: Hashable) -> Coroutine[Any, Any, None]:
+        """End the job's loop now; returns what waits for its task to end. Now, not once that is awaited: a job
+        deleted and created again under its name at once (both events handled before any other task runs) would
+        otherwise find the old loop still there, wake it, and then lose it to the forget, never reconciled."""
+        loop = self._loops.pop(key, None)
+        task = loop.task if loop is not None else None
+        if loop is not None:
+            loop.forgotten = True
+        if task is not None:
+            task.cancel()
+            self._ending[key] = task
+        return self._ended(key, task)
+
+    async def _ended(self, key: Hashable, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+            if self._ending.get(key) is task:
+                del self._ending[key]
 
     async def stop_all(self) -> None:
         """Every loop cancelled before any is awaited: a loop cancelled while it held a slot would otherwise hand
         the slot to a waiting one, which would start a pass during the shutdown."""
         loops, self._loops = list(self._loops.values()), {}
-        tasks = [loop.task for loop in loops if loop.task is not None]
+        tasks = [loop.task for loop in loops if loop.task is not None] + list(self._ending.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -125,8 +144,10 @@ class JobLoops:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._loops
 
-    async def _run(self, loop: JobLoop) -> None:
-        while True:
+    async def _run(self, loop: JobLoop, previous: asyncio.Task[Any] | None) -> None:
+        if previous is not None:  # the name's earlier job: its last pass must not overlap this job's first
+            await asyncio.gather(previous, return_exceptions=True)
+        while not loop.forgotten:
             try:
                 async with self._slots:
                     delay = await self._passes(loop)
