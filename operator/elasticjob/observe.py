@@ -109,7 +109,8 @@ class StoreNode:
 @dataclass(frozen=True, slots=True)
 class ProgressView:
     """The training's own report (elasticjob_progress, rank 0), as its store kept it: the tenant's word, shown in
-    the downtime ledger and never used to charge, fence or decide. Times are the worker's clock."""
+    the downtime ledger and never used to charge or fence (a stall only hastens taking a silent agent out of the
+    tenant's own rendezvous: planner/recovery.py). Times are the worker's clock."""
 
     pod: str = ""
     restart: int = 0
@@ -128,6 +129,8 @@ class ProgressView:
     listens: bool = False  # the script asks should_stop(): a planned stop reaches it
     stopped_step: int | None = None  # every rank saved this step of a planned stop, and when
     stopped_at: datetime | None = None
+    # No step for a few steps' time, as of the store's answer (it answers when this changes): all ranks wait.
+    stalled: bool = False
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ class _Progress(_Strict):
     received_at: float | None = Field(None, alias="receivedAt", ge=0, le=1e11)
     listens: bool = False
     stopped: _Mark | None = None
+    stalled: bool = False
 
 
 class _Stop(_Strict):
@@ -163,7 +164,7 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
         first_step_at=at(found.first_step_at), saved_step=saved.step if saved else None,
         saved_at=at(saved.at) if saved else None, loading_at=at(found.loading_at),
         loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
-        received_at=at(found.received_at), listens=found.listens,
+        received_at=at(found.received_at), listens=found.listens, stalled=found.stalled,
         stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
 
 

@@ -240,7 +240,7 @@ class Control:
         now = self.now()
         with self.lock:
             completed = self.tracker.observe(state, now)
-            seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks())
+            seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now))
         if seen != self._summary:
             self._summary = seen
             with self.changed:

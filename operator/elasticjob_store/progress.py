@@ -1,9 +1,10 @@
 """The training's progress report (elasticjob_progress, written by rank 0 under KEY), checked and kept with the
-time the store first saw it.
+time the store first saw it, and whether the training has stalled.
 
 Anyone who reaches the store's port can write the key: the report is the tenant's own word. It is size-capped,
-every field typed and bounded, and anything else is dropped; the operator shows it and never charges, fences or
-decides on it.
+every field typed and bounded, and anything else is dropped; the operator shows it and never charges or fences on
+it. A stall only hastens taking a silent agent out of the tenant's own rendezvous (the operator's
+planner/recovery.py), which the heartbeats (the tenant's word too) do anyway a few seconds later.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ MAX_STEP_SECONDS = 86400.0
 TIMES = ("startedAt", "stepAt", "firstStepAt", "loadingAt", "sentAt")
 STEPS = ("step", "firstStep")
 MARKS = ("saved", "loaded", "stopped")
+# Stalled: a report that named a step and has not changed for this long. Rank 0 writes at most once a second
+# (elasticjob_progress.INTERVAL) and a step of 0.1 s changes it at each write; a slow step waits STALL_STEPS of it.
+STALL_SECONDS = 2.0
+STALL_STEPS = 3
+WRITE_INTERVAL = 1.0
 
 
 def _time(value: Any) -> float | None:
@@ -83,18 +89,27 @@ class ProgressReader:
         self.report = check(raw) if raw else None
         self.received_at = now if self.report is not None else None
 
-    def describe(self) -> dict[str, Any] | None:
+    def describe(self, now: float) -> dict[str, Any] | None:
         """The `progress` object of GET /v1/state; None before any valid report."""
         if self.report is None:
             return None
-        return {**self.report, "receivedAt": self.received_at}
+        return {**self.report, "receivedAt": self.received_at, "stalled": self.stalled(now)}
 
-    def landmarks(self) -> tuple[Any, ...]:
+    def stalled(self, now: float) -> bool:
+        """The training stepped, and its report has not changed since for longer than a few of its steps: every
+        rank waits in a collective (a peer cut off, frozen, or gone without a word)."""
+        report = self.report
+        if report is None or report["step"] is None or self.received_at is None:
+            return False
+        step = report["stepSeconds"] or 0.0
+        return now - self.received_at > max(STALL_SECONDS, WRITE_INTERVAL + STALL_STEPS * step)
+
+    def landmarks(self, now: float) -> tuple[Any, ...]:
         """What wakes the operator's long-poll: a new worker process, its first step, a checkpoint loaded, a planned
-        stop done. Not
-        each step (that would be an answer a second); the operator reads those with the next answer."""
+        stop done, the training stalling or stepping again. Not each step (that would be an answer a second); the
+        operator reads those with the next answer."""
         if self.report is None:
             return ()
         report = self.report
         return (report["startedAt"], report["firstStepAt"], report["loadingAt"], report["loaded"],
-                report["stopped"])
+                report["stopped"], self.stalled(now))

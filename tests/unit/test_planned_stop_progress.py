@@ -129,7 +129,7 @@ def test_the_operator_reads_the_stop_and_the_report_of_it_from_the_stores_state(
     control.read_progress()
     control.stop_record = {"id": "5.000", "step": 123, "at": 6.0}
     reply = describe(None, RoundTracker(), now=12.0, epoch="ab12", run_id="run", min_nodes=1, max_nodes=2,
-                     progress=control.progress.describe(), stop=control.stop_record)
+                     progress=control.progress.describe(control.now()), stop=control.stop_record)
     view = rendezvous_client.parse_state(json.dumps(reply).encode())
     assert view is not None and (view.stop_id, view.stop_step) == ("5.000", 123)
     assert view.progress is not None and view.progress.listens and view.progress.stopped_step == 123

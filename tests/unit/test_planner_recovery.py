@@ -9,7 +9,7 @@ import pytest
 from factory import NOW, SERVICE, job, observed, rdzv, running_status, worker
 
 from elasticjob import planner
-from elasticjob.observe import StoreNode, StoreView
+from elasticjob.observe import ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 IP = {i: f"10.244.0.{10 + i}" for i in range(4)}
@@ -88,6 +88,21 @@ def test_an_old_heartbeat_written_for_a_ready_pod_never_stops_it(age):
     assert not [a for a in result.actions if isinstance(a, planner.DeletePod)]
     assert result.status.infrastructure_failures == 0 and result.status.last_failures == []
     assert result.status.counted_failures == []
+
+
+@pytest.mark.parametrize(("stalled", "age", "cut"), [
+    (True, 3.0, True),  # a missed heartbeat while no rank steps: every rank waits on it
+    (False, 3.0, False),  # training goes on: a late heartbeat under load, torch's own limit decides
+    (True, 2.0, False),  # stalled, but its heartbeats are on time: a slow step, a checkpoint being written
+])
+def test_a_silent_peer_is_cut_off_at_its_first_missed_heartbeat_when_the_training_stalls(stalled, age, cut):
+    store = dataclasses.replace(view(node(0), node(1, age=age), node(2)),
+                                progress=ProgressView(pod="train-worker-0", step=120, stalled=stalled))
+    result = plan([worker(0), worker(1), worker(2)], store, replicas=3)
+    assert [k for k, _ in nudges(result)] == (["remove", "restart"] if cut else [])
+    assert not [a for a in result.actions if isinstance(a, planner.DeletePod)], "the store's word: never stopped"
+    assert [c.reason for c in result.cut_off] == (["TrainingStalled"] if cut else [])
+    assert result.status.infrastructure_failures == 0
 
 
 def test_a_silent_peer_on_a_node_that_is_not_ready_is_cut_off_at_the_first_missed_heartbeat():

@@ -97,13 +97,48 @@ def test_the_store_reports_the_latest_report_with_the_time_it_saw_it(tcp_store):
     progress.close()
     control.poll()
     version = control.version
-    seen = control.progress.describe()
+    seen = control.progress.describe(clock[0])
     assert seen["step"] == 7 and seen["pod"] == "train-worker-1" and seen["receivedAt"] == clock[0]
     view = rendezvous_client.parse_progress(seen)
     assert view is not None and view.step == 7 and view.first_step == 7
-    clock[0] += 5
+    clock[0] += 1
     control.poll()  # unchanged bytes: the time it was first seen stands, and nobody is woken
-    assert control.progress.describe()["receivedAt"] == seen["receivedAt"] and control.version == version
+    assert control.progress.describe(clock[0])["receivedAt"] == seen["receivedAt"] and control.version == version
+
+
+@pytest.mark.parametrize(("step_seconds", "stalls_after"), [(0.1, 2.0), (None, 2.0), (2.0, 7.0)])
+def test_a_report_unchanged_past_a_few_steps_is_a_stall_that_wakes_the_operator(tcp_store, step_seconds,
+                                                                                  stalls_after):
+    clock = [1_900_000_000.0]
+    control = Control(tcp_store, "run-1", 1, 2, clock=lambda: clock[0], log=lambda _line: None)
+
+    def report(step: int) -> None:
+        tcp_store.set(KEY, json.dumps({"v": 1, "pod": "w-0", "step": step,
+                                      "stepSeconds": step_seconds}).encode())
+        control.poll()
+
+    report(7)
+    version = control.version
+    clock[0] += stalls_after - 0.01
+    control.poll()
+    assert not control.progress.describe(clock[0])["stalled"] and control.version == version
+    clock[0] += 0.02
+    control.poll()
+    assert control.progress.describe(clock[0])["stalled"] and control.version == version + 1, "a long-poll answers"
+    view = rendezvous_client.parse_progress(control.progress.describe(clock[0]))
+    assert view is not None and view.stalled
+    report(8)  # stepping again: not stalled, and the operator hears of it at once too
+    assert not control.progress.describe(clock[0])["stalled"] and control.version == version + 2
+
+
+def test_a_report_that_never_named_a_step_is_no_stall(tcp_store):
+    clock = [1_900_000_000.0]
+    control = Control(tcp_store, "run-1", 1, 2, clock=lambda: clock[0], log=lambda _line: None)
+    tcp_store.set(KEY, json.dumps({"v": 1, "pod": "w-0", "startedAt": clock[0]}).encode())
+    control.poll()
+    clock[0] += 600
+    control.poll()
+    assert not control.progress.describe(clock[0])["stalled"]
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -130,5 +165,6 @@ def test_the_operator_refuses_a_report_out_of_range_but_keeps_the_reply():
     assert view is not None and view.round == 1 and view.progress is None
 
 
-def test_the_api_and_the_store_name_the_same_key():
+def test_the_api_and_the_store_name_the_same_key_and_interval():
     assert KEY == store_progress.KEY == elasticjob_progress.KEY
+    assert store_progress.WRITE_INTERVAL == elasticjob_progress.INTERVAL

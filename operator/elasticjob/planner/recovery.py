@@ -12,8 +12,9 @@ tenant's own rendezvous, but a pod is stopped only on what the operator sees its
 - an agent of a running round that missed a heartbeat while its pod or node is not Ready, while another agent
   of the round still heartbeats: frozen or cut off. It is removed, the survivors are restarted (they hang in a
   collective otherwise) and its pod is stopped, so that it cannot come back with stale state;
-- one whose heartbeats stopped for torch's own dead-node time while its pod is Ready: that is the store's word
-  alone. It is removed and the survivors restarted, but its pod is left running and no failure is booked.
+- one whose heartbeats stopped for torch's own dead-node time while its pod is Ready, or that missed one while
+  the training reports no step (every rank waits on it): that is the store's word alone. It is removed and the
+  survivors restarted, but its pod is left running and no failure is booked.
 Either cut-off is noted on the plan (Plan.cut_off) for the downtime ledger, which books its time lost.
 The last call ends early once the agents in the round are every live agent. The store itself refuses to
 empty a complete round that no agent left (that made a second world in measurements).
@@ -201,6 +202,11 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
         return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", "PodNotReady", True
     if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
         return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", "NodeNotReady", True
+    progress = store.progress
+    if progress is not None and progress.stalled:
+        # Every rank waits in a collective: a missed heartbeat is enough, not torch's three (4 s sooner at 2 s).
+        return (f"no heartbeat for {age:.1f}s and the training has reported no step since step {progress.step}",
+                "TrainingStalled", False)
     limit = dead_after(job)
     if age >= limit:
         return f"no heartbeat for {age:.1f}s (torch's own limit is {limit:.0f}s)", "NoHeartbeat", False
