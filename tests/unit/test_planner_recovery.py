@@ -136,6 +136,31 @@ def test_no_early_completion_while_a_live_agent_is_still_coming():
     assert nudges(result) == []
 
 
+def test_the_round_the_survivors_form_does_not_wait_for_an_agent_taken_out_and_left_running():
+    pods = [worker(0), worker(1), worker(2)]
+    store = dataclasses.replace(view(node(0), node(1, age=3.0), node(2)),
+                                progress=ProgressView(pod="train-worker-0", step=120, stalled=True))
+    cut = plan(pods, store, replicas=3)
+    assert cut.status.rendezvous.left_out == ["uid-w1"]
+    # The survivors restarted and form the next round without worker-1, whose pod still runs (cut off).
+    status = cut.status.model_dump(by_alias=True, mode="json")
+    forming = planner.plan(job(status, replicas=3), observed([rdzv()] + pods, store=view(
+        node(0), node(2), complete=False, round=5)), NOW)
+    assert ("complete", {"liveNodes": 2}) in nudges(forming)
+    assert forming.status.rendezvous.left_out == ["uid-w1"]
+    # An answer from before the removal still lists its stale entry: still left out.
+    late = planner.plan(job(status, replicas=3), observed([rdzv()] + pods, store=store), NOW)
+    assert late.status.rendezvous.left_out == ["uid-w1"]
+    # Its network healed: its agent waits to join, and is a live agent again.
+    back = planner.plan(job(status, replicas=3), observed([rdzv()] + pods, store=view(
+        node(0), node(2), round=5, waiting=(node(1),))), NOW)
+    assert back.status.rendezvous.left_out == []
+    # Its pod gone: nothing left to leave out.
+    gone = planner.plan(job(status, replicas=3), observed([rdzv(), worker(0), worker(2)], store=view(
+        node(0), node(2), round=5)), NOW)
+    assert gone.status.rendezvous.left_out == []
+
+
 def test_the_first_round_waits_its_last_call_for_a_worker_still_starting_on_its_node():
     # worker-2 is scheduled and initializing (the kit's init container): it joins within the last call, and a
     # round completed without it would restart the whole group before the first step.

@@ -79,6 +79,10 @@ class RendezvousStatus(Model):
     failure_rounds: int = Field(0, description="Rounds the store saw re-formed by the same nodes (torchrun "
                                 "restarting its workers in place after a failure) that the operator has "
                                 "counted, for this epoch.")
+    left_out: list[str] = Field(default_factory=list, description="Uids of running pods whose agent the operator "
+                                "took out of the rendezvous for its silence and left running (the store's word "
+                                "alone): a round that forms does not wait for them, until their agent is in the "
+                                "store again or the pod is gone.")
 
 
 class OwnedPod(Model):

@@ -66,6 +66,7 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
     if store is None or store.nudges_off or store.round is None or store.closed or endpoint is None:
         return
     pods = by_address(observed)
+    keep_left_out(plan, job, observed, store, now)
     removed = remove_dead(plan, job, pods, store, endpoint, now)
     removed |= restart_after_cut_off(plan, job, observed, pods, store, endpoint, now)
     complete_early(plan, job, observed, store, endpoint, removed)
@@ -214,9 +215,23 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
     return None
 
 
+def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, now: datetime) -> None:
+    """The pods left running after their agent was taken out stay left out until it heartbeats in the store again
+    (it woke, or its network healed; a stale entry is the one being taken out) or the pod is gone."""
+    left = plan.status.rendezvous.left_out
+    if not left:
+        return
+    seen = {n.addr for n in store.participants + store.waiting if (store.age(n, now) or 0.0) <= stale_after(job)}
+    running = {p.uid for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
+    plan.status.rendezvous.left_out = [uid for uid in left if uid in running]
+
+
 def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
     """Out of the rendezvous on the store's word alone; its pod, Ready to the operator, is left running and no
-    failure is booked: the survivors go on, and the agent, once it wakes, finds its round gone and joins anew."""
+    failure is booked: the survivors go on, and the agent, once it wakes, finds its round gone and joins anew.
+    Until then the round the survivors form does not wait for it (complete_early)."""
+    if pod.uid not in plan.status.rendezvous.left_out:
+        plan.status.rendezvous.left_out = [*plan.status.rendezvous.left_out, pod.uid]
     plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint, Event(
         "Warning", "RemovedFromRendezvous", f"agent {node.addr} (pod {pod.name}) removed from the rendezvous: "
         f"{why}, as the store reports it; its pod is Ready, so it is not stopped")))
@@ -241,7 +256,8 @@ def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, wh
 
 def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
                    removed: set[str]) -> None:
-    """End torch's last call once every live agent is in the round: waiting longer can bring no one."""
+    """End torch's last call once every live agent is in the round: waiting longer can bring no one. A pod whose
+    silent agent was taken out and left running (leave_pod) is no live agent: it is cut off, or frozen."""
     if store.complete or store.waiting:
         return
     present = [n for n in store.participants if n.addr not in removed]
@@ -249,7 +265,9 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
         # The job's first round: a worker still starting on its node (the kit's init container, the image) is
         # about to join, and joining after the round would restart the whole group before any step.
         return
-    live = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
+    left_out = set(plan.status.rendezvous.left_out)
+    live = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None
+            and p.uid not in left_out]
     if len(present) < job.ref.spec.min_replicas or len(present) != len(live):
         return
     if {n.addr for n in present} != {p.ip for p in live}:
