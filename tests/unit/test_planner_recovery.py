@@ -211,6 +211,23 @@ def test_the_last_agent_of_a_round_is_never_cut_off_for_its_silence():
     assert result.status.infrastructure_failures == 0
 
 
+@pytest.mark.parametrize(("stalled", "waiting", "removed"), [
+    (True, True, True),  # its node lost: the survivors' workers failed, they wait to join, no rank steps
+    (False, True, False),  # the training steps on (its report changed lately): torch's limit decides
+    (True, False, False),  # no one waits to join: the last agent of a round, quiet while it restarts
+])
+def test_a_silent_agent_left_alone_in_the_round_is_taken_out_when_the_others_wait_on_it(stalled, waiting, removed):
+    """A node lost: its pod stays Running to the API server, its processes are gone, the survivors' collectives
+    failed and their agents wait to join the next round, which torch holds until the silent one expires (6 s)."""
+    store = dataclasses.replace(
+        view(node(1, age=3.0), waiting=(node(0), node(2)) if waiting else ()),
+        progress=ProgressView(pod="train-worker-0", step=120, stalled=stalled))
+    result = plan([worker(0), worker(1), worker(2)], store, replicas=3)
+    assert [k for k, _ in nudges(result)] == (["remove"] if removed else []), "no restart: no one runs"
+    assert result.status.rendezvous.left_out == (["uid-w1"] if removed else [])
+    assert not [a for a in result.actions if isinstance(a, planner.DeletePod)]
+
+
 def test_agents_all_silent_together_are_the_stores_problem_not_a_partition():
     result = plan([worker(0), worker(1)], view(node(0, age=7.0), node(1, age=7.0)))
     assert "restart" not in [k for k, _ in nudges(result)]

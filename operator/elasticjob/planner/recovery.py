@@ -160,9 +160,12 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
     if not store.complete or store.round is None:  # no round: drive_rendezvous never gets here
         return set()
     fresh = {n.addr for n in store.participants if (store.age(n, now) or 0.0) <= stale_after(job)}
+    # Survivors whose workers failed on the lost peer left the round and wait to join the next one, which torch
+    # holds back until the silent participant expires; with the training stalled, they wait on it too.
+    waited_on = stalled(store) and any((store.age(n, now) or 0.0) <= stale_after(job) for n in store.waiting)
     cut = set()
     for node in store.participants:
-        if not len(fresh) - (node.addr in fresh):
+        if not len(fresh) - (node.addr in fresh) and not waited_on:
             # No other agent of the round is heartbeating, so no one hangs waiting on this one: the last agent
             # of a round whose peer died may go quiet while it restarts (seen after rank 0's pod was killed),
             # and a store cut off from every agent looks the same. torch's own expiry takes it out if need be.
@@ -181,7 +184,7 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
             fence(plan, job, live[0], node, endpoint, why, now)
         else:
             leave_pod(plan, job, live[0], node, endpoint, why, now)
-    if cut:
+    if cut and fresh - cut:  # agents of the round still run, hung on the ones cut off; waiting ones need no restart
         plan.act(StoreAction(Restart(store.round), endpoint, Event(
             "Warning", "RestartedSurvivors", f"restarted the survivors of round {store.round}, who were waiting "
             f"on {', '.join(sorted(cut))} in a collective")))
@@ -204,7 +207,7 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
     if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
         return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", "NodeNotReady", True
     progress = store.progress
-    if progress is not None and progress.stalled:
+    if progress is not None and stalled(store):
         # Every rank waits in a collective: a missed heartbeat is enough, not torch's three (4 s sooner at 2 s).
         return (f"no heartbeat for {age:.1f}s and the training has reported no step since step {progress.step}",
                 "TrainingStalled", False)
@@ -224,6 +227,11 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
     seen = {n.addr for n in store.participants + store.waiting if (store.age(n, now) or 0.0) <= stale_after(job)}
     running = {p.uid for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
     plan.status.rendezvous.left_out = [uid for uid in left if uid in running]
+
+
+def stalled(store: StoreView) -> bool:
+    """The training's report says no rank steps (the tenant's word, as the heartbeats are)."""
+    return store.progress is not None and store.progress.stalled
 
 
 def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
