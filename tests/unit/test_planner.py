@@ -320,7 +320,12 @@ def test_suspend_stops_every_pod_and_resume_starts_again():
     pods = [rdzv(), worker(0), worker(1)]
     suspended = plan(job(running_status(), runPolicy={"suspend": True}), pods)
     assert suspended.status.phase == "Suspended"
-    assert [name for name, _ in deletes(suspended)] == ["train-rdzv", "train-worker-0", "train-worker-1"]
+    # The store last: the workers' agents ask it on SIGTERM whether a planned stop was saved.
+    assert [name for name, _ in deletes(suspended)] == ["train-worker-0", "train-worker-1"]
+    leaving = [rdzv(), worker(0, deleting=True), worker(1, deleting=True)]
+    status = suspended.status.model_dump(by_alias=True, mode="json")
+    assert deletes(plan(job(status, runPolicy={"suspend": True}), leaving)) == []
+    assert [name for name, _ in deletes(plan(job(status, runPolicy={"suspend": True}), [rdzv()]))] == ["train-rdzv"]
     resumed = plan(job(suspended.status.model_dump(by_alias=True, mode="json")), [], service=SERVICE)
     assert resumed.status.phase == "Pending" and "train-rdzv" in creates(resumed)
 

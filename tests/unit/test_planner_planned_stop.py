@@ -148,7 +148,7 @@ def test_a_suspension_waits_for_the_stop_then_stops_every_pod():
     seen = observed([rdzv(), worker(0), worker(1)], store=factory.store(
         round=4, stop_id=stop_id, stop_step=110, progress=progress(step=110, stopped_step=110)))
     result = planner.plan(the_job, seen, at(2))
-    assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert deletes(result) == [("train-worker-0", None), ("train-worker-1", None)]  # the store once they are gone
     assert result.status.phase == "Suspended"
     incident = result.status.goodput.open_incident if result.status.goodput else None
     assert incident is None or incident.stopped_step == 110
@@ -189,7 +189,7 @@ def test_kueues_preemption_waits_for_the_stop_then_stops_every_pod_and_queues():
                          progress=progress(step=110, stopped_step=110))
     result = queueing.plan(queueing.kueue_job(status, suspend=True), pods, store=seen,
                            workload=queueing.workload(queueing.PREEMPTED, queueing.admission(2)))
-    assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert deletes(result) == [("train-worker-0", None), ("train-worker-1", None)]  # the store once they are gone
     assert (result.status.phase, result.status.admission.state) == ("Queued", "Preempted")
 
 

@@ -67,7 +67,7 @@ def test_a_template_changed_after_admission_makes_no_pod(tmpl, replaced):
 def test_once_suspended_its_pods_stop_and_then_its_workload_is_deleted_for_a_new_one():
     wl = made_from(SMALL)
     stopping = plan(BIG, [rdzv(), worker(0), worker(1)], wl, suspend=True)
-    assert deletes(stopping) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert deletes(stopping) == [("train-worker-0", None), ("train-worker-1", None)]  # the store once they are gone
     assert not [a for a in stopping.actions if isinstance(a, (planner.DeleteObject, planner.SetSuspend))]
     assert (stopping.status.phase, stopping.status.reason) == (Phase.QUEUED, "TemplateChanged")
     admitted = next(c for c in stopping.status.conditions if c.type == "Admitted")

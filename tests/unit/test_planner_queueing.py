@@ -123,6 +123,9 @@ def test_without_room_for_partial_admission_no_min_count():
 def test_the_workload_waits_until_no_pod_of_the_job_is_left():
     result = plan(kueue_job(suspend=True), [rdzv(), worker(0, deleting=True)])
     assert not created(result, "Workload")
+    assert deletes(result) == []  # the store goes once the workers are gone: their agents may ask it
+    result = plan(kueue_job(suspend=True), [rdzv()])
+    assert not created(result, "Workload")
     assert deletes(result) == [("train-rdzv", None)]
 
 
@@ -243,7 +246,7 @@ def test_a_preempted_job_stops_its_pods_without_counting_a_failure():
     pods = [rdzv(), worker(0), failed(1, exit_code=143)]
     status = running_status(restarts=1)
     result = plan(kueue_job(status, suspend=True), pods, workload=workload(PREEMPTED, admission(2)))
-    assert deletes(result) == [("train-rdzv", None), ("train-worker-0", None), ("train-worker-1", None)]
+    assert deletes(result) == [("train-worker-0", None), ("train-worker-1", None)]  # the store once they are gone
     assert not actions(result, kueue_actions.ApplyWorkloadStatus)  # the quota goes once the pods are gone
     assert (result.status.phase, result.status.reason) == ("Queued", "Preempted")
     assert result.status.restarts == 1 and result.status.last_failures == [] and result.status.counted_failures == []
