@@ -47,6 +47,11 @@ def stale_after(job: Job) -> float:
     return job.ref.spec.rendezvous.keep_alive_interval_seconds * torchrun.STALE_FACTOR
 
 
+def heartbeating(job: Job, store: StoreView, nodes: tuple[StoreNode, ...], now: datetime) -> set[str]:
+    """The addresses of those nodes whose heartbeat is not stale now (one without any counts as heartbeating)."""
+    return {n.addr for n in nodes if (store.age(n, now) or 0.0) <= stale_after(job)}
+
+
 def dead_after(job: Job) -> float:
     """torch's own limit: its agents drop a node whose heartbeat is this old."""
     rdzv = job.ref.spec.rendezvous
@@ -159,10 +164,10 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
                           store: StoreView, endpoint: str, now: datetime) -> set[str]:
     if not store.complete or store.round is None:  # no round: drive_rendezvous never gets here
         return set()
-    fresh = {n.addr for n in store.participants if (store.age(n, now) or 0.0) <= stale_after(job)}
+    fresh = heartbeating(job, store, store.participants, now)
     # Survivors whose workers failed on the lost peer left the round and wait to join the next one, which torch
     # holds back until the silent participant expires; with the training stalled, they wait on it too.
-    waited_on = stalled(store) and any((store.age(n, now) or 0.0) <= stale_after(job) for n in store.waiting)
+    waited_on = stalled(store) and bool(heartbeating(job, store, store.waiting, now))
     cut = set()
     for node in store.participants:
         if not len(fresh) - (node.addr in fresh) and not waited_on:
@@ -224,7 +229,7 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
     left = plan.status.rendezvous.left_out
     if not left:
         return
-    seen = {n.addr for n in store.participants + store.waiting if (store.age(n, now) or 0.0) <= stale_after(job)}
+    seen = heartbeating(job, store, store.participants + store.waiting, now)
     running = {p.uid for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
     plan.status.rendezvous.left_out = [uid for uid in left if uid in running]
 
