@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import yaml
 from kubernetes import client
 from rich import box
 from rich.table import Table
@@ -48,7 +49,7 @@ class Story:
     def __init__(self, api: client.ApiClient, kubeconfig: Path, manifest: Path, job: dict, view: View,
                  state_dir: Path):
         self.api, self.kubeconfig, self.view, self.state_dir = api, kubeconfig, view, state_dir
-        self.manifest = manifest
+        self.manifest, self.job = manifest, job
         self.name, self.namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
         self.progress = Path(job["spec"]["checkpointDir"]) / "progress.jsonl"  # a hostPath at the same path
         self.faults: list[Fault] = []
@@ -77,8 +78,12 @@ class Story:
     # --- acts -------------------------------------------------------------------------------------------
     def run(self) -> str:
         self.view.say(f"$ kubectl apply -f {self.manifest.parent.name}/{self.manifest.name}     "
-                      f"# {self.name}: 1 to 3 nodes, starting with 2")
-        self.kubectl("apply", "-f", str(self.manifest))
+                      f"# {self.name}: 1 to 3 nodes, starting with 2 (its image the local registry's)")
+        # The job as demo.py adapted it (its worker image pushed to the local registry): the file's own image
+        # names no registry, and no node has it under that name.
+        applied = self.state_dir / self.manifest.name
+        applied.write_text(yaml.safe_dump(self.job))
+        self.kubectl("apply", "-f", str(applied))
         self.wait(lambda s: s.world_size == 2 and s.step >= STEPS_BETWEEN, START_TIMEOUT, "training at world size 2")
         self.scale_up()
         self.steps_pass()
@@ -106,7 +111,10 @@ class Story:
         self.recovered(fault)
 
     def kill_store(self) -> None:
-        store = f"{self.name}-rdzv"
+        # The name the job's status gives: a store pod of an earlier run still terminating makes it take another.
+        job = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            "elasticjob.dev", "v1alpha1", self.namespace, "elasticjobs", self.name)
+        store = ((job.get("status") or {}).get("rendezvous") or {}).get("pod") or f"{self.name}-rdzv"
         self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{store}     "
                       f"# SIGKILL the rendezvous store")
         fault = self.begin(f"SIGKILL the store pod ({store})", owns=("RendezvousLost",))
