@@ -48,7 +48,9 @@ class Incident(Model):
     reports it (elasticjob_progress), its steps and checkpoints: shown, never used to charge or decide."""
 
     kind: str = Field(description="WorkerLost, Rank0Lost (the pod of the rank that reports progress), NodeLost, "
-                      "Partition, StoreLost, ScaleChange, Preemption or Suspend.")
+                      "Partition, StoreLost, ScaleChange, Preemption, Suspend, or Rejoin (the group re-formed "
+                      "with no fault booked: an agent joined, a replacement or one back from a partition, and "
+                      "torch restarted every worker to let it in).")
     reason: str = Field("", description="What the operator saw: a failure's reason (Error, Killed, Evicted, "
                         "...), StoreLost, ScaleUp or ScaleDown, Preempted.")
     pod: str | None = Field(None, description="The pod it happened to, if one.")
@@ -86,5 +88,8 @@ class GoodputStatus(Model):
     progress_reported: bool = Field(False, description="Whether the training reports its steps "
                                     "(elasticjob_progress): without it the phases after the round are null.")
     open_incident: Incident | None = Field(None, description="The incident being recovered from, if any.")
+    round: int | None = Field(None, description="The store's last complete round the ledger accounted for: one "
+                              "completed past it with no incident open is a Rejoin.")
+    epoch: str | None = Field(None, description="The store's epoch of that round (a new store counts anew).")
     last_incidents: list[Incident] = Field(default_factory=list, description="The last 5 closed incidents, "
                                            "oldest first.")

@@ -55,6 +55,12 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     for fault, in_place in faults(plan, job, progress, now):
         if ledger.open_incident is None:
             ledger.open_incident = opened(fault, in_place, store, progress, now)
+    if ledger.open_incident is None and (joined := rejoined(ledger, store, progress, now)) is not None:
+        ledger.open_incident = opened(joined, True, store, progress, now)
+        # Nothing to detect or replace: the joining agent ran already. Its time is the group's re-forming.
+        joined.detected_time = joined.replaced_time = joined.start_time
+    if store is not None and store.complete and store.round is not None:
+        ledger.round, ledger.epoch = store.round, store.epoch
     incident = ledger.open_incident
     if incident is None:
         return
@@ -72,9 +78,11 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     # A fenced agent's failure (recovery.fence) is booked beside its cut-off, at detection: the cut-off, from
     # its last heartbeat, sorts first and is that fault's one incident.
     found = [(partitioned(cut, progress, now), False) for cut in plan.cut_off]
-    known = {f.uid for f in old.last_failures}
+    # The store's loss is its own incident; a pod whose agent was taken out of the rendezvous already
+    # (recovery.leave_pod: a lost node's, booked NodeLost later) cost the training nothing more when it went.
+    skipped = {f.uid for f in old.last_failures} | set(old.rendezvous.left_out)
     for record in new.last_failures:
-        if record.uid not in known and record.reason != "RendezvousLost":  # the store's incident is its own
+        if record.uid not in skipped and record.reason != "RendezvousLost":
             found.append((from_failure(record, progress, now), is_round_record(record)))
     if new.rendezvous.last_lost_time and new.rendezvous.last_lost_time != old.rendezvous.last_lost_time:
         found.append((Incident(kind="StoreLost", reason="StoreLost", pod=new.rendezvous.pod,
@@ -89,6 +97,22 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     if state in PREEMPTED and (old.admission.state if old.admission else None) != state:
         found.append((Incident(kind="Preemption", reason=state, start_time=precise(now)), False))
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
+
+
+def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressView | None,
+             now: datetime) -> Incident | None:
+    """A round completed past the last one accounted for, with no incident open: torch restarted every worker
+    because an agent joined (a lost pod's replacement, an agent back from a partition, a late starter) and no
+    fault the operator booked explains it. The training stopped at its last reported step (the steps after it,
+    up to a report interval, are done again and so lost too); a report older than a step could be carried is
+    not this restart's."""
+    if store is None or not store.complete or store.round is None or ledger.round is None:
+        return None
+    if store.epoch != ledger.epoch or store.round <= ledger.round:
+        return None
+    last = progress.step_at if progress is not None else None
+    fresh = last is not None and timedelta(0) <= now - last <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
+    return Incident(kind="Rejoin", reason="AgentJoined", start_time=precise(last if fresh and last else now))
 
 
 def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -> None:

@@ -1,0 +1,114 @@
+"""A restart no booked fault explains: an agent joins the running group (a lost pod's replacement, one back from a
+partition) and torch restarts every worker to let it in. The ledger books it as a Rejoin from the training's last
+step, and a lost pod whose agent was taken out already books nothing more."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import factory
+from factory import NOW, observed, rdzv, running_status, worker
+
+from elasticjob import planner
+from elasticjob.models import ElasticJobStatus, GoodputStatus
+from elasticjob.observe import ProgressView, StoreNode, StoreView
+
+SINCE = NOW - timedelta(seconds=600)
+IP = {i: f"10.244.0.{10 + i}" for i in range(3)}
+
+
+def seconds(value: float):
+    return NOW + timedelta(seconds=value)
+
+
+def accounted(round: int = 5, epoch: str = "e1", **fields) -> ElasticJobStatus:
+    """Training on in round 5 of the store's epoch e1, nothing open."""
+    status = ElasticJobStatus.model_validate(running_status(desiredReplicas=3, **fields))
+    status.goodput = GoodputStatus(since=SINCE.strftime("%Y-%m-%dT%H:%M:%S.000Z"), progress_reported=True,
+                                   round=round, epoch=epoch)
+    status.rendezvous.round, status.rendezvous.epoch = round, epoch
+    return status
+
+
+def old_process(step_at: float = 0.4) -> ProgressView:
+    return ProgressView(pod="train-worker-0", started_at=SINCE, step=800, step_at=seconds(step_at),
+                        step_seconds=0.1, first_step=1, first_step_at=SINCE + timedelta(seconds=5))
+
+
+def new_process(at: float) -> ProgressView:
+    """The restarted workers: started at `at`, step 790 loaded 0.5 s later, the first step 1 s after that."""
+    return ProgressView(pod="train-worker-0", started_at=seconds(at), step=791, step_at=seconds(at + 1.5),
+                        step_seconds=0.1, first_step=791, first_step_at=seconds(at + 1.5),
+                        loading_at=seconds(at + 0.2), loaded_step=790, loaded_at=seconds(at + 0.5))
+
+
+def step(status: ElasticJobStatus, at: float, round: int, progress, nodes: int = 3, epoch: str = "e1",
+         complete: bool = True, pods=None):
+    store = StoreView(epoch=epoch, round=round, complete=complete, received_at=seconds(at), progress=progress,
+                      participants=tuple(StoreNode(IP[i], 0.5) for i in range(nodes)))
+    job = factory.job(status.model_dump(by_alias=True, mode="json"), replicas=3)
+    pods = pods if pods is not None else [worker(0), worker(1), worker(2)]
+    return planner.plan(job, observed([*pods, rdzv()], store=store), seconds(at))
+
+
+def test_an_agent_joining_the_running_group_is_a_rejoin_from_the_last_step():
+    # Round 6 completed with the joiner: every worker restarted, the training's last report is from before.
+    plan = step(accounted(), 1.2, 6, old_process())
+    incident = plan.status.goodput.open_incident
+    assert (incident.kind, incident.reason) == ("Rejoin", "AgentJoined")
+    assert incident.start_time == "2026-01-01T12:00:00.400Z" and incident.last_step == 800
+    assert plan.status.goodput.round == 6
+    plan = step(plan.status, 2.0, 6, old_process())
+    assert plan.status.goodput.open_incident is not None, "no step since"
+    plan = step(plan.status, 3.5, 6, new_process(1.5))
+    ledger = plan.status.goodput
+    assert ledger.open_incident is None and ledger.incidents == 1
+    closed = ledger.last_incidents[-1]
+    # From the last step (0.4 s): the group re-formed when seen (1.2 s), the new processes loading from 1.7 s,
+    # loaded at 2.0 s, ten steps done again.
+    assert closed.phases.wire() == {"detect": 0.0, "replace": 0.0, "rendezvous": 0.8, "workerStart": 0.5,
+                                    "checkpointLoad": 0.3, "recompute": 1.0}
+    assert closed.lost_seconds == 2.6
+
+
+def test_no_rejoin_without_a_new_complete_round_of_the_same_store():
+    assert step(accounted(), 1.0, 5, old_process()).status.goodput.open_incident is None, "the same round"
+    assert step(accounted(), 1.0, 6, old_process(), complete=False).status.goodput.open_incident is None, \
+        "still forming: counted once it completes"
+    fresh_store = step(accounted(), 1.0, 7, old_process(), epoch="e2").status.goodput
+    assert fresh_store.open_incident is None and (fresh_store.round, fresh_store.epoch) == (7, "e2")
+    first = accounted()
+    first.goodput.round = first.goodput.epoch = None  # a ledger from before rounds were accounted
+    assert step(first, 1.0, 6, old_process()).status.goodput.open_incident is None
+
+
+def test_a_round_completing_inside_an_incident_is_that_incident():
+    status = accounted()
+    # A scale-up opened its own incident; its round completing is part of it, and is accounted.
+    status.desired_replicas = 2
+    plan = step(status, 1.0, 6, old_process())
+    ledger = plan.status.goodput
+    assert ledger.open_incident.kind == "ScaleChange" and ledger.round == 6
+    plan = step(plan.status, 3.5, 6, new_process(1.5))
+    assert plan.status.goodput.incidents == 1 and plan.status.goodput.open_incident is None
+    assert step(plan.status, 5.0, 6, new_process(1.5)).status.goodput.open_incident is None
+
+
+def test_a_report_too_old_to_be_this_restarts_starts_it_when_seen():
+    plan = step(accounted(), 10.0, 6, old_process(step_at=2.0))
+    assert plan.status.goodput.open_incident.start_time == "2026-01-01T12:00:10.000Z"
+
+
+def test_a_lost_pod_whose_agent_was_taken_out_already_books_nothing_more():
+    # Worker 1's node went; its agent was taken out (TrainingStalled) and the two others train on. The node is
+    # declared lost later and the pod ends: nothing more is lost to that.
+    status = accounted(round=6)
+    status.rendezvous.left_out = ["uid-w1"]
+    lost = worker(1, "Failed", deleting=True, exit_code=137, disruption="NodeLost", finished_at=seconds(0.5))
+    plan = step(status, 1.0, 6, old_process(), nodes=2, pods=[worker(0), lost, worker(2)])
+    assert [r.reason for r in plan.status.last_failures] == ["NodeLost"]
+    assert plan.status.goodput.open_incident is None
+    # Without the take-out, the same pod's end is the fault.
+    status.rendezvous.left_out = []
+    plan = step(status, 1.0, 6, old_process(), nodes=2, pods=[worker(0), lost, worker(2)])
+    assert plan.status.goodput.open_incident.kind == "NodeLost"
