@@ -23,10 +23,11 @@ def test_the_ledger_accounts_for_a_killed_rank0_pod(operator, jobs, progress, fa
     fault_time = faults.kill_pod(victim)
     before = Progress([r for r in progress().records if r["time"] <= fault_time])
     resumed = recovery(progress, fault_time, f"SIGKILL of {victim}")
-    ledger = wait_for(lambda: jobs.status().get("goodput") or {}, RECOVERY_TIMEOUT, "an incident closed",
-                      until=lambda g: g.get("incidents", 0) >= 1)
-    incident = ledger["lastIncidents"][-1]
-    assert (incident["kind"], incident["pod"]) == ("Rank0Lost", victim), incident
+    # The fault's incident; a restart the start-up made (an agent joining late: a Rejoin) may close beside it.
+    ledger = wait_for(lambda: jobs.status().get("goodput") or {}, RECOVERY_TIMEOUT, "a Rank0Lost incident closed",
+                      until=lambda g: any(i.get("kind") == "Rank0Lost" for i in g.get("lastIncidents") or []))
+    incident = next(i for i in ledger["lastIncidents"] if i["kind"] == "Rank0Lost")
+    assert incident["pod"] == victim, incident
     phases = incident["phases"]
     assert all(phases.get(name) is not None for name in PHASES), f"a phase unknown with the API on: {incident}"
     assert incident["lostSeconds"] == pytest.approx(sum(phases[name] for name in PHASES), abs=0.01)
@@ -41,4 +42,4 @@ def test_the_ledger_accounts_for_a_killed_rank0_pod(operator, jobs, progress, fa
     assert 0 < ledger["goodputPercent"] < 100 and ledger["progressReported"], ledger
     events = [e.message for e in jobs.core.list_namespaced_event(jobs.namespace).items
               if e.reason == "IncidentClosed"]
-    assert events and events[0].startswith(f"Rank0Lost (Killed, pod {victim}): "), events
+    assert any(m.startswith(f"Rank0Lost (Killed, pod {victim}): ") for m in events), events
