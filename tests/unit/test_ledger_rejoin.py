@@ -112,3 +112,16 @@ def test_a_lost_pod_whose_agent_was_taken_out_already_books_nothing_more():
     status.rendezvous.left_out = []
     plan = step(status, 1.0, 6, old_process(), nodes=2, pods=[worker(0), lost, worker(2)])
     assert plan.status.goodput.open_incident.kind == "NodeLost"
+
+
+def test_a_round_the_same_nodes_formed_after_a_failure_is_not_a_rejoin():
+    # torchrun restarted its workers in place; the store counted a failure round, which the operator books once
+    # it read the agents' logs: that booking is the incident, not a Rejoin before it.
+    status = accounted()
+    store = StoreView(epoch="e1", round=6, complete=True, received_at=seconds(1.0), progress=old_process(),
+                      participants=tuple(StoreNode(IP[i], 0.5) for i in range(3)), failure_rounds=1,
+                      last_failure_round_at=seconds(0.9))
+    job = factory.job(status.model_dump(by_alias=True, mode="json"), replicas=3)
+    found = observed([worker(0), worker(1), worker(2), rdzv()], store=store, round_failures_wait=5.0)
+    plan = planner.plan(job, found, seconds(1.0))
+    assert plan.status.goodput.open_incident is None and plan.status.goodput.round == 6

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob.models import MAX_INCIDENTS_KEPT, FailureRecord, GoodputStatus, Incident, LostPhases, Phase
+from elasticjob.models import (
+    MAX_INCIDENTS_KEPT,
+    ElasticJobStatus,
+    FailureRecord,
+    GoodputStatus,
+    Incident,
+    LostPhases,
+    Phase,
+)
 from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput
 from elasticjob.planner.base import CutOff, Job, Observed, Plan
@@ -55,12 +63,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     for fault, in_place in faults(plan, job, progress, now):
         if ledger.open_incident is None:
             ledger.open_incident = opened(fault, in_place, store, progress, now)
-    if ledger.open_incident is None and (joined := rejoined(ledger, store, progress, now)) is not None:
-        ledger.open_incident = opened(joined, True, store, progress, now)
-        # Nothing to detect or replace: the joining agent ran already. Its time is the group's re-forming.
-        joined.detected_time = joined.replaced_time = joined.start_time
-    if store is not None and store.complete and store.round is not None:
-        ledger.round, ledger.epoch = store.round, store.epoch
+    account_round(ledger, status, store, progress, now)
     incident = ledger.open_incident
     if incident is None:
         return
@@ -97,6 +100,19 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     if state in PREEMPTED and (old.admission.state if old.admission else None) != state:
         found.append((Incident(kind="Preemption", reason=state, start_time=precise(now)), False))
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
+
+
+def account_round(ledger: GoodputStatus, status: ElasticJobStatus, store: StoreView | None,
+                  progress: ProgressView | None, now: datetime) -> None:
+    """Opens a Rejoin for a round no incident explains, then notes the store's round as accounted for."""
+    pending = store is not None and store.epoch == status.rendezvous.epoch \
+        and store.failure_rounds > status.rendezvous.failure_rounds  # in place, booked once the logs are read
+    if ledger.open_incident is None and not pending and (joined := rejoined(ledger, store, progress, now)):
+        ledger.open_incident = opened(joined, True, store, progress, now)
+        # Nothing to detect or replace: the joining agent ran already. Its time is the group's re-forming.
+        joined.detected_time = joined.replaced_time = joined.start_time
+    if store is not None and store.complete and store.round is not None:
+        ledger.round, ledger.epoch = store.round, store.epoch
 
 
 def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressView | None,
