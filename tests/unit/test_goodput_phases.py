@@ -48,8 +48,13 @@ def marks(detected=0.5, replaced=None, round=None, loading=None, loaded=None, fi
                  LostPhases(detect=0.5, replace=2.0, rendezvous=0.5, worker_start=1.0, checkpoint_load=1.5,
                             recompute=0.0), id="a-checkpoint-past-the-fault-recomputes-nothing"),
     pytest.param(marks(1.6, None, None, 1.2, 1.3, 1.9, loaded_step=8, last_step=11, step_seconds=0.1),
-                 LostPhases(detect=1.6, replace=0.0, rendezvous=0.0, worker_start=0.0, checkpoint_load=0.0,
+                 LostPhases(detect=1.3, replace=0.0, rendezvous=0.0, worker_start=0.0, checkpoint_load=0.0,
                             recompute=0.3), id="stepping-again-before-the-operator-saw-the-pods-or-the-round"),
+    # Seen in a worker's kill: the survivors loaded at 2.0 s, stepped at 2.2 s; the failure was booked at 2.3 s
+    # and the replacement ran at 3.3 s. Nothing after the load was lost.
+    pytest.param(marks(2.3, 3.3, 3.3, 1.8, 2.0, 2.2, loaded_step=940, last_step=942, step_seconds=0.1),
+                 LostPhases(detect=2.0, replace=0.0, rendezvous=0.0, worker_start=0.0, checkpoint_load=0.0,
+                            recompute=0.2), id="the-operator's-marks-after-the-training's-count-nothing"),
 ])
 def test_phases(seen, expected):
     assert goodput.phases(seen) == expected

@@ -50,12 +50,17 @@ def phases(marks: Marks) -> LostPhases:
     load_began = marks.loading if resumed else None
     load_done = marks.loaded if resumed else None
     start_done = load_began or load_done or (marks.first_step if resumed else None)
+    # What the operator saw after the training had its checkpoint loaded (or stepped) cost nothing more: the
+    # survivors of a lost pod re-form and step before its replacement runs, or before the failure is booked.
+    ceiling = (load_done or marks.first_step) if resumed else None
     for name, mark in (("detect", marks.detected), ("replace", marks.replaced), ("rendezvous", marks.round),
                        ("worker_start", start_done)):
         if mark is None and resumed and name in ("replace", "rendezvous"):
             # The training stepped again before the operator saw the pods or the round (a warm restart in place
             # is done in about a second): they are over, within the time the phases before already counted.
             mark = cursor
+        if ceiling is not None and mark is not None:
+            mark = min(mark, ceiling)
         seen[name], cursor = _span(cursor, mark)
     seen["checkpoint_load"] = _span(cursor, load_done)[0] if load_began is not None else None
     seen["recompute"] = recompute(marks) if resumed else None
