@@ -59,6 +59,18 @@ def test_lost_node_tolerations_are_short_unless_the_user_set_them():
     assert unreachable == own["spec"]["tolerations"]
 
 
+def test_the_job_pods_give_up_on_a_silent_dns_server_fast_unless_the_template_says():
+    for pod in (builders.worker_pod(ref(), 0, "e:1", 3), builders.rendezvous_pod(ref())):
+        assert pod["spec"]["dnsConfig"] == {"options": [{"name": "timeout", "value": "1"},
+                                                        {"name": "attempts", "value": "2"}]}
+    own = template()
+    own["spec"]["dnsConfig"] = {"nameservers": ["10.0.0.10"], "options": [{"name": "timeout", "value": "3"},
+                                                                          {"name": "ndots", "value": "2"}]}
+    pod = builders.worker_pod(ref(template=own), 0, "e:1", 3)
+    assert pod["spec"]["dnsConfig"] == {"nameservers": ["10.0.0.10"], "options": [
+        {"name": "timeout", "value": "3"}, {"name": "ndots", "value": "2"}, {"name": "attempts", "value": "2"}]}
+
+
 @pytest.mark.parametrize("stop_grace, own, kit_image, expected", [
     (30, None, "kit:1", 65),  # stopGraceSeconds, torchrun's 30 s, 5 s for the agent: the kubelet waits for all three
     (120, None, "kit:1", 155),
