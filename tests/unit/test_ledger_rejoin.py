@@ -10,7 +10,7 @@ import factory
 from factory import NOW, observed, rdzv, running_status, worker
 
 from elasticjob import planner
-from elasticjob.models import ElasticJobStatus, GoodputStatus
+from elasticjob.models import ElasticJobStatus, GoodputStatus, Incident
 from elasticjob.observe import ProgressView, StoreNode, StoreView
 
 SINCE = NOW - timedelta(seconds=600)
@@ -75,8 +75,6 @@ def test_no_rejoin_without_a_new_complete_round_of_the_same_store():
     assert step(accounted(), 1.0, 5, old_process()).status.goodput.open_incident is None, "the same round"
     assert step(accounted(), 1.0, 6, old_process(), complete=False).status.goodput.open_incident is None, \
         "still forming: counted once it completes"
-    fresh_store = step(accounted(), 1.0, 7, old_process(), epoch="e2").status.goodput
-    assert fresh_store.open_incident is None and (fresh_store.round, fresh_store.epoch) == (7, "e2")
     first = accounted()
     first.goodput.round = first.goodput.epoch = None  # a ledger from before rounds were accounted
     assert step(first, 1.0, 6, old_process()).status.goodput.open_incident is None
@@ -125,3 +123,22 @@ def test_a_round_the_same_nodes_formed_after_a_failure_is_not_a_rejoin():
     found = observed([worker(0), worker(1), worker(2), rdzv()], store=store, round_failures_wait=5.0)
     plan = planner.plan(job, found, seconds(1.0))
     assert plan.status.goodput.open_incident is None and plan.status.goodput.round == 6
+
+
+def test_agents_re_forming_on_a_store_that_came_back_is_a_rejoin():
+    ledger = step(accounted(), 1.0, 1, old_process(), epoch="e2").status.goodput
+    assert (ledger.open_incident.kind, ledger.open_incident.reason) == ("Rejoin", "StoreReturned")
+    assert (ledger.round, ledger.epoch) == (1, "e2")
+
+
+def test_a_lost_store_the_training_stepped_through_ends_when_its_agents_re_form():
+    status = accounted()
+    status.goodput.open_incident = Incident(kind="StoreLost", reason="StoreLost", start_time="2026-01-01T11:59:58.000Z",
+                                            detected_time="2026-01-01T11:59:58.500Z", epoch="e1", last_step=780)
+    # The workers stepped on (800 at 0.4 s) while the store was away; the new store's first round completes.
+    plan = step(status, 1.0, 1, old_process(), epoch="e2")
+    ledger = plan.status.goodput
+    closed = ledger.last_incidents[-1]
+    assert (closed.kind, closed.lost_seconds) == ("StoreLost", 0.0)
+    assert (ledger.open_incident.kind, ledger.open_incident.reason) == ("Rejoin", "StoreReturned")
+    assert ledger.open_incident.start_time == "2026-01-01T12:00:00.400Z"

@@ -49,8 +49,8 @@ class Incident(Model):
 
     kind: str = Field(description="WorkerLost, Rank0Lost (the pod of the rank that reports progress), NodeLost, "
                       "Partition, StoreLost, ScaleChange, Preemption, Suspend, or Rejoin (the group re-formed "
-                      "with no fault booked: an agent joined, a replacement or one back from a partition, and "
-                      "torch restarted every worker to let it in).")
+                      "with no fault booked: an agent joined, a replacement or one back from a partition, or the "
+                      "agents re-formed on a store that came back; torch restarted every worker).")
     reason: str = Field("", description="What the operator saw: a failure's reason (Error, Killed, Evicted, "
                         "...), StoreLost, ScaleUp or ScaleDown, Preempted.")
     pod: str | None = Field(None, description="The pod it happened to, if one.")

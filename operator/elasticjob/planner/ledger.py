@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 
 from elasticjob.models import (
     MAX_INCIDENTS_KEPT,
-    ElasticJobStatus,
     FailureRecord,
     GoodputStatus,
     Incident,
@@ -63,7 +62,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     for fault, in_place in faults(plan, job, progress, now):
         if ledger.open_incident is None:
             ledger.open_incident = opened(fault, in_place, store, progress, now)
-    account_round(ledger, status, store, progress, now)
+    account_round(plan, ledger, store, progress, now)
     incident = ledger.open_incident
     if incident is None:
         return
@@ -102,9 +101,16 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
 
 
-def account_round(ledger: GoodputStatus, status: ElasticJobStatus, store: StoreView | None,
-                  progress: ProgressView | None, now: datetime) -> None:
-    """Opens a Rejoin for a round no incident explains, then notes the store's round as accounted for."""
+def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, progress: ProgressView | None,
+                  now: datetime) -> None:
+    """Opens a Rejoin for a round no incident explains, then notes the store's round as accounted for. A lost
+    store that the training stepped through ends when its agents re-form on the store that came back: that
+    restart is its own incident, from the training's last step (not from the store's loss)."""
+    status = plan.status
+    incident = ledger.open_incident
+    if incident is not None and incident.kind == "StoreLost" and regrouped(ledger, store) and progress is not None \
+            and kept_on(incident, progress, parse(incident.start_time) or now):
+        close(plan, ledger, incident, progress, now)
     pending = store is not None and store.epoch == status.rendezvous.epoch \
         and store.failure_rounds > status.rendezvous.failure_rounds  # in place, booked once the logs are read
     if ledger.open_incident is None and not pending and (joined := rejoined(ledger, store, progress, now)):
@@ -115,20 +121,26 @@ def account_round(ledger: GoodputStatus, status: ElasticJobStatus, store: StoreV
         ledger.round, ledger.epoch = store.round, store.epoch
 
 
+def regrouped(ledger: GoodputStatus, store: StoreView | None) -> bool:
+    """A round completed past the last one accounted for: a later one of the same store, or one of a new store."""
+    if store is None or not store.complete or store.round is None or ledger.round is None:
+        return False
+    return store.epoch != ledger.epoch or store.round > ledger.round
+
+
 def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressView | None,
              now: datetime) -> Incident | None:
     """A round completed past the last one accounted for, with no incident open: torch restarted every worker
-    because an agent joined (a lost pod's replacement, an agent back from a partition, a late starter) and no
-    fault the operator booked explains it. The training stopped at its last reported step (the steps after it,
-    up to a report interval, are done again and so lost too); a report older than a step could be carried is
-    not this restart's."""
-    if store is None or not store.complete or store.round is None or ledger.round is None:
-        return None
-    if store.epoch != ledger.epoch or store.round <= ledger.round:
+    because an agent joined (a lost pod's replacement, an agent back from a partition, a late starter), or its
+    agents re-formed on a store that came back, and no fault the operator booked explains it. The training
+    stopped at its last reported step (the steps after it, up to a report interval, are done again and so lost
+    too); a report older than a step could be carried is not this restart's."""
+    if store is None or not regrouped(ledger, store):
         return None
     last = progress.step_at if progress is not None else None
     fresh = last is not None and timedelta(0) <= now - last <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
-    return Incident(kind="Rejoin", reason="AgentJoined", start_time=precise(last if fresh and last else now))
+    return Incident(kind="Rejoin", reason="AgentJoined" if store.epoch == ledger.epoch else "StoreReturned",
+                    start_time=precise(last if fresh and last else now))
 
 
 def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -> None:
