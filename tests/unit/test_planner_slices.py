@@ -162,6 +162,20 @@ def test_an_evicted_job_drops_its_pending_slice():
     assert [a.name for a in actions(result, planner.DeleteObject)] == [pending.name]
 
 
+def test_a_preempted_slice_that_replaced_the_first_stays_queued_once_its_quota_is_released():
+    # Grown through slice s1 (the first Workload Finished, replaced), then preempted: every pod stopped and s1's
+    # quota released. s1 is the job's Workload now: Kueue requeues it. Deleting it (as a slice nobody admitted)
+    # left the job waiting on the Finished first one for good (seen on real nodes with Kueue).
+    released = [cond("QuotaReserved", "False", "Pending"), cond("Evicted", "True", "Preempted", "preempted")]
+    current = slice_(f"{WL}-s1", 4, released, replaces=WL, created="2026-01-01T11:01:00Z")
+    j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
+            runPolicy={"suspend": True})
+    seen = (slice_(conditions=REPLACED), current)
+    result = planner.plan(j, observed([], SERVICE, workloads=seen, flavors=FLAVORS), NOW, KUEUE)
+    assert actions(result, planner.DeleteObject) == [] and workloads_made(result) == []
+    assert result.status.phase.value == "Queued"
+
+
 @pytest.mark.parametrize("seen, want", [
     ([], None),
     ([slice_()], WL),

@@ -91,8 +91,13 @@ def next_slice_name(job: Job, observed: Observed) -> str:
 
 
 def drop_pending(plan: Plan, observed: Observed) -> None:
-    """The job stops (evicted, finished, suspended): slices Kueue has not admitted are no longer wanted."""
+    """The job stops (evicted, finished, suspended): slices Kueue has not admitted are no longer wanted. Not the
+    job's current Workload: a slice that replaced the first, once preempted and its quota released, holds none
+    either, and it is what Kueue requeues (its name is the only one the job may be admitted under again)."""
+    current = view.of(observed).workload
     for w in own(observed):
+        if current is not None and w.key == current.key:
+            continue
         if not w.finished and not w.quota_reserved and not w.deleting and w.replaces:
             plan.act(DeleteObject(workloads.API_VERSION, "Workload", workloads.WORKLOADS, w.name, w.uid,
                                   resource_version=w.resource_version))
