@@ -162,18 +162,28 @@ def test_an_evicted_job_drops_its_pending_slice():
     assert [a.name for a in actions(result, planner.DeleteObject)] == [pending.name]
 
 
-def test_a_preempted_slice_that_replaced_the_first_stays_queued_once_its_quota_is_released():
+def test_a_preempted_slice_is_requeued_as_a_new_workload_that_kueue_may_admit_in_part():
     # Grown through slice s1 (the first Workload Finished, replaced), then preempted: every pod stopped and s1's
-    # quota released. s1 is the job's Workload now: Kueue requeues it. Deleting it (as a slice nobody admitted)
-    # left the job waiting on the Finished first one for good (seen on real nodes with Kueue).
+    # quota released. A slice is admitted whole, so s1 goes and a new Workload asks again down to minReplicas, under
+    # a name not taken (the first's still is). Deleting s1 as a pending slice, and asking for the first's name
+    # again, left the job waiting for good (seen on real nodes with Kueue).
     released = [cond("QuotaReserved", "False", "Pending"), cond("Evicted", "True", "Preempted", "preempted")]
     current = slice_(f"{WL}-s1", 4, released, replaces=WL, created="2026-01-01T11:01:00Z")
     j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
             runPolicy={"suspend": True})
     seen = (slice_(conditions=REPLACED), current)
     result = planner.plan(j, observed([], SERVICE, workloads=seen, flavors=FLAVORS), NOW, KUEUE)
-    assert actions(result, planner.DeleteObject) == [] and workloads_made(result) == []
-    assert result.status.phase.value == "Queued"
+    [deleted] = actions(result, planner.DeleteObject)
+    assert deleted.name == current.name and deleted.event.reason == "Requeued"
+    assert workloads_made(result) == [] and result.status.phase.value == "Queued"
+    # s1 gone: a new first Workload, partial admission down to minReplicas.
+    result = planner.plan(j, observed([], SERVICE, workloads=(slice_(conditions=REPLACED),), flavors=FLAVORS), NOW,
+                          KUEUE)
+    [made] = workloads_made(result)
+    assert made["metadata"]["name"] == f"{WL}-s1" and "annotations" not in made["metadata"]
+    [pod_set] = [p for p in made["spec"]["podSets"] if p["name"] == "workers"]
+    assert (pod_set["count"], pod_set["minCount"]) == (4, 1)
+    assert result.status.admission.workload == f"{WL}-s1"
 
 
 @pytest.mark.parametrize("seen, want", [

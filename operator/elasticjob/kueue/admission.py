@@ -94,7 +94,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
         return UNGATED  # not a Kueue job: run as usual
     wl = own_workload(job, observed)
     suspended = job.ref.spec.run_policy.suspend
-    record(plan, job, wl)
+    record(plan, job, observed, wl)
     if wl is None:
         create_workload(plan, job, observed, name, suspended, now, settings.kit_image)
         return None
@@ -116,6 +116,11 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
         if wl.quota_reserved and not observed.pods:
             plan.act(ApplyWorkloadStatus(wl.name, workloads.release_quota(wl, now), Event(
                 "Normal", "QuotaReleased", f"every pod stopped: released the quota of Workload {wl.name}")))
+        elif wl.replaces and not wl.quota_reserved and not observed.pods and not wl.deleting:
+            # A slice is admitted whole or waits: requeued as it is, the job would wait for all its workers.
+            plan.act(DeleteObject(workloads.API_VERSION, "Workload", workloads.WORKLOADS, wl.name, wl.uid, Event(
+                "Normal", "Requeued", f"deleted Workload {wl.name}, a slice Kueue {state.lower()}: a new one asks "
+                f"Kueue again, down to minReplicas"), resource_version=wl.resource_version))
         queued(plan, job, state, evicted.get("message") or f"evicted by Kueue ({evicted.get('reason')})", now)
         return None
     if wl.quota_reserved and workloads.template_changed(wl, job.ref):
@@ -205,7 +210,7 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
                                         f"Kueue admits its Workload")))
         return None
     stop(plan, observed, now)
-    workload = naming.workload_name(job.ref.name, job.ref.uid)
+    workload = first_workload_name(job, observed)
     priority = view.of(observed).priority
     problem = priority.problem if priority else None
     if problem:
@@ -213,7 +218,7 @@ def create_workload(plan: Plan, job: Job, observed: Observed, name: str, suspend
         plan.soon(30)
         return None
     if not observed.pods:
-        plan.act(CreateObject(workloads.workload(job.ref, name, priority, kit_image), Event(
+        plan.act(CreateObject(workloads.workload(job.ref, name, priority, kit_image, workload), Event(
             "Normal", "CreatedWorkload", f"created Workload {workload} in LocalQueue {name}"),
             plural=workloads.WORKLOADS))
     queued(plan, job, "Queued", f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})", now)
@@ -249,9 +254,16 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
                      store=workloads.placement(wl, naming.PODSET_STORE, flavors))
 
 
-def record(plan: Plan, job: Job, wl: WorkloadView | None) -> None:
+def first_workload_name(job: Job, observed: Observed) -> str:
+    """The name of a Workload that starts the job's admission over: the job's usual one, or, where a Workload of
+    that name is left (Finished, replaced by a slice that was preempted since), the next slice's name."""
+    usual = naming.workload_name(job.ref.name, job.ref.uid)
+    return usual if all(w.name != usual for w in slices.own(observed)) else slices.next_slice_name(job, observed)
+
+
+def record(plan: Plan, job: Job, observed: Observed, wl: WorkloadView | None) -> None:
     status = plan.status.admission or AdmissionStatus()
-    status.workload = wl.name if wl is not None else naming.workload_name(job.ref.name, job.ref.uid)
+    status.workload = wl.name if wl is not None else first_workload_name(job, observed)
     status.template_hash = wl.template_hash if wl is not None else workloads.template_hash(job.ref.spec)
     plan.status.admission = status
 
@@ -293,5 +305,5 @@ def finish(plan: Plan, job: Job, observed: Observed, settings: Settings, now: da
         succeeded = plan.status.phase == Phase.SUCCEEDED
         plan.act(ApplyWorkloadStatus(wl.name, workloads.finish(wl, succeeded, plan.status.message or "", now), Event(
             "Normal", "FinishedWorkload", f"Workload {wl.name} is declared finished")))
-    record(plan, job, wl)
+    record(plan, job, observed, wl)
     transition(plan, "Finished", f"the job {plan.status.phase.value.lower()}", now)

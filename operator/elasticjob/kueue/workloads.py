@@ -209,7 +209,8 @@ def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
                       "template": {"metadata": {}, "spec": store["spec"]}}]
 
 
-def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str | None = None) -> dict[str, Any]:
+def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str | None = None,
+             name: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets(job, kit_image)}
     if priority is not None and priority.ref:
         spec["priorityClassRef"] = dict(priority.ref)
@@ -217,7 +218,7 @@ def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str 
     return {
         "apiVersion": API_VERSION,
         "kind": "Workload",
-        "metadata": {"name": naming.workload_name(job.name, job.uid), "namespace": job.namespace,
+        "metadata": {"name": name or naming.workload_name(job.name, job.uid), "namespace": job.namespace,
                      "labels": {**naming.job_labels(job.name), naming.KUEUE_JOB_UID_LABEL: job.uid},
                      "ownerReferences": [owner_reference(job)]},
         "spec": spec,
