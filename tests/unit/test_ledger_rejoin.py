@@ -142,3 +142,18 @@ def test_a_lost_store_the_training_stepped_through_ends_when_its_agents_re_form(
     assert (closed.kind, closed.lost_seconds) == ("StoreLost", 0.0)
     assert (ledger.open_incident.kind, ledger.open_incident.reason) == ("Rejoin", "StoreReturned")
     assert ledger.open_incident.start_time == "2026-01-01T12:00:00.400Z"
+
+
+def test_a_rejoin_seen_after_the_new_process_reported_starts_just_before_it():
+    # Rank 0's new process reported its start (no step yet) before the operator saw the round: the old one's last
+    # step is gone with its report. The incident starts just before the new process began and closes at its first
+    # step with what was seen (not at 0 s, as a training that stepped on).
+    starting = ProgressView(pod="train-worker-0", started_at=seconds(0.5), step_seconds=0.1)
+    plan = step(accounted(), 1.0, 6, starting)
+    incident = plan.status.goodput.open_incident
+    assert incident.kind == "Rejoin" and incident.start_time == "2026-01-01T12:00:00.499Z"
+    plan = step(plan.status, 2.5, 6, new_process(0.5))
+    closed = plan.status.goodput.last_incidents[-1]
+    # From just before the new process began (0.499 s) to its checkpoint loaded (1.0 s); the step at the stop is
+    # not known, so neither is the recompute.
+    assert (closed.kind, closed.lost_seconds, closed.phases.recompute) == ("Rejoin", 0.501, None), closed

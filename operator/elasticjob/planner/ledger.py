@@ -137,10 +137,24 @@ def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressV
     too); a report older than a step could be carried is not this restart's."""
     if store is None or not regrouped(ledger, store):
         return None
-    last = progress.step_at if progress is not None else None
-    fresh = last is not None and timedelta(0) <= now - last <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
     return Incident(kind="Rejoin", reason="AgentJoined" if store.epoch == ledger.epoch else "StoreReturned",
-                    start_time=precise(last if fresh and last else now))
+                    start_time=precise(stopped_before(progress, now)))
+
+
+def stopped_before(progress: ProgressView | None, now: datetime) -> datetime:
+    """When the training stopped for a restart seen only now: its last reported step; or, where rank 0's new
+    process already reported (before its first step) and the old one's last step is gone with it, just before
+    the new one began (what went before that is not known: the count is short by the rendezvous); else now."""
+    def recent(at: datetime | None) -> bool:
+        return at is not None and timedelta(0) <= now - at <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
+    if progress is None:
+        return now
+    began, last = progress.started_at, progress.step_at
+    if recent(last) and last is not None and (began is None or last >= began):
+        return last
+    if recent(began) and began is not None and progress.step is None:
+        return began - timedelta(milliseconds=1)
+    return now
 
 
 def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -> None:
