@@ -140,3 +140,37 @@ def test_an_operator_killed_as_it_asks_for_a_slice_leaves_one_slice_and_the_worl
     left = wait_for(lambda: workloads(queues), 30, "the unadmitted slice deleted", until=lambda ws: len(ws) == 1)
     assert conditions(left[0])["Admitted"]["status"] == "True"
     assert not (status_of(api, namespace, "grow").get("admission") or {}).get("requested")
+
+
+def test_a_job_preempted_after_growing_through_a_slice_is_requeued_with_partial_admission(
+        api, namespace, operator, queues: Queues):
+    """Grown 1 -> 3 through a slice, then preempted: its slice is admitted whole or waits, so the operator deletes
+    it once the quota is released and asks again as a first Workload does, down to minReplicas; the job runs
+    what fits beside the preemptor (2 workers), not nothing until it goes. It once waited for good."""
+    queues.make(cpu=QUOTA)  # 1800m: the grown job (3 x 400m and the store) and a 2-worker preemptor do not fit
+    low, high = queues.priority("low", 10), queues.priority("high", 1000)
+    create(api, namespace, queued(job_manifest("grow", SLEEP, minReplicas=1, maxReplicas=3, replicas=1,
+                                               resources=WORKER), priority=low))
+    wait_phase(api, namespace, "grow", "Running", timeout=90)
+    first_workload = status_of(api, namespace, "grow")["admission"]["workload"]
+    scale(api, namespace, "grow", 3)
+    running_workers(api, namespace, "grow", 3)
+    slice_name = wait_for(lambda: status_of(api, namespace, "grow")["admission"], 60, "the slice admitted",
+                          until=lambda a: a.get("workers") == 3)["workload"]
+    assert slice_name == f"{first_workload}-s1"
+
+    create(api, namespace, queued(job_manifest("high", SLEEP, minReplicas=2, maxReplicas=2, replicas=2,
+                                               resources=WORKER), priority=high))
+    wait_phase(api, namespace, "high", "Running", timeout=90)
+    # Requeued: a new Workload (not the first's name, which its Finished Workload holds), partial admission.
+    running_workers(api, namespace, "grow", 2)
+    status = wait_for(lambda: status_of(api, namespace, "grow"), 60, "the job running again beside the preemptor",
+                      until=lambda s: s.get("phase") == "Running" and (s.get("admission") or {}).get("workers") == 2)
+    again = queues.workload(status["admission"]["workload"])
+    assert again["metadata"]["name"] != first_workload
+    assert "kueue.x-k8s.io/workload-slice-replacement-for" not in (again["metadata"].get("annotations") or {})
+    assert [(p["name"], p["count"], p.get("minCount")) for p in again["spec"]["podSets"]][0] == ("workers", 3, 1)
+    reasons = [e.reason for e in api[1].list_namespaced_event(namespace).items
+               if e.involved_object.name == "grow"]
+    assert "Requeued" in reasons and "QuotaReleased" in reasons, reasons
+    assert status.get("restarts", 0) == 0
