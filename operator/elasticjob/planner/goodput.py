@@ -43,7 +43,7 @@ class Marks:
 
 
 def phases(marks: Marks) -> LostPhases:
-    cursor = marks.start
+    cursor = trained_on(marks)
     seen: dict[str, float | None] = {}
     # The training's own marks count only once it stepped again: until then a phase may still be running.
     resumed = marks.first_step is not None
@@ -65,6 +65,19 @@ def phases(marks: Marks) -> LostPhases:
     seen["checkpoint_load"] = _span(cursor, load_done)[0] if load_began is not None else None
     seen["recompute"] = recompute(marks) if resumed else None
     return LostPhases(**seen)
+
+
+def trained_on(marks: Marks) -> datetime:
+    """When the training really stopped. The step at the fault comes from a report up to a second old; a
+    checkpoint loaded after it that is newer (the workers saved on their way out: a restart torch made with
+    SIGTERM) shows the training stepped on to it, at its step time, and that time was not lost."""
+    if marks.first_step is None or marks.loaded_step is None or marks.last_step is None or not marks.step_seconds:
+        return marks.start
+    ahead = marks.loaded_step - marks.last_step
+    if ahead <= 0:
+        return marks.start
+    later = marks.start + timedelta(seconds=ahead * marks.step_seconds)
+    return min(later, marks.loading or marks.loaded or marks.first_step)
 
 
 def _span(cursor: datetime, mark: datetime | None) -> tuple[float | None, datetime]:
