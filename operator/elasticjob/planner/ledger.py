@@ -19,14 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob.models import (
-    MAX_INCIDENTS_KEPT,
-    FailureRecord,
-    GoodputStatus,
-    Incident,
-    LostPhases,
-    Phase,
-)
+from elasticjob.models import MAX_INCIDENTS_KEPT, FailureRecord, GoodputStatus, Incident, LostPhases, Phase
 from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput
 from elasticjob.planner.base import CutOff, Job, Observed, Plan
