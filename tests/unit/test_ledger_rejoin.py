@@ -157,3 +157,12 @@ def test_a_rejoin_seen_after_the_new_process_reported_starts_just_before_it():
     # From just before the new process began (0.499 s) to its checkpoint loaded (1.0 s); the step at the stop is
     # not known, so neither is the recompute.
     assert (closed.kind, closed.lost_seconds, closed.phases.recompute) == ("Rejoin", 0.501, None), closed
+
+
+def test_a_rejoin_seen_after_the_new_process_loaded_and_stepped_closes_with_what_was_seen():
+    # The warm start loads and steps within a second of the round: the operator, woken a little late, sees the
+    # new process's report only. The incident starts just before that process began, not when it was seen.
+    plan = step(accounted(), 3.0, 6, new_process(0.5))
+    closed = plan.status.goodput.last_incidents[-1]
+    assert closed.kind == "Rejoin" and closed.start_time == "2026-01-01T12:00:00.499Z"
+    assert closed.lost_seconds == 0.501, closed

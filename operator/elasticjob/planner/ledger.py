@@ -110,6 +110,9 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
         ledger.open_incident = opened(joined, True, store, progress, now)
         # Nothing to detect or replace: the joining agent ran already. Its time is the group's re-forming.
         joined.detected_time = joined.replaced_time = joined.start_time
+        if progress is not None and progress.started_at is not None \
+                and (parse(joined.start_time) or now) < progress.started_at:
+            joined.last_step = None  # the report is the new process's: the old one's last step is not known
     if store is not None and store.complete and store.round is not None:
         ledger.round, ledger.epoch = store.round, store.epoch
 
@@ -135,18 +138,19 @@ def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressV
 
 
 def stopped_before(progress: ProgressView | None, now: datetime) -> datetime:
-    """When the training stopped for a restart seen only now: its last reported step; or, where rank 0's new
-    process already reported (before its first step) and the old one's last step is gone with it, just before
-    the new one began (what went before that is not known: the count is short by the rendezvous); else now."""
+    """When the training stopped for a restart seen only now: its last reported step; or, where the report is
+    already rank 0's new process's (begun within the last few seconds: the warm start loads and steps within a
+    second of the round) and the old one's last step is gone with it, just before the new one began (what went
+    before that is not known: the count is short by the rendezvous); else now."""
     def recent(at: datetime | None) -> bool:
         return at is not None and timedelta(0) <= now - at <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
     if progress is None:
         return now
     began, last = progress.started_at, progress.step_at
-    if recent(last) and last is not None and (began is None or last >= began):
-        return last
-    if recent(began) and began is not None and progress.step is None:
+    if recent(began) and began is not None:
         return began - timedelta(milliseconds=1)
+    if recent(last) and last is not None:
+        return last
     return now
 
 
