@@ -153,6 +153,7 @@ class StoreView:
     progress: ProgressView | None = None  # the training's report (elasticjob_progress); None without one
     stop_id: str | None = None  # the planned stop the store last wrote (protocol.Stop), and its step
     stop_step: int | None = None
+    round_completed_at: datetime | None = None  # when the store saw the current round complete (its clock)
 
     @property
     def nodes(self) -> int:

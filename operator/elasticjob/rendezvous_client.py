@@ -97,6 +97,14 @@ class _Progress(_Strict):
     stalled: bool = False
 
 
+class _Round(_Strict):
+    """A round the store saw complete (elasticjob_store/rounds.py), when, on the store's clock."""
+
+    model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
+    round: int = Field(ge=0, le=1 << 40)
+    completed_at: float = Field(alias="completedAt", ge=0, le=1e11)
+
+
 class _Stop(_Strict):
     """The planned stop the store last wrote (elasticjob_store/control.py stop_record)."""
 
@@ -119,6 +127,7 @@ class _State(_Strict):
     torch: _Torch | None = None  # absent from stores older than the check: they nudge as before
     progress: dict[str, Any] | None = None  # checked on its own: a bad report is dropped, not the reply
     stop: _Stop | None = None
+    rounds: list[_Round] = Field(default_factory=list, max_length=64)  # the store keeps its last 10
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -133,6 +142,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
     if len(state.participants) > max_nodes or len(state.waiting) > max_nodes:
         return None
     at = state.last_failure_round_at
+    completed = next((r.completed_at for r in state.rounds if r.round == state.round), None)
     return StoreView(
         epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
         participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.participants),
@@ -142,6 +152,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
         plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
+        round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
         received_at=received_at or datetime.now(UTC))
 
 

@@ -105,6 +105,22 @@ def test_a_silent_peer_is_cut_off_at_its_first_missed_heartbeat_when_the_trainin
     assert result.status.infrastructure_failures == 0
 
 
+@pytest.mark.parametrize(("report_changed", "cut"), [
+    (5.0, True),  # this round's training stepped (at 5 s), then stopped: every rank waits on the silent one
+    (1.0, False),  # the report is the restarted world's (before the round completed at 2 s): a restart under way
+])
+def test_a_stall_counts_only_for_the_training_of_the_current_round(report_changed, cut):
+    """A cold restart (warmStarts false) reports no step for seconds while its workers import torch, and a
+    CPU-starved agent may miss a heartbeat meanwhile: cutting it off restarted the group again, and again (80 s
+    after one scale-up, on real nodes)."""
+    progress = ProgressView(pod="train-worker-0", step=120, stalled=True,
+                            received_at=NOW - timedelta(seconds=10 - report_changed))
+    store = dataclasses.replace(view(node(0), node(1, age=3.0), node(2)), progress=progress,
+                                round_completed_at=NOW - timedelta(seconds=8))
+    result = plan([worker(0), worker(1), worker(2)], store, replicas=3)
+    assert [c.reason for c in result.cut_off] == (["TrainingStalled"] if cut else [])
+
+
 def test_a_silent_peer_on_a_node_that_is_not_ready_is_cut_off_at_the_first_missed_heartbeat():
     pods = [worker(0), worker(1, node="node-b")]
     store = view(node(0), node(1, age=3.0))

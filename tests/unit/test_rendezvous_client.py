@@ -29,6 +29,15 @@ def test_a_valid_state_becomes_a_store_view():
     assert view.last_failure_round_at.isoformat() == "2026-01-01T12:00:00+00:00"
 
 
+def test_the_current_rounds_completion_comes_from_the_stores_history():
+    rounds = [{"round": 2, "nodes": ["10.244.0.5"], "completedAt": 1767268700.0},
+              {"round": 3, "nodes": ["10.244.0.5"], "completedAt": 1767268800.0}]
+    view = rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
+    assert view.round_completed_at.isoformat() == "2026-01-01T12:00:00+00:00"
+    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).round_completed_at is None  # an older store
+    assert rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": [{"round": 3}]}).encode()) is None
+
+
 @pytest.mark.parametrize("change", [
     {"round": "x"},                      # the reply that made every reconcile fail for ever
     {"round": -1},

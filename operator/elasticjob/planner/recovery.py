@@ -235,8 +235,17 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
 
 
 def stalled(store: StoreView) -> bool:
-    """The training's report says no rank steps (the tenant's word, as the heartbeats are)."""
-    return store.progress is not None and store.progress.stalled
+    """The training's report says no rank steps (the tenant's word, as the heartbeats are), and it is this round's
+    training that stopped: a report last changed before the current round completed is the world that was
+    restarted, and its silence is the restart under way (cold workers importing torch), not ranks hung in a
+    collective. Taken for a hang, agents that missed a heartbeat while their workers started were cut off, which
+    restarted the group again: 80 s of restarts after one scale-up, seen on real nodes with warmStarts false. Both
+    times are the store's clock."""
+    progress = store.progress
+    if progress is None or not progress.stalled:
+        return False
+    completed = store.round_completed_at
+    return completed is None or progress.received_at is None or progress.received_at > completed
 
 
 def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
