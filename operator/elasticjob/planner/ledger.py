@@ -3,16 +3,17 @@ what the operator sees, closed once the training steps again, and the seconds lo
 
 An incident opens on a failure booked (failures.py: a worker, rank 0, a node), an agent cut off for its silence
 (recovery.py: a partition, whether its pod was stopped or left running; Plan.cut_off), the store lost
-(rendezvous.py), a change of the desired workers, a suspension, or a preemption by Kueue; a fault while one is open
-belongs to it. It starts at the operator's evidence of the fault, moved later to the training's last step where
-that is better evidence (goodput.fault_start). Where the training stopped and saved at an agreed step first
-(planned_stop.py; on an eviction or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is
-recomputed, and the incident of the operator's stop starts when the training stopped. It closes at the training's
-first step after it (elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs
-and the store reported the group re-formed. The training's reports are the tenant's word: they are shown here and
-decide nothing else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that
-kept on stepping through the fault (the store lost and back, its agents riding it out) lost nothing: the incident
-closes at 0 s.
+(rendezvous.py), a change of the desired workers, a suspension, a preemption by Kueue, or a round of the store that
+no booked fault explains (a Rejoin: account_round); a fault while one is open belongs to it. It starts at the
+operator's evidence of the fault, moved later to the training's last step where that is better evidence
+(goodput.fault_start). Where the training stopped and saved at an agreed step first (planned_stop.py; on an eviction
+or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is recomputed, and the incident of the
+operator's stop starts when the training stopped. It closes at the training's first step after it
+(elasticjob_progress), or, for a job that never reported a step, once every wanted worker runs and the store
+reported the group re-formed. The training's reports are the tenant's word: they are shown here and decide nothing
+else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that kept on stepping
+through the fault (the store lost and back, its agents riding it out) lost nothing: the incident closes at 0 s (a
+lost store once its agents re-form on the one that came back; that restart is a Rejoin).
 """
 
 from __future__ import annotations
@@ -128,9 +129,8 @@ def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressV
              now: datetime) -> Incident | None:
     """A round completed past the last one accounted for, with no incident open: torch restarted every worker
     because an agent joined (a lost pod's replacement, an agent back from a partition, a late starter), or its
-    agents re-formed on a store that came back, and no fault the operator booked explains it. The training
-    stopped at its last reported step (the steps after it, up to a report interval, are done again and so lost
-    too); a report older than a step could be carried is not this restart's."""
+    agents re-formed on a store that came back, and no fault the operator booked explains it. It starts where
+    stopped_before puts the training's stop."""
     if store is None or not regrouped(ledger, store):
         return None
     return Incident(kind="Rejoin", reason="AgentJoined" if store.epoch == ledger.epoch else "StoreReturned",
