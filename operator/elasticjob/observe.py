@@ -176,6 +176,7 @@ class ServiceView:
     owner_uid: str | None = None
     mark: str = ""
     selector: bool = False  # routes to pods by their labels, which anyone who may create pods can set
+    serial: int = 0  # which making of the name it is (a Service made before serials were written has none: 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +359,8 @@ def observe_service(body: Mapping[str, Any]) -> ServiceView:
     return ServiceView(name=meta.get("name", ""), cluster_ip=ip if ip not in ("", "None") else None,
                        uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
                        mark=(meta.get("annotations") or {}).get(naming.MARK_ANNOTATION) or "",
-                       selector=bool((body.get("spec") or {}).get("selector")))
+                       selector=bool((body.get("spec") or {}).get("selector")),
+                       serial=_int((meta.get("annotations") or {}).get(naming.SERIAL_ANNOTATION)) or 0)
 
 
 def observe_slice(body: Mapping[str, Any]) -> SliceView:

@@ -9,7 +9,7 @@ from tests.unit.factory import NOW, SERVICE, UID, creates, failed, job, observed
 
 from elasticjob import planner
 from elasticjob.models import ElasticJobStatus
-from elasticjob.observe import PodView, observe_pod
+from elasticjob.observe import PodView, ServiceView, observe_pod
 from elasticjob.planner import ownership
 
 TOKEN = "job-token"
@@ -99,6 +99,50 @@ def test_the_service_counts_only_with_its_mark():
     assert ownership.service_admitted(marked, renewed, "a-new-key") is None
     renewed.rendezvous.service_uid = seen.status.rendezvous.service_uid
     assert ownership.service_admitted(marked, renewed, "a-new-key") == marked
+
+
+def service_of(result: planner.Plan) -> dict:
+    return next(a.manifest for a in result.actions
+                if isinstance(a, planner.CreateObject) and a.manifest["kind"] == "Service")
+
+
+def signed_service(serial: int, uid: str) -> ServiceView:
+    return replace(SERVICE, uid=uid, serial=serial, mark=ownership.mark(TOKEN, "Service", SERVICE.name, serial))
+
+
+def test_each_making_of_the_service_has_a_serial_and_a_copy_of_an_earlier_one_is_refused():
+    first = planner.plan(job(status([]).model_dump(by_alias=True, mode="json")), observed([], service=None), NOW,
+                         token=TOKEN)
+    annotations = service_of(first)["metadata"]["annotations"]
+    assert annotations["elasticjob.dev/serial"] == "1" and first.status.rendezvous.service_serial == 1
+    assert annotations["elasticjob.dev/mark"] == ownership.mark(TOKEN, "Service", SERVICE.name, 1)
+    # Not seen yet: asked for again as is (a 409 means it is made).
+    again = planner.plan(job(first.status.model_dump(by_alias=True, mode="json")), observed([], service=None),
+                         NOW, token=TOKEN)
+    assert service_of(again)["metadata"]["annotations"]["elasticjob.dev/serial"] == "1"
+    seen = planner.plan(job(first.status.model_dump(by_alias=True, mode="json")),
+                        observed([], service=signed_service(1, "uid-1")), NOW, token=TOKEN)
+    assert seen.status.rendezvous.service_uid == "uid-1"
+    # Deleted: the next making is the second, whether the first one's uid was written or not.
+    for known in (seen.status, first.status):
+        gone = planner.plan(job(known.model_dump(by_alias=True, mode="json")), observed([], service=None), NOW,
+                            token=TOKEN)
+        assert service_of(gone)["metadata"]["annotations"]["elasticjob.dev/serial"] == ("2" if known is seen.status
+                                                                                         else "1")
+    renewed = planner.plan(job(seen.status.model_dump(by_alias=True, mode="json")), observed([], service=None),
+                           NOW, token=TOKEN).status
+    assert renewed.rendezvous.service_serial == 2 and renewed.rendezvous.service_uid is None
+    # A copy of the first making's annotations on a Service made after it was gone, before the second is made.
+    assert ownership.service_admitted(signed_service(1, "copy"), renewed, TOKEN) is None
+    assert ownership.service_admitted(signed_service(2, "uid-2"), renewed, TOKEN) is not None
+
+
+def test_a_service_made_before_serials_counts_by_its_uid_or_its_mark():
+    old = replace(SERVICE, mark=ownership.mark(TOKEN, "Service", SERVICE.name, 0))
+    assert ownership.service_admitted(old, status([]), TOKEN) == old
+    recorded = status([])
+    recorded.rendezvous.service_uid = SERVICE.uid
+    assert ownership.service_admitted(SERVICE, recorded, TOKEN) == SERVICE
 
 
 def test_an_owner_reference_of_another_api_names_no_job():

@@ -86,6 +86,17 @@ def test_the_stores_round_address_and_identity_wait():
     assert status_deferral(written(0.1), status(), new) is not None
 
 
+def test_the_services_uid_waits_its_serial_does_not():
+    """The uid rides with the next write (the job's third write at start is gone); the serial of a making goes
+    out before it is made, so a copy of an earlier making is refused whether the uid went out or not."""
+    seen = status()
+    seen.rendezvous.service_uid = "uid-s"
+    assert status_deferral(written(0.1), status(), seen) is not None
+    again = status()
+    again.rendezvous.service_serial = 2
+    assert status_deferral(written(0.1), seen, again) is None
+
+
 def running(message: str, state: bool = True) -> ElasticJobStatus:
     condition = Condition(type="Running", status="True" if state else "False", reason="Running",
                           message=message, last_transition_time="2026-01-01T00:00:00Z")

@@ -30,13 +30,13 @@ STATUS_BATCH = 2.0
 STATUS_INTERVAL = 2.0
 # Status fields the planner derives afresh from the cluster at every reconcile (see status_deferral): counts,
 # messages, the Service's address, the store's round and its identity (a new epoch alone counts nothing: what is
-# counted against it, failureRounds, goes out at once), the uids of the operator's pods (planner/ownership.py: a
-# making's serial goes out before it is made). Not the store's readiness: a lost store is counted
-# against the readiness last written; nor the Service's uid: from then on only that Service counts, and a copy
-# made before a held write went out would be taken for it after a restart.
+# counted against it, failureRounds, goes out at once), the uids of the operator's pods and of its Service
+# (planner/ownership.py: a making's serial goes out before it is made, so a copy of an earlier making is refused
+# whether its successor's uid went out or not). Not the store's readiness: a lost store is counted against the
+# readiness last written.
 OBSERVED_FIELDS: dict[str, Any] = {"replicas": True, "ready_replicas": True, "message": True,
                                    "owned_pods": {"__all__": {"uid"}},
-                                   "rendezvous": {"round", "nodes", "endpoint", "epoch"}}
+                                   "rendezvous": {"round", "nodes", "endpoint", "epoch", "service_uid"}}
 # Never a reason to write on its own, only carried by the next write: the store's identity matters only with
 # what is counted against it, and that goes out at once, with it.
 CARRIED_FIELDS: dict[str, Any] = {"rendezvous": {"epoch"}}

@@ -74,6 +74,8 @@ class RendezvousStatus(Model):
     last_lost_time: str | None = Field(None, description="When the store last stopped serving (RFC 3339, UTC).")
     service_uid: str | None = Field(None, description="The uid of the rendezvous Service the operator made, once "
                                     "seen: only that Service counts (another of its name is replaced).")
+    service_serial: int = Field(0, description="Which making of the rendezvous Service counts, written before "
+                                "it is made: a Service signed for an earlier making is not the job's.")
     epoch: str | None = Field(None, description="Identity of the store process whose counters failureRounds "
                               "refers to; a new store starts counting from zero.")
     failure_rounds: int = Field(0, description="Rounds the store saw re-formed by the same nodes (torchrun "

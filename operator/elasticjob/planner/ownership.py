@@ -65,20 +65,25 @@ def _genuine(pod: PodView, record: OwnedPod | None, token: str, current_key: str
 
 def service_admitted(service: ServiceView | None, status: ElasticJobStatus, token: str) -> ServiceView | None:
     """The job's Service if the operator made it (a stranger's could route the agents, and the token, anywhere).
-    Once seen its uid is recorded, and from then on only that Service counts: its mark has no serial, so a copy of
-    its annotations on a Service made after it was deleted would verify. Until then its mark vouches for it, or,
-    after a key change, the job's records. One with a selector never counts: the operator's has none, and a
-    selector routes to any pod labelled as the store."""
+    As a pod's, its making has a serial, written before it is made, and its mark signs it; once seen its uid is
+    recorded (with the next status write), and from then on only that Service counts. A copy of an earlier
+    making's annotations carries an older serial and is refused. Until its uid is recorded, its mark vouches for
+    it, or, after a key change, the job's records. One with a selector never counts: the operator's has none,
+    and a selector routes to any pod labelled as the store."""
     if service is None or status.owned_pods is None:
         return service
     if service.selector:
         return None
-    if status.rendezvous.service_uid:
-        return service if service.uid == status.rendezvous.service_uid else None
-    if hmac.compare_digest(service.mark, mark(token, "Service", service.name, 0)):
+    rendezvous = status.rendezvous
+    if rendezvous.service_uid:
+        return service if service.uid == rendezvous.service_uid else None
+    if service.serial < rendezvous.service_serial:
+        return None
+    if hmac.compare_digest(service.mark, mark(token, "Service", service.name, service.serial)):
         return service
     current = key_id(token)
-    return service if any(r.key != current for r in status.owned_pods) else None
+    changed = any(r.key != current for r in status.owned_pods)
+    return service if changed and service.serial == rendezvous.service_serial else None
 
 
 def record_seen(status: ElasticJobStatus, pods: list[PodView]) -> None:
@@ -142,11 +147,22 @@ def rename_taken(plan: Plan, job: str, squatted: tuple[NameTaken, ...]) -> None:
     plan.status.renamed = renamed or plan.status.renamed
 
 
+def allocate_service(status: ElasticJobStatus) -> int | None:
+    """The serial of the Service's next making, as allocate's for a pod: a making not yet seen keeps its
+    number; once one was seen, the next gets a new one."""
+    if status.owned_pods is None:
+        return None
+    rendezvous = status.rendezvous
+    if rendezvous.service_uid or not rendezvous.service_serial:
+        rendezvous.service_serial, rendezvous.service_uid = rendezvous.service_serial + 1, None
+    return rendezvous.service_serial
+
+
 def sign(manifest: dict[str, Any], status: ElasticJobStatus, token: str) -> dict[str, Any]:
     """Number and mark a Pod or Service about to be created (in place)."""
     meta = manifest["metadata"]
     kind, name = manifest["kind"], meta["name"]
-    serial = allocate(status, name, token) if kind == "Pod" else 0
+    serial = allocate(status, name, token) if kind == "Pod" else allocate_service(status)
     if serial is None or status.owned_pods is None:
         return manifest
     meta["annotations"] = {**(meta.get("annotations") or {}), naming.SERIAL_ANNOTATION: str(serial),

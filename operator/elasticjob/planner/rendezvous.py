@@ -64,7 +64,8 @@ def ensure_service(plan: Plan, job: Job, observed: Observed, settings: Settings,
     status, service = plan.status.rendezvous, observed.service
     name = naming.rendezvous_service_name(job.ref.name, plan.status.renamed)
     if service is not None:
-        status.service_uid = service.uid if plan.status.owned_pods is not None else None
+        if plan.status.owned_pods is not None:
+            status.service_uid, status.service_serial = service.uid, max(status.service_serial, service.serial)
         if service.cluster_ip:
             status.endpoint = f"{service.cluster_ip}:{job.ref.spec.rendezvous.port}"
         return service
@@ -78,7 +79,6 @@ def ensure_service(plan: Plan, job: Job, observed: Observed, settings: Settings,
     # Every job gets one at its start; an Event says so only when it was lost and is made again.
     again = Event("Normal", "RendezvousCreated", f"created Service {name} again for the c10d "
                                                  f"rendezvous store (was {status.endpoint})")
-    status.service_uid = None  # the one made now is recorded once seen
     service_manifest = ownership.sign(builders.rendezvous_service(job.ref, name), plan.status, token)
     plan.act(CreateObject(service_manifest, again if status.endpoint else None))
     if settings.network_policy:
