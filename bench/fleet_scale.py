@@ -11,7 +11,9 @@ namespace, N jobs of 4 workers created at once from 32 threads. Per size it prin
   bindings, kwok's pod status, the controllers, the bench), and the watches open on it at the end
   (apiserver_longrunning_requests, verb WATCH), the operator's run beside the bare client's;
 - the operator's resident memory once the fleet runs, its peak (VmHWM) since it started, and its CPU seconds per
-  minute while nothing changes (median of 3 windows of 20 s).
+  minute while nothing changes (median of 3 windows of 20 s);
+- where this machine's CPU went from the first create until every worker ran, by process (the API server, etcd,
+  the scheduler, kwok, the controller manager, the operator, the bench itself), each run beside the other.
 
 Pods and events are tallied, not kept: a 10,000-job fleet is 50,000 pods. Between runs the operator is stopped,
 then every pod is removed at once (grace 0: kwok's pods have no process to stop) and the namespace deleted.
@@ -51,6 +53,8 @@ from localcluster.health import admin_context  # noqa: E402
 from localcluster.layout import Layout, load_endpoints  # noqa: E402
 
 CONVERGE_LIMIT = 3600.0
+# The cluster's processes by their executable's name (kwok's carries its version), then the operator and the bench.
+CPU_PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kwok", "kube-controller-manager")
 
 
 @dataclass
@@ -116,6 +120,25 @@ class Run:
     rss_mib: float = 0.0
     peak_mib: float = 0.0
     cpu_per_minute: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_seconds(operator: psutil.Process | None) -> dict[str, float]:
+    """CPU seconds (user and system) used so far by each of the cluster's processes, the operator and the bench."""
+    used: dict[str, float] = dict.fromkeys((*CPU_PROCESSES, "operator", "bench"), 0.0)
+    watched = {operator.pid: "operator"} if operator is not None else {}
+    watched[psutil.Process().pid] = "bench"
+    for proc in psutil.process_iter(["name"]):
+        name = watched.get(proc.pid) or next((n for n in CPU_PROCESSES if (proc.info["name"] or "").startswith(n)),
+                                             None)
+        if name is None:
+            continue
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue  # gone meanwhile
+        used[name] += times.user + times.system
+    return used
 
 
 def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process | None) -> Run:
@@ -123,7 +146,7 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     listed = Tally(lambda **kw: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
                    judge=settled).start()
     wait(lambda: pods.listed.is_set() and listed.listed.is_set(), 60, "the bench's watches")
-    before, t0 = request_counts(), time.monotonic()
+    before, t0, cpu_before = request_counts(), time.monotonic(), cpu_seconds(proc)
     client = BareClient(api) if bare else None
     started = create_jobs(api, ns, jobs, True, client.submit if client else None)
     if client:
@@ -131,12 +154,13 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     want = jobs * WORKERS
     wait(lambda: pods.count() == want, CONVERGE_LIMIT, f"{want} workers Running", interval=1)
     seconds = max(pods.first.values()) - started
+    cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(proc).items()}
     if not bare:  # the operator's status writes settle after the pods: count them too
         wait(lambda: listed.count() == jobs, 1800, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
     wait(lambda: time.monotonic() - max(listed.last, pods.last) >= 5, 300, "no change for 5 s", interval=0.5)
     counts, t1 = request_counts() - before, time.monotonic()
     run = Run(seconds, sum(v for k, v in counts.items() if k in CONTROLLER_ROWS) / jobs,
-              sum(counts.values()) / (t1 - t0), open_watches())
+              sum(counts.values()) / (t1 - t0), open_watches(), cpu=cpu)
     if proc is not None:
         steady = idle(proc)
         run.rss_mib, run.peak_mib, run.cpu_per_minute = steady.rss_mib, peak_mib(proc.pid), steady.cpu_per_minute
@@ -189,6 +213,14 @@ def table(results: dict[int, tuple[Run, Run]]) -> None:
                  f"{bare.api_per_second:.0f}", f"{op.watches:.0f}", f"{bare.watches:.0f}", f"{op.rss_mib:.0f}",
                  f"{op.peak_mib:.0f}", f"{op.cpu_per_minute:.2f}")
         print("| " + " | ".join(cells) + " |")
+    print()
+    names = (*CPU_PROCESSES, "operator", "bench")
+    print("| CPU s from the first create until every worker ran | " + " | ".join(names) + " | all |")
+    print("|" + "---|" * (len(names) + 2))
+    for jobs, runs in sorted(results.items()):
+        for side, run in zip(("operator", "bare client"), runs, strict=True):
+            row = [f"{run.cpu.get(n, 0.0):.1f}" for n in names] + [f"{sum(run.cpu.values()):.1f}"]
+            print(f"| {jobs:,} jobs, {side} run | " + " | ".join(row) + " |")
 
 
 def main() -> int:
