@@ -99,17 +99,24 @@ def record_seen(status: ElasticJobStatus, pods: list[PodView]) -> None:
             record.serial, record.uid = pod.serial, pod.uid
 
 
+def next_serial(serial: int, seen: bool) -> int:
+    """The serial of an object's next making. One not yet seen keeps its number, so a create that is repeated
+    asks for the same object (409: done); once a making was seen, the next one gets a new number."""
+    return serial + 1 if seen or not serial else serial
+
+
 def allocate(status: ElasticJobStatus, name: str, token: str) -> int | None:
-    """The serial of the next making of `name`, recorded. A making not yet seen keeps its number, so a create
-    that is repeated asks for the same pod (409: done). None for a job whose pods are not signed."""
+    """The serial of the next making of pod `name` (next_serial), recorded. None for a job whose pods are not
+    signed."""
     if status.owned_pods is None:
         return None
     record = next((r for r in status.owned_pods if r.name == name), None)
     if record is None:
         record = OwnedPod(name=name, serial=0)
         status.owned_pods.append(record)
-    if record.uid or not record.serial:
-        record.serial, record.uid = record.serial + 1, ""
+    serial = next_serial(record.serial, seen=bool(record.uid))
+    if serial != record.serial:
+        record.serial, record.uid = serial, ""
     record.key = key_id(token)
     return record.serial
 
@@ -148,14 +155,14 @@ def rename_taken(plan: Plan, job: str, squatted: tuple[NameTaken, ...]) -> None:
 
 
 def allocate_service(status: ElasticJobStatus) -> int | None:
-    """The serial of the Service's next making, as allocate's for a pod: a making not yet seen keeps its
-    number; once one was seen, the next gets a new one."""
+    """The serial of the rendezvous Service's next making (next_serial), recorded."""
     if status.owned_pods is None:
         return None
     rendezvous = status.rendezvous
-    if rendezvous.service_uid or not rendezvous.service_serial:
-        rendezvous.service_serial, rendezvous.service_uid = rendezvous.service_serial + 1, None
-    return rendezvous.service_serial
+    serial = next_serial(rendezvous.service_serial, seen=bool(rendezvous.service_uid))
+    if serial != rendezvous.service_serial:
+        rendezvous.service_serial, rendezvous.service_uid = serial, None
+    return serial
 
 
 def sign(manifest: dict[str, Any], status: ElasticJobStatus, token: str) -> dict[str, Any]:
