@@ -141,6 +141,20 @@ def cpu_seconds(operator: psutil.Process | None) -> dict[str, float]:
     return used
 
 
+def progress(pods: Tally, want: int, started: float, every: float = 60.0) -> Callable[[], bool]:
+    """Whether every worker runs; once a minute it says how many do, on stderr (a large fleet takes an hour)."""
+    said = [started]
+
+    def done() -> bool:
+        count, now = pods.count(), time.monotonic()
+        if count < want and now - said[0] >= every:
+            said[0] = now
+            print(f"    {count:,} of {want:,} workers Running at {(now - started) / 60:.1f} min", file=sys.stderr,
+                  flush=True)
+        return count == want
+    return done
+
+
 def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process | None) -> Run:
     pods = Tally(lambda **kw: api.core.list_namespaced_pod(ns, **kw), WORKER_SELECTOR).start()
     listed = Tally(lambda **kw: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
@@ -152,7 +166,7 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     if client:
         client.close()
     want = jobs * WORKERS
-    wait(lambda: pods.count() == want, CONVERGE_LIMIT, f"{want} workers Running", interval=1)
+    wait(progress(pods, want, started), CONVERGE_LIMIT, f"{want} workers Running", interval=1)
     seconds = max(pods.first.values()) - started
     cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(proc).items()}
     if not bare:  # the operator's status writes settle after the pods: count them too
