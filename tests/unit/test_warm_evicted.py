@@ -94,7 +94,10 @@ def store(tmp_path):
            "ELASTICJOB_RDZV_MAX_NODES": "1"}
 
     def ready(port):
-        return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        try:
+            return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        except dist.DistNetworkError:
+            return None  # not listening yet: a loaded machine can take longer than 2 s to import torch
 
     proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, tmp_path / "store.log",
                                      ready, start_new_session=True)
