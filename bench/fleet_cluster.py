@@ -53,14 +53,15 @@ def job_manifest(name: str, kwok: bool) -> dict:
                      "rendezvous": {"image": storestandin.IMAGE}, "template": {"spec": pod_spec}}}
 
 
-def request_counts() -> Counter:
-    """apiserver_request_total summed per (verb, group, resource, subresource)."""
+def request_counts(metric: str = "apiserver_request_total") -> Counter:
+    """A metric of the API server's requests (by default their number) summed per (verb, group, resource,
+    subresource)."""
     endpoints = load_endpoints(Layout(ROOT))
     with urllib.request.urlopen(f"{endpoints.server}/metrics", context=admin_context(endpoints.layout),
                                 timeout=30) as response:
         text = response.read().decode()
     counts: Counter = Counter()
-    for labels, value in re.findall(r"^apiserver_request_total\{([^}]*)\} (\S+)$", text, re.M):
+    for labels, value in re.findall(rf"^{re.escape(metric)}\{{([^}}]*)\}} (\S+)$", text, re.M):
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         counts[(found.get("verb", ""), found.get("group", ""), found.get("resource", ""),
                 found.get("subresource", ""))] += float(value)

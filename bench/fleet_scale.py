@@ -1,8 +1,9 @@
 """Up to 10,000 jobs on one operator, on kwok's fake nodes, against a bare client (issue 37).
 
 For each size, in one run on the same cluster: the bare client (bench/fleet_cluster.py BareClient: per job the
-Service, the store pod, 4 workers, one status write, from 32 threads) and then the operator, each in a fresh
-namespace, N jobs of 4 workers created at once from 32 threads. Per size it prints:
+Service, the store pod, 4 workers, one status write, from 32 threads) and then the operator (`--operator-first`:
+the other way round), each in a fresh namespace, N jobs of 4 workers created at once from 32 threads. Per size it
+prints:
 
 - converge: seconds until every worker is Running, and operator / bare;
 - requests per job by the controller at start, from the API server's own apiserver_request_total (the rows only
@@ -12,6 +13,8 @@ namespace, N jobs of 4 workers created at once from 32 threads. Per size it prin
   (apiserver_longrunning_requests, verb WATCH), the operator's run beside the bare client's;
 - the operator's resident memory once the fleet runs, its peak (VmHWM) since it started, and its CPU seconds per
   minute while nothing changes (median of 3 windows of 20 s);
+- the API server's mean time to create a Service, in each run: it allocates every ClusterIP under one lock, so at
+  thousands of jobs Service creates queue there, for any client;
 - where this machine's CPU went from the first create until every worker ran, by process (the API server, etcd,
   the scheduler, kwok, the controller manager, the operator, the bench itself), each run beside the other.
 
@@ -53,6 +56,10 @@ from localcluster.health import admin_context  # noqa: E402
 from localcluster.layout import Layout, load_endpoints  # noqa: E402
 
 CONVERGE_LIMIT = 3600.0
+DURATION_SUM = "apiserver_request_duration_seconds_sum"
+# The API server allocates every Service's ClusterIP under one lock (its allocator), so Service creates queue
+# there, for the operator and the bare client alike; the mean shows how long.
+SERVICE_CREATE = ("POST", "", "services", "")
 # The cluster's processes by their executable's name (kwok's carries its version), then the operator and the bench.
 CPU_PROCESSES = ("kube-apiserver", "etcd", "kube-scheduler", "kwok", "kube-controller-manager")
 
@@ -121,6 +128,7 @@ class Run:
     peak_mib: float = 0.0
     cpu_per_minute: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
+    service_create_s: float = 0.0  # the API server's mean time to create a Service (its ClusterIP allocation)
 
 
 def cpu_seconds(operator: psutil.Process | None) -> dict[str, float]:
@@ -161,6 +169,7 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
                    judge=settled).start()
     wait(lambda: pods.listed.is_set() and listed.listed.is_set(), 60, "the bench's watches")
     before, t0, cpu_before = request_counts(), time.monotonic(), cpu_seconds(proc)
+    took_before = request_counts(DURATION_SUM)
     client = BareClient(api) if bare else None
     started = create_jobs(api, ns, jobs, True, client.submit if client else None)
     if client:
@@ -173,8 +182,10 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
         wait(lambda: listed.count() == jobs, 1800, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
     wait(lambda: time.monotonic() - max(listed.last, pods.last) >= 5, 300, "no change for 5 s", interval=0.5)
     counts, t1 = request_counts() - before, time.monotonic()
+    took = request_counts(DURATION_SUM) - took_before
     run = Run(seconds, sum(v for k, v in counts.items() if k in CONTROLLER_ROWS) / jobs,
-              sum(counts.values()) / (t1 - t0), open_watches(), cpu=cpu)
+              sum(counts.values()) / (t1 - t0), open_watches(), cpu=cpu,
+              service_create_s=took[SERVICE_CREATE] / max(counts[SERVICE_CREATE], 1))
     if proc is not None:
         steady = idle(proc)
         run.rss_mib, run.peak_mib, run.cpu_per_minute = steady.rss_mib, peak_mib(proc.pid), steady.cpu_per_minute
@@ -184,48 +195,73 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
 
 
 def clear(api: Api, ns: str) -> None:
-    """Every pod at once (deletecollection until none is left: one call may outlast the API server's request
-    timeout), then the jobs; the namespace's deletion does the rest."""
-    def left() -> int:
-        return len(api.core.list_namespaced_pod(ns, limit=1).items)
+    """Every pod at once, then the jobs; the namespace's deletion does the rest. Each deletecollection is asked
+    again until nothing of its kind is left: one call may outlast the API server's request timeout (a 504 at
+    10,000 jobs) having deleted some."""
+    pods = (lambda: api.core.list_namespaced_pod(ns, limit=1).items,
+            lambda: api.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _request_timeout=300,
+                                                              _preload_content=False).data)
+    jobs = (lambda: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, limit=1)["items"],
+            lambda: api.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                                                          _request_timeout=300,
+                                                                          _preload_content=False).data)
+    for what, (left, delete) in (("pods", pods), ("jobs", jobs)):
+        deadline = time.monotonic() + 900
+        while left() and time.monotonic() < deadline:
+            try:
+                delete()
+            except Exception as exc:  # a timed-out call has deleted some: go on
+                print(f"  deleting {what}: {exc.__class__.__name__}; again", file=sys.stderr, flush=True)
 
-    deadline = time.monotonic() + 900
-    while left() and time.monotonic() < deadline:
-        try:
-            _ = api.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _request_timeout=300,
-                                                          _preload_content=False).data
-        except Exception as exc:  # a timed-out call has deleted some: go on
-            print(f"  deleting pods: {exc.__class__.__name__}; again", file=sys.stderr, flush=True)
-    _ = api.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False).data
+
+def said(side: str, jobs: int, run: Run) -> None:
+    """One run's figures on stderr as soon as they are measured, before the cluster is cleared: a run of an hour
+    is not lost to what comes after it."""
+    cpu = ", ".join(f"{name} {seconds:.1f}" for name, seconds in run.cpu.items())
+    print(f"  {jobs} jobs, {side}: converge {run.seconds:.1f} s, requests/job {run.requests_per_job:.2f}, "
+          f"API requests/s {run.api_per_second:.0f}, watches {run.watches:.0f}, Service create "
+          f"{run.service_create_s:.2f} s, RSS {run.rss_mib:.0f} MiB (peak {run.peak_mib:.0f}), idle CPU "
+          f"{run.cpu_per_minute:.2f} s/min; CPU s: {cpu}", file=sys.stderr, flush=True)
 
 
-def measure(api: Api, jobs: int, operator_args: list[str]) -> tuple[Run, Run]:
-    with namespace(api, "scale-bare") as ns:
-        bare = start_fleet(api, ns, jobs, True, None)
-        print(f"  {jobs} jobs, bare client: {bare.seconds:.1f} s", file=sys.stderr, flush=True)
-        clear(api, ns)
-    with namespace(api, "scale-op") as ns:
-        with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
-                      [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
-            operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid))
-        print(f"  {jobs} jobs, operator: {operator.seconds:.1f} s, RSS {operator.rss_mib:.0f} MiB",
-              file=sys.stderr, flush=True)
-        clear(api, ns)
-    return operator, bare
+def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool) -> tuple[Run, Run]:
+    def bare_run() -> Run:
+        with namespace(api, "scale-bare") as ns:
+            bare = start_fleet(api, ns, jobs, True, None)
+            said("bare client", jobs, bare)
+            clear(api, ns)
+        return bare
+
+    def operator_run() -> Run:
+        with namespace(api, "scale-op") as ns:
+            with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
+                          [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
+                operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid))
+            said("operator", jobs, operator)
+            clear(api, ns)
+        return operator
+
+    if operator_first:
+        operator = operator_run()
+        return operator, bare_run()
+    bare = bare_run()
+    return operator_run(), bare
 
 
 def table(results: dict[int, tuple[Run, Run]]) -> None:
     header = ("jobs (x4 workers)", "converge s: operator", "bare client", "operator / bare (target <= 1.3x)",
               "controller requests per job at start: operator (target <= 10)", "bare",
               "API server requests/s while starting: operator run", "bare run", "watches open: operator run",
-              "bare run", "operator RSS MiB, fleet running (target <= 600)", "peak", "operator CPU s/min, idle")
+              "bare run", "operator RSS MiB, fleet running (target <= 600)", "peak", "operator CPU s/min, idle",
+              "Service create s, mean: operator run", "bare run")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for jobs, (op, bare) in sorted(results.items()):
         cells = (f"{jobs:,}", f"{op.seconds:.1f}", f"{bare.seconds:.1f}", f"{op.seconds / bare.seconds:.2f}x",
                  f"{op.requests_per_job:.2f}", f"{bare.requests_per_job:.2f}", f"{op.api_per_second:.0f}",
                  f"{bare.api_per_second:.0f}", f"{op.watches:.0f}", f"{bare.watches:.0f}", f"{op.rss_mib:.0f}",
-                 f"{op.peak_mib:.0f}", f"{op.cpu_per_minute:.2f}")
+                 f"{op.peak_mib:.0f}", f"{op.cpu_per_minute:.2f}", f"{op.service_create_s:.2f}",
+                 f"{bare.service_create_s:.2f}")
         print("| " + " | ".join(cells) + " |")
     print()
     names = (*CPU_PROCESSES, "operator", "bench")
@@ -241,13 +277,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", type=int, nargs="*", default=[1000, 3000, 10000], help="jobs per fleet")
     parser.add_argument("--operator-args", default="", help="extra arguments for `elasticjob run`")
+    parser.add_argument("--operator-first", action="store_true",
+                        help="the operator's run before the bare client's (the second run meets a cluster that has "
+                             "made and removed a whole fleet)")
     args = parser.parse_args()
     api = Api()
     api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
     api.install_crd()
     results = {}
     for jobs in args.sizes:
-        results[jobs] = measure(api, jobs, args.operator_args.split())
+        results[jobs] = measure(api, jobs, args.operator_args.split(), args.operator_first)
         table(results)  # so far, in case a larger size does not finish
     return 0
 
