@@ -151,12 +151,12 @@ def cpu_seconds(operator: psutil.Process | None) -> dict[str, float]:
 
 def progress(pods: Tally, want: int, started: float, every: float = 60.0) -> Callable[[], bool]:
     """Whether every worker runs; once a minute it says how many do, on stderr (a large fleet takes an hour)."""
-    said = [started]
+    last = [started]  # when it last said so
 
     def done() -> bool:
         count, now = pods.count(), time.monotonic()
-        if count < want and now - said[0] >= every:
-            said[0] = now
+        if count < want and now - last[0] >= every:
+            last[0] = now
             print(f"    {count:,} of {want:,} workers Running at {(now - started) / 60:.1f} min", file=sys.stderr,
                   flush=True)
         return count == want
