@@ -4,7 +4,7 @@
 `type=kwok`, taint kwok.x-k8s.io/node=fake:NoSchedule, so only pods that tolerate it and select `type: kwok`
 land there) and runs kwok's controller for them. kwok keeps their leases and Ready condition, and plays the
 stages in kwok/config.yaml on their pods: a pod bound there is Running and Ready at once, with a made-up IP
-from 10.248.0.0/16, and goes as soon as it is deleted. No process runs, so nothing answers at that IP (a
+taken from its uid (`fake_pod_ip`), and goes as soon as it is deleted. No process runs, so nothing answers at that IP (a
 Service in front of such pods accepts through the node agent's proxy, then closes the connection). Capacity:
 kwok's defaults (1000 cpu, 1 Ti, a million pods per node).
 
@@ -39,6 +39,14 @@ TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
 # What a pod needs to go to a fake node (and only there).
 POD_PLACEMENT = {"nodeSelector": {LABEL[0]: LABEL[1]},
                  "tolerations": [{"key": TAINT["key"], "operator": "Exists", "effect": TAINT["effect"]}]}
+
+
+def fake_pod_ip(uid: str) -> str:
+    """The address kwok/config.yaml's pod-ready stage gives a pod: five hex digits of its uid in 10.248.0.0/14.
+
+    From the uid, not kwok's pool, so that the stage played twice for one pod writes the same address twice."""
+    digits = [int(char, 16) for char in uid[:5]]
+    return f"10.{248 + digits[0] % 4}.{digits[1] * 16 + digits[2]}.{digits[3] * 16 + digits[4]}"
 
 
 def node(index: int) -> dict:
