@@ -16,7 +16,10 @@ prints:
 - the API server's mean time to create a Service, in each run: it allocates every ClusterIP under one lock, so at
   thousands of jobs Service creates queue there, for any client;
 - where this machine's CPU went from the first create until every worker ran, by process (the API server, etcd,
-  the scheduler, kwok, the controller manager, the operator, the bench itself), each run beside the other.
+  the scheduler, kwok, the controller manager, the operator, the bench itself), each run beside the other;
+- with `--profile S` (on a cluster started with `localcluster up --profiling`): a 30-second CPU profile of the API
+  server taken S seconds after each run's first create, saved as .localcluster/apiserver-<jobs>-<side>.pprof for
+  `go tool pprof` (what in the API server the operator's requests cost, against the bare client's).
 
 Pods and events are tallied, not kept: a 10,000-job fleet is 50,000 pods. Between runs the operator is stopped,
 then every pod is removed at once (grace 0: kwok's pods have no process to stop) and the namespace deleted.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -163,7 +167,27 @@ def progress(pods: Tally, want: int, started: float, every: float = 60.0) -> Cal
     return done
 
 
-def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process | None) -> Run:
+def profile_later(after: float, path: Path, seconds: int = 30) -> threading.Thread:
+    """The API server's CPU profile for `seconds`, taken `after` seconds from now, saved to `path` (or why not,
+    on stderr): the run goes on meanwhile."""
+    def take() -> None:
+        time.sleep(after)  # a point in the run to sample, not a wait for anything
+        endpoints = load_endpoints(Layout(ROOT))
+        try:
+            with urllib.request.urlopen(f"{endpoints.server}/debug/pprof/profile?seconds={seconds}",
+                                        context=admin_context(endpoints.layout), timeout=seconds + 60) as response:
+                path.write_bytes(response.read())
+            print(f"    the API server's CPU profile: {path}", file=sys.stderr, flush=True)
+        except OSError as exc:  # 404 when the API server runs without --profiling
+            print(f"    no CPU profile of the API server ({exc}): start the cluster with `localcluster up "
+                  f"--profiling`", file=sys.stderr, flush=True)
+    thread = threading.Thread(target=take, name="profile", daemon=True)
+    thread.start()
+    return thread
+
+
+def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process | None,
+                profile_after: float | None = None) -> Run:
     pods = Tally(lambda **kw: api.core.list_namespaced_pod(ns, **kw), WORKER_SELECTOR).start()
     listed = Tally(lambda **kw: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
                    judge=settled).start()
@@ -171,6 +195,8 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     before, t0, cpu_before = request_counts(), time.monotonic(), cpu_seconds(proc)
     took_before = request_counts(DURATION_SUM)
     client = BareClient(api) if bare else None
+    profiling = None if profile_after is None else profile_later(
+        profile_after, STATE_DIR / f"apiserver-{jobs}-{'bare' if bare else 'operator'}.pprof")
     started = create_jobs(api, ns, jobs, True, client.submit if client else None)
     if client:
         client.close()
@@ -191,6 +217,8 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
         run.rss_mib, run.peak_mib, run.cpu_per_minute = steady.rss_mib, peak_mib(proc.pid), steady.cpu_per_minute
     pods.stop()
     listed.stop()
+    if profiling is not None:
+        profiling.join()
     return run
 
 
@@ -224,10 +252,11 @@ def said(side: str, jobs: int, run: Run) -> None:
           f"{run.cpu_per_minute:.2f} s/min; CPU s: {cpu}", file=sys.stderr, flush=True)
 
 
-def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool) -> tuple[Run, Run]:
+def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool,
+            profile_after: float | None) -> tuple[Run, Run]:
     def bare_run() -> Run:
         with namespace(api, "scale-bare") as ns:
-            bare = start_fleet(api, ns, jobs, True, None)
+            bare = start_fleet(api, ns, jobs, True, None, profile_after)
             said("bare client", jobs, bare)
             clear(api, ns)
         return bare
@@ -236,7 +265,7 @@ def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool)
         with namespace(api, "scale-op") as ns:
             with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
                           [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
-                operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid))
+                operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid), profile_after)
             said("operator", jobs, operator)
             clear(api, ns)
         return operator
@@ -280,13 +309,16 @@ def main() -> int:
     parser.add_argument("--operator-first", action="store_true",
                         help="the operator's run before the bare client's (the second run meets a cluster that has "
                              "made and removed a whole fleet)")
+    parser.add_argument("--profile", type=float, default=None, metavar="S",
+                        help="a 30 s CPU profile of the API server S seconds into each run (needs `localcluster up "
+                             "--profiling`)")
     args = parser.parse_args()
     api = Api()
     api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
     api.install_crd()
     results = {}
     for jobs in args.sizes:
-        results[jobs] = measure(api, jobs, args.operator_args.split(), args.operator_first)
+        results[jobs] = measure(api, jobs, args.operator_args.split(), args.operator_first, args.profile)
         table(results)  # so far, in case a larger size does not finish
     return 0
 

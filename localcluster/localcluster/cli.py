@@ -31,7 +31,7 @@ def _up(args: argparse.Namespace) -> int:
     controlplane.ensure_up(
         args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
         node_memory=args.node_memory, apiserver_port=args.port, addons=addons,
-        node_kind="real" if args.real_nodes else "process",
+        node_kind="real" if args.real_nodes else "process", profiling=args.profiling,
     )
     return 0
 
@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="also run scheduler-plugins' scheduler (Coscheduling) as scheduler-plugins-scheduler")
     up.add_argument("--kueue", action="store_true",
                     help="also run Kueue with ClusterQueue cluster-queue and LocalQueue default/user-queue")
+    up.add_argument("--profiling", action="store_true",
+                    help="the API server serves Go's CPU and heap profiles at /debug/pprof (bench/fleet_scale.py "
+                         "--profile)")
     up.add_argument("--kwok", action="store_true",
                     help="also run kwok with 10 fake nodes (label type=kwok, taint kwok.x-k8s.io/node): pods there "
                          "are Running without processes, for fleet-size benchmarks")

@@ -130,7 +130,7 @@ def etcd_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
     ]
 
 
-def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
+def apiserver_argv(bin_dir: Path, endpoints: Endpoints, profiling: bool = False) -> list[str]:
     pki = endpoints.layout.pki
     return [
         str(bin_dir / "kube-apiserver"),
@@ -157,7 +157,8 @@ def apiserver_argv(bin_dir: Path, endpoints: Endpoints) -> list[str]:
         f"--default-not-ready-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
         f"--default-unreachable-toleration-seconds={NOT_READY_TOLERATION_SECONDS}",
         f"--cert-dir={endpoints.layout.state / 'apiserver-certs'}",
-        "--profiling=false",
+        # Off unless asked (`up --profiling`): bench/fleet_scale.py --profile reads where the API server's CPU goes.
+        f"--profiling={'true' if profiling else 'false'}",
         # Pods are removed one at a time by a deletecollection by default: 50,000 of a 10,000-job fleet take
         # minutes (bench/fleet_scale.py between its runs).
         "--delete-collection-workers=8",

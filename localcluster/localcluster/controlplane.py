@@ -132,10 +132,10 @@ def _cluster(layout: Layout, endpoints: Endpoints, nodes: int, started_now: bool
     return Cluster(layout.root, layout.kubeconfig, endpoints.server, dict(endpoints.ports), nodes, started_now)
 
 
-def _start_control_plane(layout: Layout, bin_dir: Path, endpoints: Endpoints, log: Log) -> None:
+def _start_control_plane(layout: Layout, bin_dir: Path, endpoints: Endpoints, log: Log, profiling: bool) -> None:
     etcd = sessions.start(layout, "etcd", components.etcd_argv(bin_dir, endpoints))
     wait_healthy(endpoints, "etcd", etcd, 30, log)
-    apiserver = sessions.start(layout, "apiserver", components.apiserver_argv(bin_dir, endpoints))
+    apiserver = sessions.start(layout, "apiserver", components.apiserver_argv(bin_dir, endpoints, profiling))
     wait_healthy(endpoints, "apiserver", apiserver, 120, log)
     controller_manager = sessions.start(
         layout, "controller-manager", components.controller_manager_argv(bin_dir, endpoints))
@@ -255,7 +255,7 @@ def _fresh_state(layout: Layout) -> None:
 
 
 def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: int | None, wanted: list[str],
-               log: Log) -> Cluster:
+               log: Log, profiling: bool) -> Cluster:
     if nodes.kind == "real" and nodes.count and (missing := preflight.problems()):
         raise RuntimeError("real nodes cannot start on this machine:\n  " + "\n  ".join(missing))
     endpoints = load_endpoints(layout)
@@ -264,6 +264,8 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
             raise RuntimeError(f"the running local cluster's API server is {other}, of another Kubernetes release "
                                "than the one asked for (K8S_VERSION): stop it first (localcluster down)")
         log(f"local cluster already running at {endpoints.server}")
+        if profiling:
+            log("  --profiling: the running API server keeps the setting it started with (down, then up, to change it)")
         count = _add_missing_nodes(layout, endpoints, nodes, log)
         ensure_addons(layout, endpoints, wanted, log)
         return _cluster(layout, endpoints, count, started_now=False)
@@ -282,7 +284,7 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
         endpoints = Endpoints(layout, components.choose_ports(apiserver_port))
         components.write_kubeconfigs(endpoints)
         try:
-            _start_control_plane(layout, bin_dir, endpoints, log)
+            _start_control_plane(layout, bin_dir, endpoints, log, profiling)
             record(layout, endpoints, 0)
             count = _start_nodes(layout, endpoints, nodes, log, images)
             record(layout, endpoints, count)
@@ -300,16 +302,18 @@ def _up_locked(layout: Layout, nodes: components.NodeOptions, apiserver_port: in
 def ensure_up(
     root: Path, nodes: int = 3, *, gpus_per_node: int = 0, node_cpu: str = "8", node_memory: str = "16Gi",
     apiserver_port: int | None = None, addons: Iterable[str] = (), node_kind: str | None = None, log: Log = _print,
+    profiling: bool = False,
 ) -> Cluster:
     """Starts the cluster unless a healthy one is already running; returns how to reach it. `addons` (names in
-    ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way."""
+    ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way.
+    `profiling`: the API server serves Go's profiles at /debug/pprof (to the admin credentials)."""
     layout = Layout(root.resolve())
     # No kind asked for: the running cluster's (an add-on started for a test keeps the nodes it found).
     kind = node_kind or ("real" if realnodes.running(layout) else "process")
     options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory, kind)
     wanted = check_names(addons)
     with _locked(layout):
-        return _up_locked(layout, options, apiserver_port, wanted, log)
+        return _up_locked(layout, options, apiserver_port, wanted, log, profiling)
 
 
 def _run_nodeagent_cleanup(layout: Layout, log: Log) -> None:

@@ -67,6 +67,13 @@ def test_control_plane_flags_turn_on_the_workload_api_and_the_endpoint_reconcile
     assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in argv
     assert "--advertise-address=10.244.0.1" in argv and "--bind-address=0.0.0.0" in argv
     assert not any(arg.startswith("--endpoint-reconciler-type") for arg in argv)
+    assert "--profiling=false" in argv  # Go's profiles only for `up --profiling`
+
+
+def test_the_api_server_serves_profiles_only_when_asked(tmp_path):
+    endpoints = Endpoints(Layout(tmp_path), {"apiserver": 6443, "etcd": 2379})
+    argv = components.apiserver_argv(_bin_dir_of(tmp_path, "v1.36.3"), endpoints, profiling=True)
+    assert "--profiling=true" in argv and "--profiling=false" not in argv
 
 
 # Only 1.36 serves scheduling.k8s.io/v1alpha2, and each release refuses a gate or group version it does not know.
