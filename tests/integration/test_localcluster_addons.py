@@ -267,8 +267,10 @@ def test_kwok_nodes_run_pods_without_processes_and_leave_with_the_addon(cluster,
         running = wait_for(lambda: core.read_namespaced_pod("fake", namespace), 60, "the kwok pod Running",
                            until=lambda p: p.status.phase == "Running")
         assert running.spec.node_name.startswith(kwok_addon.NODE_PREFIX)
-        # From its uid, so that a stage played twice writes one address (kwok's pool gave each play a new one).
+        # From the pod alone, so that a stage played twice writes nothing the second time: its address from its
+        # uid (kwok's pool gave each play a new one), its times its creation (not each play's moment).
         assert running.status.pod_ip == kwok_addon.fake_pod_ip(running.metadata.uid)
+        assert running.status.start_time == running.metadata.creation_timestamp
     finally:
         controlplane.stop_addon(ROOT, "kwok", log=lambda line: None)
     assert core.list_node(label_selector=selector).items == []
