@@ -4,9 +4,9 @@
 `type=kwok`, taint kwok.x-k8s.io/node=fake:NoSchedule, so only pods that tolerate it and select `type: kwok`
 land there) and runs kwok's controller for them. kwok keeps their leases and Ready condition, and plays the
 stages in kwok/config.yaml on their pods: a pod bound there is Running and Ready at once, with a made-up IP
-taken from its uid (`fake_pod_ip`) and its creation time as its start, and goes as soon as it is deleted. No process runs, so nothing answers at that IP (a
-Service in front of such pods accepts through the node agent's proxy, then closes the connection). Capacity:
-kwok's defaults (1000 cpu, 1 Ti, a million pods per node).
+taken from its uid (`fake_pod_ip`) and its creation time as its start, and goes as soon as it is deleted. No
+process runs, so nothing answers at that IP (a Service in front of such pods accepts through the node agent's
+proxy, then closes the connection). Capacity: kwok's defaults (1000 cpu, 1 Ti, a million pods per node).
 
 `localcluster stop kwok` stops it and deletes its Nodes (the pod garbage collector then removes their pods);
 `down` stops it with the rest.
