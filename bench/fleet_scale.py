@@ -311,7 +311,7 @@ def main() -> int:
                              "made and removed a whole fleet)")
     parser.add_argument("--profile", type=float, default=None, metavar="S",
                         help="a 30 s CPU profile of the API server S seconds into each run (needs `localcluster up "
-                             "--profiling`)")
+                             "--profiling`; a run that ends sooner waits for it)")
     args = parser.parse_args()
     api = Api()
     api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
