@@ -53,13 +53,19 @@ def job_manifest(name: str, kwok: bool) -> dict:
                      "rendezvous": {"image": storestandin.IMAGE}, "template": {"spec": pod_spec}}}
 
 
-def request_counts(metric: str = "apiserver_request_total") -> Counter:
-    """A metric of the API server's requests (by default their number) summed per (verb, group, resource,
-    subresource)."""
+def apiserver_get(path: str, timeout: float = 30) -> bytes:
+    """GET `path` of the local cluster's API server with the admin credentials: its /metrics, its profiles."""
     endpoints = load_endpoints(Layout(ROOT))
-    with urllib.request.urlopen(f"{endpoints.server}/metrics", context=admin_context(endpoints.layout),
-                                timeout=30) as response:
-        text = response.read().decode()
+    with urllib.request.urlopen(f"{endpoints.server}{path}", context=admin_context(endpoints.layout),
+                                timeout=timeout) as response:
+        return response.read()
+
+
+def request_counts(metric: str = "apiserver_request_total", text: str | None = None) -> Counter:
+    """A metric of the API server's requests (by default their number) summed per (verb, group, resource,
+    subresource), from `text` (its /metrics, read now if not given)."""
+    if text is None:
+        text = apiserver_get("/metrics").decode()
     counts: Counter = Counter()
     for labels, value in re.findall(rf"^{re.escape(metric)}\{{([^}}]*)\}} (\S+)$", text, re.M):
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))

@@ -34,7 +34,6 @@ import re
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,19 +44,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet import METRICS_PORT, WORKER_SELECTOR, idle  # noqa: E402
 from fleet_cluster import (  # noqa: E402
     CONTROLLER_ROWS,
-    ROOT,
     THREADS,
     WORKERS,
     BareClient,
     Watch,
+    apiserver_get,
     create_jobs,
     namespace,
     request_counts,
     running,
 )
 from harness import GROUP, PLURAL, STATE_DIR, VERSION, Api, Operator, wait  # noqa: E402
-from localcluster.health import admin_context  # noqa: E402
-from localcluster.layout import Layout, load_endpoints  # noqa: E402
 
 CONVERGE_LIMIT = 3600.0
 DURATION_SUM = "apiserver_request_duration_seconds_sum"
@@ -108,11 +105,8 @@ def settled(job: dict) -> bool:
     return status.get("phase") == "Running" and status.get("readyReplicas") == WORKERS
 
 
-def open_watches() -> float:
-    endpoints = load_endpoints(Layout(ROOT))
-    with urllib.request.urlopen(f"{endpoints.server}/metrics", context=admin_context(endpoints.layout),
-                                timeout=30) as response:
-        text = response.read().decode()
+def open_watches(text: str) -> float:
+    """The watches open on the API server, from its /metrics `text`."""
     return sum(float(v) for labels, v in re.findall(r"^apiserver_longrunning_requests\{([^}]*)\} (\S+)$", text, re.M)
                if 'verb="WATCH"' in labels)
 
@@ -172,11 +166,8 @@ def profile_later(after: float, path: Path, seconds: int = 30) -> threading.Thre
     on stderr): the run goes on meanwhile."""
     def take() -> None:
         time.sleep(after)  # a point in the run to sample, not a wait for anything
-        endpoints = load_endpoints(Layout(ROOT))
         try:
-            with urllib.request.urlopen(f"{endpoints.server}/debug/pprof/profile?seconds={seconds}",
-                                        context=admin_context(endpoints.layout), timeout=seconds + 60) as response:
-                path.write_bytes(response.read())
+            path.write_bytes(apiserver_get(f"/debug/pprof/profile?seconds={seconds}", timeout=seconds + 60))
             print(f"    the API server's CPU profile: {path}", file=sys.stderr, flush=True)
         except OSError as exc:  # 404 when the API server runs without --profiling
             print(f"    no CPU profile of the API server ({exc}): start the cluster with `localcluster up "
@@ -192,8 +183,9 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     listed = Tally(lambda **kw: api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
                    judge=settled).start()
     wait(lambda: pods.listed.is_set() and listed.listed.is_set(), 60, "the bench's watches")
-    before, t0, cpu_before = request_counts(), time.monotonic(), cpu_seconds(proc)
-    took_before = request_counts(DURATION_SUM)
+    metrics = apiserver_get("/metrics").decode()  # one read for both counters, at each end
+    before, took_before = request_counts(text=metrics), request_counts(DURATION_SUM, metrics)
+    t0, cpu_before = time.monotonic(), cpu_seconds(proc)
     client = BareClient(api) if bare else None
     profiling = None if profile_after is None else profile_later(
         profile_after, STATE_DIR / f"apiserver-{jobs}-{'bare' if bare else 'operator'}.pprof")
@@ -207,10 +199,10 @@ def start_fleet(api: Api, ns: str, jobs: int, bare: bool, proc: psutil.Process |
     if not bare:  # the operator's status writes settle after the pods: count them too
         wait(lambda: listed.count() == jobs, 1800, f"{jobs} jobs Running with {WORKERS} ready", interval=1)
     wait(lambda: time.monotonic() - max(listed.last, pods.last) >= 5, 300, "no change for 5 s", interval=0.5)
-    counts, t1 = request_counts() - before, time.monotonic()
-    took = request_counts(DURATION_SUM) - took_before
+    metrics, t1 = apiserver_get("/metrics").decode(), time.monotonic()
+    counts, took = request_counts(text=metrics) - before, request_counts(DURATION_SUM, metrics) - took_before
     run = Run(seconds, sum(v for k, v in counts.items() if k in CONTROLLER_ROWS) / jobs,
-              sum(counts.values()) / (t1 - t0), open_watches(), cpu=cpu,
+              sum(counts.values()) / (t1 - t0), open_watches(metrics), cpu=cpu,
               service_create_s=took[SERVICE_CREATE] / max(counts[SERVICE_CREATE], 1))
     if proc is not None:
         steady = idle(proc)
