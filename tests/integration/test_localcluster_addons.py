@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -262,8 +263,12 @@ def test_kwok_nodes_run_pods_without_processes_and_leave_with_the_addon(cluster,
     selector = f"{kwok_addon.LABEL[0]}={kwok_addon.LABEL[1]}"
     try:
         assert len(core.list_node(label_selector=selector).items) == kwok_addon.FAKE_NODES
-        pod = _pod("fake", "100", **kwok_addon.POD_PLACEMENT)  # 100 cpu: more than any real node has
-        core.create_namespaced_pod(namespace, pod)
+        # 100 cpu: more than any real node has. Held back by a gate until its creation is a second old, so that
+        # a start time taken when kwok plays its stage would differ from the creation time (both whole seconds).
+        pod = _pod("fake", "100", schedulingGates=[{"name": "elasticjob.dev/test"}], **kwok_addon.POD_PLACEMENT)
+        created = core.create_namespaced_pod(namespace, pod).metadata.creation_timestamp
+        wait_for(lambda: datetime.now(UTC) >= created + timedelta(seconds=1.5), 10, "a second on the clock")
+        core.patch_namespaced_pod("fake", namespace, {"spec": {"schedulingGates": None}})
         running = wait_for(lambda: core.read_namespaced_pod("fake", namespace), 60, "the kwok pod Running",
                            until=lambda p: p.status.phase == "Running")
         assert running.spec.node_name.startswith(kwok_addon.NODE_PREFIX)
