@@ -6,8 +6,6 @@ only while a job is not finished, and go with it.
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECONCILES = Counter("elasticjob_reconciles_total", "Reconciles of ElasticJobs", ["result"])
@@ -41,12 +39,13 @@ PHASES = ("Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "
 FINISHED = ("Succeeded", "Failed")
 
 _phases: dict[tuple[str, str], str] = {}
+for _name in PHASES:  # every phase's series exists from the start, at 0 (the dashboard's stacked panel)
+    JOBS.labels(_name)
 
 
 def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: float | None = None) -> None:
     """The job's phase now: the fleet gauge, and the per-job series while it is unfinished."""
-    _phases[(namespace, job)] = phase
-    _publish_fleet()
+    _move((namespace, job), phase)
     if phase in FINISHED:
         _forget_series(namespace, job)
         return
@@ -58,15 +57,21 @@ def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: fl
 
 
 def forget_job(namespace: str, job: str) -> None:
-    _phases.pop((namespace, job), None)
-    _publish_fleet()
+    _move((namespace, job), None)
     _forget_series(namespace, job)
 
 
-def _publish_fleet() -> None:
-    counts = Tally(_phases.values())
-    for name in PHASES:
-        JOBS.labels(name).set(counts.get(name, 0))
+def _move(key: tuple[str, str], phase: str | None) -> None:
+    """The fleet gauge follows one job's move. Every reconcile observes its job: counting the whole fleet each
+    time cost n steps per reconcile at n jobs (7% of the operator's CPU at 3,000 jobs on kwok, and growing)."""
+    before = _phases.pop(key, None) if phase is None else _phases.get(key)
+    if before == phase:
+        return
+    if phase is not None:
+        _phases[key] = phase
+        JOBS.labels(phase).inc()
+    if before is not None:
+        JOBS.labels(before).dec()
 
 
 def _forget_series(namespace: str, job: str) -> None:

@@ -70,3 +70,23 @@ def test_jobs_by_phase_and_per_job_series_only_while_unfinished():
     assert value("elasticjob_jobs", phase="Succeeded") >= 1
     metrics.forget_job("ml", "a")
     assert REGISTRY.get_sample_value("elasticjob_job_phase", {"namespace": "ml", "job": "a", "phase": "Running"}) is None
+
+
+def test_the_fleet_gauge_counts_each_job_once_in_its_latest_phase():
+    from elasticjob import metrics
+
+    def counts():
+        return {phase: value("elasticjob_jobs", phase=phase) for phase in metrics.PHASES}
+
+    before = counts()
+    metrics.observe_job("fleet", "a", "Pending", 0)
+    metrics.observe_job("fleet", "a", "Pending", 0)  # observed again: not counted twice
+    metrics.observe_job("fleet", "b", "Pending", 0)
+    metrics.observe_job("fleet", "a", "Running", 0)
+    metrics.observe_job("fleet", "b", "Failed", 1)
+    metrics.forget_job("fleet", "b")
+    metrics.forget_job("fleet", "never-seen")
+    moved = {phase: counts()[phase] - before[phase] for phase in metrics.PHASES}
+    assert moved == {**{phase: 0 for phase in metrics.PHASES}, "Running": 1}
+    metrics.forget_job("fleet", "a")
+    assert counts() == before
