@@ -16,8 +16,10 @@ REFUSED_CREATE = (2, 4, 8, 15, 30, 60, 120, 300)
 # The long-poll on a job's store after the Nth failure in a row (rendezvous_client.py). Its watch stops while the
 # store pod is not Ready and starts afresh when it is, so a store that comes back is asked at once; the long steps
 # are for a Ready pod whose control port does not answer (a NetworkPolicy that shuts the operator out; kwok's
-# fake pods): asked every 5 s, 10,000 of them cost the operator more CPU than the rest of its work.
-STORE_POLL = (0.5, 1, 2, 5, 10, 30)
+# fake pods): asked every 5 s, 10,000 of them cost the operator more CPU than the rest of its work. The last step
+# is an idle long-poll's length (rendezvous_client.LONG_POLL_SECONDS): a store that does not answer costs no more
+# than one that does.
+STORE_POLL = (0.5, 1, 2, 5, 10, 30, 60)
 # Asking discovery again at start until it answers whether Kueue is there (kueue/discovery.py).
 KUEUE_DISCOVERY = 2.0
 

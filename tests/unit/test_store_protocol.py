@@ -296,3 +296,15 @@ def test_the_protocol_pulls_in_nothing_but_the_standard_library():
             "assert ours == ['elasticjob_store', 'elasticjob_store.protocol'], ours\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_operators_long_poll_is_one_every_store_accepts():
+    """A store refuses a wait past its MAX_WAIT (60 s in every version since the long-poll): a longer idle poll in
+    the operator would watch no store at all."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from elasticjob import rendezvous_client
+
+    path = protocol.StateQuery(7, "ab", rendezvous_client.LONG_POLL_SECONDS).path()
+    asked = protocol.StateQuery.from_query(parse_qs(urlsplit(path).query))
+    assert asked.wait == rendezvous_client.LONG_POLL_SECONDS <= protocol.MAX_WAIT
