@@ -22,15 +22,20 @@ prints:
   `go tool pprof` (what in the API server the operator's requests cost, against the bare client's).
 
 Pods and events are tallied, not kept: a 10,000-job fleet is 50,000 pods. Between runs the operator is stopped,
-then every pod is removed at once (grace 0: kwok's pods have no process to stop) and the namespace deleted.
+then every pod is removed at once (grace 0: kwok's pods have no process to stop) and the namespace deleted. With
+`--fresh`, each run has a kwok cluster of its own instead, started anew (an empty etcd, new processes): otherwise
+the run after a 10,000-job fleet meets a cluster that made and removed one (which of the two runs goes second moved
+the ratio by an unknown share), after a clearing of about 25 minutes.
 
     .venv/bin/localcluster up --nodes 0 --kwok && .venv/bin/python bench/fleet_scale.py 1000 3000 10000
+    .venv/bin/python bench/fleet_scale.py --fresh --operator-first 10000
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -54,7 +59,7 @@ from fleet_cluster import (  # noqa: E402
     request_counts,
     running,
 )
-from harness import GROUP, PLURAL, STATE_DIR, VERSION, Api, Operator, wait  # noqa: E402
+from harness import GROUP, PLURAL, ROOT, STATE_DIR, VERSION, Api, Operator, wait  # noqa: E402
 
 CONVERGE_LIMIT = 3600.0
 DURATION_SUM = "apiserver_request_duration_seconds_sum"
@@ -244,22 +249,31 @@ def said(side: str, jobs: int, run: Run) -> None:
           f"{run.cpu_per_minute:.2f} s/min; CPU s: {cpu}", file=sys.stderr, flush=True)
 
 
-def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool,
-            profile_after: float | None) -> tuple[Run, Run]:
+def measure(jobs: int, operator_args: list[str], operator_first: bool, profile_after: float | None,
+            fresh: bool) -> tuple[Run, Run]:
+    """Both sides at `jobs`; with `fresh`, each on a cluster of its own, started anew, so neither meets what the
+    other left (a cluster that made and removed 10,000 jobs is slower for the run after it)."""
+    def cluster() -> Api:
+        return cluster_api(fresh, profile_after is not None)
+
     def bare_run() -> Run:
+        api = cluster()
         with namespace(api, "scale-bare") as ns:
             bare = start_fleet(api, ns, jobs, True, None, profile_after)
             said("bare client", jobs, bare)
-            clear(api, ns)
+            if not fresh:
+                clear(api, ns)
         return bare
 
     def operator_run() -> Run:
+        api = cluster()
         with namespace(api, "scale-op") as ns:
             with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
                           [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
                 operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid), profile_after)
             said("operator", jobs, operator)
-            clear(api, ns)
+            if not fresh:
+                clear(api, ns)
         return operator
 
     if operator_first:
@@ -267,6 +281,27 @@ def measure(api: Api, jobs: int, operator_args: list[str], operator_first: bool,
         return operator, bare_run()
     bare = bare_run()
     return operator_run(), bare
+
+
+_shared: list[Api] = []
+
+
+def cluster_api(fresh: bool, profiling: bool) -> Api:
+    """The bench's client, its CRD installed; with `fresh`, on a kwok cluster started anew (`localcluster down`,
+    then `up`: an empty etcd, every component a new process), else the one cluster every run shares."""
+    if not fresh and _shared:
+        return _shared[0]
+    if fresh:
+        for argv in (["down"], ["up", "--nodes", "0", "--kwok", *(["--profiling"] if profiling else [])]):
+            print(f"  localcluster {' '.join(argv)}", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "localcluster", *argv], cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
+    api = Api()
+    api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
+    api.install_crd()
+    if not fresh:
+        _shared.append(api)
+    return api
 
 
 def table(results: dict[int, tuple[Run, Run]]) -> None:
@@ -299,18 +334,19 @@ def main() -> int:
     parser.add_argument("sizes", type=int, nargs="*", default=[1000, 3000, 10000], help="jobs per fleet")
     parser.add_argument("--operator-args", default="", help="extra arguments for `elasticjob run`")
     parser.add_argument("--operator-first", action="store_true",
-                        help="the operator's run before the bare client's (the second run meets a cluster that has "
-                             "made and removed a whole fleet)")
+                        help="the operator's run before the bare client's (without --fresh, the second run meets a "
+                             "cluster that has made and removed a whole fleet)")
     parser.add_argument("--profile", type=float, default=None, metavar="S",
                         help="a 30 s CPU profile of the API server S seconds into each run (needs `localcluster up "
                              "--profiling`; a run that ends sooner waits for it)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="each run on a kwok cluster of its own, started anew (`localcluster down`, then `up "
+                             "--nodes 0 --kwok`, with --profiling for --profile): no run meets what the one before "
+                             "it left, and nothing is cleared; the last run's fleet is left on the cluster")
     args = parser.parse_args()
-    api = Api()
-    api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
-    api.install_crd()
     results = {}
     for jobs in args.sizes:
-        results[jobs] = measure(api, jobs, args.operator_args.split(), args.operator_first, args.profile)
+        results[jobs] = measure(jobs, args.operator_args.split(), args.operator_first, args.profile, args.fresh)
         table(results)  # so far, in case a larger size does not finish
     return 0
 

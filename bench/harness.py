@@ -49,6 +49,9 @@ class Api:
     def install_crd(self) -> None:
         subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "apply", "--server-side", "--force-conflicts",
                         "-f", str(ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml")], check=True, capture_output=True)
+        # On a cluster just started, jobs made before the CRD is established are refused (404).
+        subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "wait", "--for=condition=Established",
+                        "--timeout=60s", f"crd/{PLURAL}.{GROUP}"], check=True, capture_output=True)
 
     @contextlib.contextmanager
     def namespace(self, prefix: str) -> Iterator[str]:
