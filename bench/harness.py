@@ -49,9 +49,15 @@ class Api:
     def install_crd(self) -> None:
         subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "apply", "--server-side", "--force-conflicts",
                         "-f", str(ROOT / "crds" / "elasticjob.dev_elasticjobs.yaml")], check=True, capture_output=True)
-        # On a cluster just started, jobs made before the CRD is established are refused (404).
-        subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "wait", "--for=condition=Established",
-                        "--timeout=60s", f"crd/{PLURAL}.{GROUP}"], check=True, capture_output=True)
+        # On a cluster just started, jobs made before the CRD is established are refused (404). (`kubectl wait`
+        # fails at once while the CRD has no conditions yet.)
+        extensions = client.ApiextensionsV1Api(self.client)
+
+        def established() -> bool:
+            conditions = extensions.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait(established, 60, "the ElasticJob CRD established")
 
     @contextlib.contextmanager
     def namespace(self, prefix: str) -> Iterator[str]:
