@@ -107,9 +107,8 @@ bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on on
 	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
 	$(PY) bench/fleet.py
 
-bench-fleet-scale: $(VENV)/.installed ## 1,000, 3,000 and 10,000 jobs on one operator (kwok) vs a bare client: converge, requests per job, API server load, memory (about 90 minutes)
-	$(VENV)/bin/localcluster up --nodes 0 --kwok
-	$(PY) bench/fleet_scale.py 1000 3000 10000
+bench-fleet-scale: $(VENV)/.installed ## 1,000, 3,000 and 10,000 jobs on one operator (kwok) vs a bare client: converge, requests per job, API server load, memory; each run on a kwok cluster started anew, so the local cluster running is stopped (about 75 minutes)
+	$(PY) bench/fleet_scale.py --fresh 1000 3000 10000
 
 bench-checkpoint: $(VENV)/.installed ## Checkpoints in memory (elasticjob_ckpt) vs torch.save: the save stall for 1 GiB and the load after a worker kill, medians of RUNS (default 5); local processes, no cluster
 	$(PY) bench/checkpoint.py --runs $(or $(RUNS),5)

@@ -146,16 +146,18 @@ def running(pod: dict) -> bool:
 
 
 @contextmanager
-def namespace(api: Api, prefix: str) -> Iterator[str]:
+def namespace(api: Api, prefix: str, keep: bool = False) -> Iterator[str]:
     """A fresh namespace; deleted afterwards, waiting until it is gone so that the next measurement starts
-    from a quiet cluster."""
+    from a quiet cluster, unless `keep` (the cluster goes with it: at 10,000 jobs the namespace controller takes
+    longer than the run to delete one)."""
     name = f"{prefix}-{random.randrange(16**6):06x}"
     api.core.create_namespace({"metadata": {"name": name}})
     try:
         yield name
     finally:
-        api.core.delete_namespace(name, propagation_policy="Background")
-        wait(lambda: not _exists(api, name), 900, f"namespace {name} deleted", interval=1)
+        if not keep:
+            api.core.delete_namespace(name, propagation_policy="Background")
+            wait(lambda: not _exists(api, name), 900, f"namespace {name} deleted", interval=1)
 
 
 def _exists(api: Api, name: str) -> bool:

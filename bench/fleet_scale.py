@@ -258,7 +258,7 @@ def measure(jobs: int, operator_args: list[str], operator_first: bool, profile_a
 
     def bare_run() -> Run:
         api = cluster()
-        with namespace(api, "scale-bare") as ns:
+        with namespace(api, "scale-bare", keep=fresh) as ns:
             bare = start_fleet(api, ns, jobs, True, None, profile_after)
             said("bare client", jobs, bare)
             if not fresh:
@@ -267,7 +267,7 @@ def measure(jobs: int, operator_args: list[str], operator_first: bool, profile_a
 
     def operator_run() -> Run:
         api = cluster()
-        with namespace(api, "scale-op") as ns:
+        with namespace(api, "scale-op", keep=fresh) as ns:
             with Operator(STATE_DIR / f"fleet-scale-{jobs}.log",
                           [*operator_args, "--metrics-port", str(METRICS_PORT)]) as op:
                 operator = start_fleet(api, ns, jobs, False, psutil.Process(op.proc.pid), profile_after)
