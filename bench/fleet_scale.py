@@ -34,6 +34,7 @@ the ratio by an unknown share), after a clearing of about 25 minutes.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import subprocess
 import sys
@@ -251,8 +252,8 @@ def said(side: str, jobs: int, run: Run) -> None:
 
 def measure(jobs: int, operator_args: list[str], operator_first: bool, profile_after: float | None,
             fresh: bool) -> tuple[Run, Run]:
-    """Both sides at `jobs`; with `fresh`, each on a cluster of its own, started anew, so neither meets what the
-    other left (a cluster that made and removed 10,000 jobs is slower for the run after it)."""
+    """Both sides at `jobs`; with `fresh`, each on a cluster of its own, started anew, so that neither meets what
+    the other left (a cluster that made and removed 10,000 jobs)."""
     def cluster() -> Api:
         return cluster_api(fresh, profile_after is not None)
 
@@ -283,24 +284,26 @@ def measure(jobs: int, operator_args: list[str], operator_first: bool, profile_a
     return operator_run(), bare
 
 
-_shared: list[Api] = []
-
-
 def cluster_api(fresh: bool, profiling: bool) -> Api:
     """The bench's client, its CRD installed; with `fresh`, on a kwok cluster started anew (`localcluster down`,
     then `up`: an empty etcd, every component a new process), else the one cluster every run shares."""
-    if not fresh and _shared:
-        return _shared[0]
-    if fresh:
-        for argv in (["down"], ["up", "--nodes", "0", "--kwok", *(["--profiling"] if profiling else [])]):
-            print(f"  localcluster {' '.join(argv)}", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "localcluster", *argv], cwd=ROOT, check=True,
-                           stdout=subprocess.DEVNULL)
+    if not fresh:
+        return shared_api()
+    for argv in (["down"], ["up", "--nodes", "0", "--kwok", *(["--profiling"] if profiling else [])]):
+        print(f"  localcluster {' '.join(argv)}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "localcluster", *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return connected_api()
+
+
+@functools.cache
+def shared_api() -> Api:
+    return connected_api()
+
+
+def connected_api() -> Api:
     api = Api()
     api.connections(2 * THREADS + 8)  # the job creators, the bare client's threads, the watches
     api.install_crd()
-    if not fresh:
-        _shared.append(api)
     return api
 
 
