@@ -53,3 +53,18 @@ def test_the_operator_loads_none_of_the_generated_api_classes():
     """Each costs megabytes resident (CoreV1Api alone 21 MB): a third of the operator's memory at start."""
     out = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize(("method", "path", "query", "expected"), [
+    ("POST", rest.resource("v1", "ns", "pods"), None, ("POST", "pods")),
+    ("GET", rest.resource("v1", "ns", "pods"), {"watch": True}, ("WATCH", "pods")),
+    ("GET", rest.resource("v1", None, "pods"), {"labelSelector": "a"}, ("LIST", "pods")),
+    ("GET", rest.resource("v1", "ns", "pods", "w-0", "log"), None, ("GET", "pods/log")),
+    ("PATCH", rest.resource("elasticjob.dev/v1alpha1", "ns", "elasticjobs", "j", "status"), None,
+     ("PATCH", "elasticjobs/status")),
+    ("GET", rest.resource("v1", None, "namespaces", "ns"), None, ("GET", "namespaces")),
+    ("GET", rest.resource("v1", None, "nodes", "node-1"), None, ("GET", "nodes")),
+    ("DELETE", rest.resource("kueue.x-k8s.io/v1beta2", "ns", "workloads", "w"), None, ("DELETE", "workloads")),
+])
+def test_each_request_is_counted_by_verb_and_resource(method, path, query, expected):
+    assert rest.verb_and_resource(method, path, query) == expected
