@@ -181,7 +181,7 @@ def measure(setup, api: Api, minutes: float, faults: list[gm.Fault]) -> gm.Resul
     incidents = gm.in_window(list(run.incidents.values()), start, end) if setup.has_ledger else None
     return gm.Result(setup.name, end - start, gm.ettr(found, start, end),
                      (end - start) - gm.productive_seconds(found, start, end),
-                     gm.lost_per_fault(found, start, end, run.made), incidents, run.skipped)
+                     gm.lost_per_fault(found, start, end, run.made), incidents, run.skipped, start)
 
 
 # --- the tables -------------------------------------------------------------------------------------------
@@ -224,6 +224,10 @@ def main() -> int:
     print(gm.render(gm.summary_rows(results)))
     print("\nseconds lost per fault, by kind: median (faults)\n")
     print(gm.render(gm.per_kind_rows(results)))
+    for result in results:
+        if result.incidents:
+            print(f"\nthe ledger's incidents, {result.setup} (seconds from the window's start)\n")
+            print(gm.render(gm.incident_rows(result, result.start)))
     return 0
 
 

@@ -139,6 +139,7 @@ class Result:
     per_fault: list[tuple[str, float]]
     incidents: list[dict] | None  # None: no ledger (no operator)
     skipped: list[str]
+    start: float = 0.0  # the window's start (unix seconds)
 
 
 def summary_rows(results: list[Result]) -> list[list[str]]:
@@ -165,6 +166,17 @@ def per_kind_rows(results: list[Result]) -> list[list[str]]:
             lost = [s for k, s in r.per_fault if k == kind]
             cells.append(f"{statistics.median(lost):.1f} ({len(lost)})" if lost else "-")
         rows.append([kind, *cells])
+    return rows
+
+
+def incident_rows(result: Result, start: float) -> list[list[str]]:
+    """Each incident the ledger closed in the window: when, what, its loss and phases (where the seconds went)."""
+    rows = [["at s", "kind", "reason", "lost s", *PHASES]]
+    for i in sorted(result.incidents or [], key=lambda i: i["startTime"]):
+        phases = i.get("phases") or {}
+        rows.append([f"{parse_time(i['startTime']) - start:.1f}", i.get("kind", ""), i.get("reason", ""),
+                     f"{i.get('lostSeconds') or 0.0:.1f}",
+                     *("-" if phases.get(p) is None else f"{phases[p]:.1f}" for p in PHASES)])
     return rows
 
 

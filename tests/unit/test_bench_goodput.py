@@ -107,6 +107,15 @@ def test_the_summary_shows_a_setup_without_a_ledger_as_such():
     assert gm.per_kind_rows(results)[1] == ["rank0", "5.0 (1)", "60.0 (1)"]
 
 
+def test_each_incident_is_listed_in_time_order_with_its_phases():
+    later = incident("Partition", "2026-01-01T00:04:00.000Z", 6.0, detect=4.0, replace=2.0)
+    earlier = incident("Rank0Lost", "2026-01-01T00:02:00.500Z", 4.0, detect=1.0, rendezvous=0.5)
+    result = gm.Result("operator", 600, 98.0, 10.0, [], [later, earlier], [])
+    rows = gm.incident_rows(result, gm.parse_time("2026-01-01T00:00:00Z"))
+    assert rows[1] == ["120.5", "Rank0Lost", "", "4.0", "1.0", "-", "0.5", "-", "-", "-"]
+    assert rows[2][:5] == ["240.0", "Partition", "", "6.0", "4.0"]
+
+
 def test_the_by_hand_setup_is_valid_kubernetes_with_the_rendezvous_on_pod_0():
     import kubernetes_validate
     from test_chart import KUBE_VERSION
