@@ -9,7 +9,8 @@ from elasticjob.models import ElasticJobSpec
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 # An agent is stale once its heartbeat is this many keep-alive intervals old: one missed keep-alive
 # (measured: waiting for it cost 0.25 s at the median, and it keeps a slow agent from being taken for dead).
-STALE_FACTOR = 1.25
+# Half an interval of slack: at the 1 s default, a heartbeat up to 0.5 s late on a loaded node is not missed.
+STALE_FACTOR = 1.5
 
 # Set by the operator or by the agent itself; a user value would silently fight ours.
 RESERVED_ENV = frozenset({

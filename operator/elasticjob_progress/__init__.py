@@ -20,7 +20,7 @@ has the job's store pick a step all ranks stop after, and waits (spec.runPolicy.
 every rank saved it; a worker restarted after it resumes from that step and none is done again. A script that
 never asks should_stop is never waited for. The rest is a no-op outside a job (no torchrun rank, no
 PET_RDZV_ENDPOINT, no torch) and on every rank but 0. On rank 0
-the calls only note a number and a time; a daemon thread writes the latest report, at most once a second, under
+the calls only note a number and a time; a daemon thread writes the latest report, at most twice a second, under
 one key of the job's own rendezvous store (the c10d TCPStore the agents meet in, PET_RDZV_ENDPOINT), where the
 store's process reads it and the operator shows it in the job's downtime ledger (status.goodput). Nothing here
 waits on the network in the training loop: a lost store costs the thread its reports, never the script a step.
@@ -44,7 +44,9 @@ from elasticjob_progress.report import KEY, Report
 
 __all__ = ["KEY", "Progress"]
 
-INTERVAL = 1.0
+# Twice a second: the store takes two intervals without a new report for a stall (every rank waits on a lost
+# peer), and with a missed heartbeat that takes the peer out: at 1 s, a partition was noticed about 1 s later.
+INTERVAL = 0.5
 # How long a connection to the store or a write may take before the reporter gives up and tries again later.
 STORE_TIMEOUT = 5.0
 # At the interpreter's exit, the last report is given this long to go out.
@@ -96,7 +98,7 @@ class Progress:
         self._listener: stop.Listener | None = None
         self._clock = clock
         self._report = Report(pod=env.get("POD_NAME", "")[:253], started_at=clock(),
-                              restart=_int(env.get("TORCHELASTIC_RESTART_COUNT")))
+                              restart=_int(env.get("TORCHELASTIC_RESTART_COUNT")), interval=interval)
         address = endpoint(env)
         self.active = reporting_rank(env) and (store is not None or address is not None)
         self._connect: Callable[[], Any] = (lambda: store) if store is not None else \

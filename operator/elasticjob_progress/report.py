@@ -30,6 +30,8 @@ class Report:
     loaded: tuple[int, float] | None = None
     listens: bool = False  # the script asks should_stop(): the operator may ask it to stop at a step
     stopped: tuple[int, float] | None = None  # every rank saved the planned stop's step and stopped
+    # The least time between two writes: the store takes a report unchanged for two of them as a stall.
+    interval: float | None = None
     # Bumped by every change: the reporter writes only when it moved since its last write.
     changes: int = 0
 
@@ -80,4 +82,5 @@ class Report:
             "firstStep": self.first_step, "firstStepAt": at(self.first_step_at),
             "saved": mark(self.saved), "loadingAt": at(self.loading), "loaded": mark(self.loaded),
             "listens": self.listens, "stopped": mark(self.stopped), "sentAt": at(now),
+            "interval": self.interval,
         }

@@ -23,11 +23,15 @@ MAX_STEP_SECONDS = 86400.0
 TIMES = ("startedAt", "stepAt", "firstStepAt", "loadingAt", "sentAt")
 STEPS = ("step", "firstStep")
 MARKS = ("saved", "loaded", "stopped")
-# Stalled: a report that named a step and has not changed for this long. Rank 0 writes at most once a second
-# (elasticjob_progress.INTERVAL) and a step of 0.1 s changes it at each write; a slow step waits STALL_STEPS of it.
-STALL_SECONDS = 2.0
+# Stalled: a report that named a step and has not changed for STALL_INTERVALS of the writer's interval (the
+# report's own `interval`, elasticjob_progress.INTERVAL; a writer that does not say wrote once a second), and a
+# slow step for STALL_STEPS of it. A step of 0.1 s changes the report at each write.
+STALL_INTERVALS = 2.0
 STALL_STEPS = 3
-WRITE_INTERVAL = 1.0
+UNSTATED_INTERVAL = 1.0
+# The store reads the report four times a second (control.POLL_INTERVAL): a shorter interval is read as this.
+MIN_INTERVAL = 0.25
+MAX_INTERVAL = 60.0
 
 
 def _time(value: Any) -> float | None:
@@ -60,12 +64,14 @@ def check(raw: bytes) -> dict[str, Any] | None:
         return None
     pod = body.get("pod")
     seconds = _time(body.get("stepSeconds"))
+    interval = _time(body.get("interval"))
     report: dict[str, Any] = {
         "pod": "".join(ch for ch in pod[:MAX_POD] if ch.isprintable()) if isinstance(pod, str) else "",
         "restart": _step(body.get("restart")) or 0,
         "stepSeconds": seconds if seconds is not None and seconds <= MAX_STEP_SECONDS else None,
         # The script asks should_stop(): a planned stop reaches it (elasticjob_progress/stop.py).
         "listens": body.get("listens") is True,
+        "interval": None if interval is None else min(max(interval, MIN_INTERVAL), MAX_INTERVAL),
     }
     report.update({name: _time(body.get(name)) for name in TIMES})
     report.update({name: _step(body.get(name)) for name in STEPS})
@@ -101,8 +107,8 @@ class ProgressReader:
         report = self.report
         if report is None or report["step"] is None or self.received_at is None:
             return False
-        step = report["stepSeconds"] or 0.0
-        return now - self.received_at > max(STALL_SECONDS, WRITE_INTERVAL + STALL_STEPS * step)
+        step, interval = report["stepSeconds"] or 0.0, report["interval"] or UNSTATED_INTERVAL
+        return now - self.received_at > max(STALL_INTERVALS * interval, interval + STALL_STEPS * step)
 
     def landmarks(self, now: float) -> tuple[Any, ...]:
         """What wakes the operator's long-poll: a new worker process, its first step, a checkpoint loaded, a planned

@@ -55,7 +55,7 @@ def test_example_parses_with_the_defaults_we_document():
     doc = yaml.safe_load((ROOT / "examples" / "elasticjob.yaml").read_text())
     spec = ElasticJobSpec.model_validate(doc["spec"])
     assert (spec.min_replicas, spec.max_replicas, spec.desired_replicas) == (1, 3, 2)
-    assert spec.rendezvous.port == 29400 and spec.rendezvous.keep_alive_interval_seconds == 2
+    assert spec.rendezvous.port == 29400 and spec.rendezvous.keep_alive_interval_seconds == 1
 
 
 def test_example_hpa_drives_the_example_job_within_its_bounds():

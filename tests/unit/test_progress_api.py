@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import elasticjob_progress
 from elasticjob import rendezvous_client
-from elasticjob_progress.report import KEY
+from elasticjob_progress.report import KEY, Report
 from elasticjob_store import progress as store_progress
 from elasticjob_store.control import Control
 from helpers import wait_for
@@ -101,20 +101,27 @@ def test_the_store_reports_the_latest_report_with_the_time_it_saw_it(tcp_store):
     assert seen["step"] == 7 and seen["pod"] == "train-worker-1" and seen["receivedAt"] == clock[0]
     view = rendezvous_client.parse_progress(seen)
     assert view is not None and view.step == 7 and view.first_step == 7
-    clock[0] += 1
+    clock[0] += 0.4  # under two of the writer's intervals (0.25 s at the least): no stall yet
     control.poll()  # unchanged bytes: the time it was first seen stands, and nobody is woken
     assert control.progress.describe(clock[0])["receivedAt"] == seen["receivedAt"] and control.version == version
 
 
-@pytest.mark.parametrize(("step_seconds", "stalls_after"), [(0.1, 2.0), (None, 2.0), (2.0, 7.0)])
-def test_a_report_unchanged_past_a_few_steps_is_a_stall_that_wakes_the_operator(tcp_store, step_seconds,
+@pytest.mark.parametrize(("step_seconds", "interval", "stalls_after"), [
+    (0.1, 0.5, 1.0),  # this writer's: two of its intervals
+    (0.1, None, 2.0), (None, None, 2.0),  # a writer that does not say its interval wrote once a second
+    (2.0, 0.5, 6.5), (2.0, None, 7.0),  # a slow step: three of them past one interval
+    (None, 0.01, 0.5),  # read four times a second: a shorter interval counts as a quarter second
+])
+def test_a_report_unchanged_past_a_few_steps_is_a_stall_that_wakes_the_operator(tcp_store, step_seconds, interval,
                                                                                   stalls_after):
     clock = [1_900_000_000.0]
     control = Control(tcp_store, "run-1", 1, 2, clock=lambda: clock[0], log=lambda _line: None)
 
     def report(step: int) -> None:
-        tcp_store.set(KEY, json.dumps({"v": 1, "pod": "w-0", "step": step,
-                                      "stepSeconds": step_seconds}).encode())
+        body = {"v": 1, "pod": "w-0", "step": step, "stepSeconds": step_seconds}
+        if interval is not None:
+            body["interval"] = interval
+        tcp_store.set(KEY, json.dumps(body).encode())
         control.poll()
 
     report(7)
@@ -165,6 +172,8 @@ def test_the_operator_refuses_a_report_out_of_range_but_keeps_the_reply():
     assert view is not None and view.round == 1 and view.progress is None
 
 
-def test_the_api_and_the_store_name_the_same_key_and_interval():
+def test_the_api_and_the_store_name_the_same_key_and_the_report_says_its_interval():
     assert KEY == store_progress.KEY == elasticjob_progress.KEY
-    assert store_progress.WRITE_INTERVAL == elasticjob_progress.INTERVAL
+    written = Report(pod="w-0", started_at=1.0, interval=elasticjob_progress.INTERVAL).wire(2.0)
+    checked = store_progress.check(json.dumps(written).encode())
+    assert checked is not None and checked["interval"] == elasticjob_progress.INTERVAL

@@ -35,7 +35,7 @@ def test_agent_env(fields, key, value):
 def test_rendezvous_conf_is_external_and_uses_measured_timeouts():
     conf = dict(pair.split("=") for pair in env_of(spec())["PET_RDZV_CONF"].split(","))
     assert conf == {"is_host": "false", "join_timeout": "600", "last_call_timeout": "2", "close_timeout": "10",
-                    "keep_alive_interval": "2", "keep_alive_max_attempt": "3", "read_timeout": "60"}
+                    "keep_alive_interval": "1", "keep_alive_max_attempt": "5", "read_timeout": "60"}
 
 
 def test_local_addr_is_the_pod_ip():

@@ -32,12 +32,14 @@ class RendezvousSpec(Model):
     close_timeout_seconds: int = Field(10, ge=1, le=3600, description="Seconds an agent may take to mark the "
                                        "rendezvous closed (it then takes no more nodes) when torchrun exits. "
                                        "Default 10.")
-    keep_alive_interval_seconds: int = Field(2, ge=1, le=600, description="Seconds between an agent's "
-                                             "heartbeats; times keepAliveMaxAttempts, how fast a lost node is "
-                                             "noticed. Default 2.")
-    keep_alive_max_attempts: int = Field(3, ge=2, le=100, description="Missed heartbeats before a node is "
-                                         "declared dead (at least 2: fewer caused split brain under load). "
-                                         "Default 3.")
+    keep_alive_interval_seconds: int = Field(1, ge=1, le=600, description="Seconds between an agent's "
+                                             "heartbeats. The operator takes an agent out once it missed one "
+                                             "(1.5 intervals) while the training reports no step, or its pod or "
+                                             "node is not Ready: how fast a partition or a lost node is noticed. "
+                                             "Default 1.")
+    keep_alive_max_attempts: int = Field(5, ge=2, le=100, description="Missed heartbeats before torch's agents "
+                                         "declare a node dead on their own, whatever the training does (at "
+                                         "least 2: fewer caused split brain under load). Default 5.")
     read_timeout_seconds: int = Field(60, ge=5, le=3600, description="Seconds an agent waits for one "
                                       "operation of the rendezvous store. Default 60.")
 
