@@ -38,9 +38,13 @@ MAX_NODES = 1024
 # operator gives up a little later. Any change is answered at once, so this is the cost of an idle job: one answer
 # per job per 55 s, 180 a second at 10,000 jobs.
 LONG_POLL_SECONDS = 55.0
-# At most one answer per this long per job: a store that changes its answer all the time (its version, its
-# epoch) wakes the job's loop no more often than this.
+# At most one answer per this long per job, on average: a store that changes its answer all the time (its version,
+# its epoch) wakes the job's loop no more often than this. ANSWER_BURST answers may come at once first: a
+# recovery is a few changes in a row (the training stalls, an agent misses a heartbeat, the survivors wait in a
+# round), and one answer a second made each of them wait up to a second for the one before (a partition was
+# noticed 2 s after it, its round re-formed 2 s later).
 MIN_ANSWER_INTERVAL = 1.0
+ANSWER_BURST = 4
 # What the operator logs of a store's own words (its `error`, `refused`): this long at most, printable only.
 MAX_STORE_TEXT = 200
 
@@ -272,14 +276,38 @@ class StoreClient:
             await self._session.close()
 
 
+class Pace:
+    """A token bucket: `burst` turns at once, then one per `interval`. Pacing, not synchronisation: however fast
+    a store answers, its job's loop wakes no more often than this. Slots and two floats: a limiter library's
+    object (aiolimiter's) is 0.5 KB, 5 MB at 10,000 jobs, against the operator's 600 MiB target."""
+
+    __slots__ = ("burst", "interval", "tokens", "filled_at")
+
+    def __init__(self, burst: int, interval: float) -> None:
+        self.burst, self.interval = float(burst), interval
+        self.tokens, self.filled_at = self.burst, asyncio.get_running_loop().time()
+
+    async def turn(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self.tokens = min(self.burst, self.tokens + (now - self.filled_at) / self.interval)
+        self.filled_at = now
+        if self.tokens < 1:
+            await asyncio.sleep((1 - self.tokens) * self.interval)
+            self.tokens, self.filled_at = 1.0, asyncio.get_running_loop().time()
+        self.tokens -= 1
+
+
 async def watch(client: StoreClient, host: str, port: int, job_uid: str,
                 on_view: Callable[[StoreView], None], max_nodes: int = MAX_NODES,
-                interval: float = MIN_ANSWER_INTERVAL) -> None:
-    """Long-polls one store for ever, handing over each view that differs from the last, at most one per
-    `interval`; an unreachable (or refused) store is asked again with backoff. Cancel the task to stop."""
+                interval: float = MIN_ANSWER_INTERVAL, burst: int = ANSWER_BURST) -> None:
+    """Long-polls one store for ever, handing over each view that differs from the last: `burst` at once, then
+    one per `interval` on average; an unreachable (or refused) store is asked again with backoff. Cancel the task
+    to stop."""
     last: StoreView | None = None
     failures = 0
+    pace = Pace(burst, interval)
     while True:
+        await pace.turn()
         view = await client.state(host, port, job_uid, after=last.version if last else -1,
                                   epoch=last.epoch if last else "", wait=LONG_POLL_SECONDS if last else 0.0,
                                   max_nodes=max_nodes)
@@ -291,6 +319,3 @@ async def watch(client: StoreClient, host: str, port: int, job_uid: str,
         if last is None or (view.epoch, view.version) != (last.epoch, last.version):
             on_view(view)
         last = view
-        # Pacing, not synchronisation: however fast the store answers, the job's loop wakes once per interval (a
-        # change meanwhile is the next long-poll's answer, at once).
-        await asyncio.sleep(interval)

@@ -204,8 +204,9 @@ def test_a_stores_words_are_truncated_and_stripped_of_control_characters():
         assert text.startswith("bad [31m  FAKE LOG LINE")
 
 
-def test_a_store_that_changes_at_every_answer_wakes_the_job_once_per_interval():
-    """Each answer a new version: the watch hands over one view per interval, not one per answer."""
+def test_a_store_that_changes_at_every_answer_wakes_the_job_a_burst_then_once_per_interval():
+    """Each answer a new version: the watch hands over the first `burst` views at once (a recovery's few changes in
+    a row), then one per interval, not one per answer."""
     answers = iter(range(1_000_000))
     server = serve(lambda: json.dumps({**GOOD, "version": next(answers)}).encode(), [])
     client = rendezvous_client.StoreClient(KEY)
@@ -217,11 +218,11 @@ def test_a_store_that_changes_at_every_answer_wakes_the_job_once_per_interval():
 
         def on_view(_view):
             seen.append(loop.time())
-            if len(seen) == 3:
+            if len(seen) == 6:
                 done.set()
 
         task = asyncio.create_task(rendezvous_client.watch(client, "127.0.0.1", server.server_address[1], "u",
-                                                           on_view, interval=0.5))
+                                                           on_view, interval=0.5, burst=3))
         try:
             await asyncio.wait_for(done.wait(), 30)
         finally:
@@ -232,7 +233,26 @@ def test_a_store_that_changes_at_every_answer_wakes_the_job_once_per_interval():
         asyncio.run(talk())
     finally:
         server.shutdown()
-    assert all(later - earlier >= 0.5 - 0.01 for earlier, later in zip(seen, seen[1:])), seen
+    assert seen[2] - seen[0] < 0.5, seen  # the burst: three views without waiting an interval
+    assert all(later - earlier >= 0.5 - 0.01 for earlier, later in zip(seen[2:], seen[3:])), seen
+
+
+@pytest.mark.parametrize(("idle", "at_once"), [(0.0, 0), (0.25, 0), (0.5, 1), (1.0, 2), (10.0, 4)])
+def test_the_pace_refills_one_turn_per_interval_up_to_the_burst(idle, at_once):
+    async def turns_without_waiting() -> int:
+        loop = asyncio.get_running_loop()
+        pace = rendezvous_client.Pace(4, 0.5)
+        for _ in range(4):  # the burst: spent at once
+            await pace.turn()
+        pace.filled_at -= idle  # as if `idle` seconds went by since
+        for count in range(6):
+            started = loop.time()
+            await pace.turn()
+            if loop.time() - started > 0.1:
+                return count
+        return 6
+
+    assert asyncio.run(turns_without_waiting()) == at_once
 
 
 def test_what_a_store_says_of_its_torch_reaches_the_job_without_control_characters():
