@@ -18,7 +18,8 @@ Three habits make recovery fast and lose nothing:
   the process until it is ended. The next run resumes from that step: none is done again. Where no stop could
   be planned (an image without the package, stopGraceSeconds 0), SIGTERM does it instead: the rank finishes its
   step, saves and exits 0; the others cannot step on without it, so nothing newer can be overwritten. A rank
-  stuck in a collective (its peer is gone) leaves after --sigterm-grace seconds instead of holding up the group.
+  stuck in a collective (its peer is gone) leaves at once once its step has run three times its usual length
+  (half a second at least), and after --sigterm-grace seconds at most, instead of holding up the group.
 - Checkpoints through elasticjob_ckpt where it is installed: a save copies the state into the pod's memory and
   returns, and a thread writes it to --checkpoint-dir behind; a worker restarted on the same pod loads it from
   memory, one on a new pod from the volume. Without the package, torch.save and torch.load on the volume.
@@ -211,6 +212,11 @@ def pause(args):
         pass
 
 
+# A step under way this many times its usual length (and this many seconds at least) on SIGTERM is stuck.
+STUCK_STEPS = 3
+STUCK_FLOOR = 0.5
+
+
 class Stop:
     """SIGTERM asks for a checkpoint at the end of the current step, then an exit.
 
@@ -221,6 +227,25 @@ class Stop:
 
     requested = False
     holding = False  # a planned stop was saved: the process only waits for its end (SIGTERM ends it at once)
+    began = None  # when the step under way began (time.monotonic()); None between steps
+    typical = None  # seconds a step takes, a running mean
+
+    @classmethod
+    @contextlib.contextmanager
+    def step(cls):
+        cls.began = time.monotonic()
+        try:
+            yield
+        finally:
+            took, cls.began = time.monotonic() - cls.began, None
+            cls.typical = took if cls.typical is None else cls.typical + 0.2 * (took - cls.typical)
+
+    @classmethod
+    def stuck(cls, now):
+        """A step under way for several times its usual length waits on a peer that is gone (a partition, a lost
+        node: no reset reaches the collective): no step boundary will come, so waiting out the grace is lost."""
+        began, typical = cls.began, cls.typical
+        return began is not None and typical is not None and now - began > max(STUCK_STEPS * typical, STUCK_FLOOR)
 
     @classmethod
     def install(cls, grace: float):
@@ -235,9 +260,17 @@ class Stop:
         while os.read(read_end, 1) != bytes([signal.SIGTERM]):
             pass
         cls.requested = True
-        if not cls.holding:
-            time.sleep(grace)  # the main loop saves and exits within one step; if not, it is stuck
-            print(f"SIGTERM: no step finished within {grace}s (stuck in a collective?); leaving", flush=True)
+        deadline = time.monotonic() + grace
+        # The main loop saves and exits within one step; if not, it is stuck.
+        while not cls.holding and (now := time.monotonic()) < deadline:
+            if cls.stuck(now):
+                print(f"SIGTERM: the step under way took {now - cls.began:.1f}s, over {STUCK_STEPS} times its "
+                      f"usual {cls.typical:.2f}s (stuck in a collective); leaving", flush=True)
+                break
+            time.sleep(0.02)  # a clock to read, not a condition to wait on: the main loop never signals it
+        else:
+            if not cls.holding:
+                print(f"SIGTERM: no step finished within {grace}s (stuck in a collective?); leaving", flush=True)
         os._exit(143)
 
 
@@ -341,7 +374,7 @@ def train(run: Run, timed_step) -> None:
         if args.fail_exit_code is not None:
             print(f"rank {run.rank} failing on purpose with exit code {args.fail_exit_code}", flush=True)
             sys.exit(args.fail_exit_code)
-        with timed_step():
+        with timed_step(), Stop.step():
             hang_once(args, run.rank, step)
             oom_once(args, run.rank, step)
             inputs, targets = synthetic_batch(args.seed, step, run.rank, run.device)

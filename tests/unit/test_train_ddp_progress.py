@@ -116,3 +116,29 @@ def test_without_the_checkpoint_package_the_example_saves_with_torch(tmp_path):
     assert [(r["step"], r["resumed_from"], r["loaded_from"]) for r in records] == [
         (1, 0, None), (2, 0, None), (3, 0, None), (4, 0, None), (5, 4, "file"), (6, 4, "file")]
     assert (ckpt / "checkpoint.pt").exists() and not list(ckpt.glob("*.ejckpt"))
+
+
+def test_a_rank_stuck_in_a_collective_leaves_on_sigterm_without_waiting_out_the_grace(tmp_path):
+    """Rank 0 hangs inside a step, so rank 1 waits in the step's collective for a peer that never comes (a
+    partition, a lost node: no reset reaches it). The operator then restarts the group, and its agent SIGTERMs
+    the workers: the stuck ranks leave at once, not after --sigterm-grace (60 s here; the default 2 s was most
+    of a partition's restart)."""
+    import psutil
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    agent = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--steps", "1000",
+                              "--step-seconds", "0.05", "--hang-at-step", "8", "--sigterm-grace", "60",
+                              "--checkpoint-dir", str(tmp_path)],
+                             env={**os.environ, "LOGLEVEL": "WARNING"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "hung-at-step-8").exists(), 120, "rank 0 hanging in step 8")
+        workers = wait_for(lambda: psutil.Process(agent.pid).children(), 30, "the workers", until=lambda c: len(c) == 2)
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        gone, alive = psutil.wait_procs(workers, timeout=30)  # well inside the 60 s grace
+        assert not alive and len(gone) == 2
+    finally:
+        agent.kill()
+        output = agent.communicate(timeout=60)[0]
+    assert output.count("(stuck in a collective); leaving") == 2, output[-3000:]
