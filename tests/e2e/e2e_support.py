@@ -58,7 +58,8 @@ def job_manifest(namespace: str, *, train_args: list[str], min_replicas: int = 1
         "checkpointDir": CHECKPOINT_MOUNT,
         # Keep finished pods: the scenarios assert on their exit codes.
         "runPolicy": {"cleanPodPolicy": "None"},
-        "rendezvous": {"lastCallTimeoutSeconds": 1, "keepAliveIntervalSeconds": 2, "keepAliveMaxAttempts": 3},
+        # Heartbeats at the defaults (1 s, 5 attempts): the scenarios prove what users get.
+        "rendezvous": {"lastCallTimeoutSeconds": 1},
         "template": {"spec": {
             "terminationGracePeriodSeconds": 5,
             "containers": [{
