@@ -36,7 +36,8 @@ class RendezvousSpec(Model):
                                              "heartbeats. The operator takes an agent out once it missed one "
                                              "(1.5 intervals) while the training reports no step, or its pod or "
                                              "node is not Ready: how fast a partition or a lost node is noticed. "
-                                             "Default 1.")
+                                             "Each heartbeat rewrites torch's whole rendezvous state in the store, "
+                                             "so jobs of hundreds of nodes may want a few seconds. Default 1.")
     keep_alive_max_attempts: int = Field(5, ge=2, le=100, description="Missed heartbeats before torch's agents "
                                          "declare a node dead on their own, whatever the training does (at "
                                          "least 2: fewer caused split brain under load). Default 5.")
