@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+# Counted in the client layer, where every request passes (rest.call); named here with the others.
+from elasticjob.rest import REQUESTS as API_REQUESTS  # noqa: F401
+
 RECONCILES = Counter("elasticjob_reconciles_total", "Reconciles of ElasticJobs", ["result"])
 RECONCILE_SECONDS = Histogram("elasticjob_reconcile_seconds", "Time of one reconcile of one job")
 ACTIONS = Counter("elasticjob_actions_total", "Actions applied to the cluster", ["action"])
