@@ -66,8 +66,8 @@ CASES = {
 @pytest.mark.parametrize("reason, seen, nodes, detect, fenced", CASES.values(), ids=CASES.keys())
 def test_a_partition_is_one_incident_from_the_last_step_whose_phases_add_up(reason, seen, nodes, detect, fenced):
     others = [worker(0), worker(2)]
-    # Stale but not yet past the limit: nothing is booked.
-    plan = step(running(True), [*others, worker(1, **seen)], 2.0, silent(2.0), 4, report(), nodes)
+    # Silent, but within one missed heartbeat (1.5 s of 1 s keep-alives): nothing is booked.
+    plan = step(running(True), [*others, worker(1, **seen)], 1.2, silent(1.2), 4, report(), nodes)
     assert plan.status.goodput.open_incident is None and not plan.cut_off
     # The cut-off: removed from the rendezvous, the survivors restarted.
     plan = step(plan.status, [*others, worker(1, **seen)], detect, silent(detect), 4, report(), nodes)
