@@ -62,6 +62,24 @@ def connect_or_start(path: str, agent_pid: int) -> socket.socket:
         return _connect(path) or _start(path, agent_pid)
 
 
+def probe(sock: socket.socket) -> socket.socket:
+    """A connection from connect_or_start that says nothing: the server closes it as soon as it accepts it,
+    which it does only once its imports are done (one thread: it is importing until then)."""
+    sock.shutdown(socket.SHUT_WR)
+    return sock
+
+
+def until_warm(sock: socket.socket, timeout: float) -> bool:
+    """Waits on a probe until the server has closed it. True when that came within `timeout` (or the server is
+    gone: its workers then start cold, so nothing is worth waiting for); the probe is closed either way."""
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            return sock.recv(1) == b""
+        except OSError:  # socket.timeout included
+            return False
+
+
 def _lock(lock: IO[Any], path: str) -> None:
     # Whoever holds the lock for ever (a wedged or hostile process) costs each worker a cold start, not a hang.
     deadline = time.monotonic() + LOCK_TIMEOUT

@@ -13,17 +13,24 @@ training save at an agreed step before torchrun stops the workers (evicted.py).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from elasticjob_warm import client, compat, evicted, notice, outage, polling, protocol, statecheck
+
+# The longest the agent waits for its server's imports before it joins the rendezvous regardless (a preload
+# that hangs would hang the workers as well; this only bounds the agent's part).
+WARM_WAIT = 30.0
 
 
 def main(argv: list[str]) -> int:
     if problem := compat.version_problem(compat.torch_version()):
         return plain(argv, problem)
-    start_server()
+    started = time.monotonic()
+    server = start_server()
     from torch.distributed import run  # after the server has started importing torch beside us
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -43,10 +50,14 @@ def main(argv: list[str]) -> int:
         print(f"elasticjob_warm.torchrun: the workers start cold (no warm server): {cold}", file=sys.stderr,
               flush=True)
         tell_operator(argv, cold)
+        if server is not None:
+            server.close()
     else:
         args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
                                      *args.training_script_args]
         args.training_script, args.module = "elasticjob_warm", True
+        if server is not None:
+            join_when_warm(server, started)
     record(run.run)(args)
     return 0
 
@@ -87,16 +98,36 @@ def tell_operator(argv: list[str], why: str) -> None:
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_server() -> None:
+def start_server() -> socket.socket | None:
     """Our workers' clients will look for the server of their parent, which is this process, at a path
-    nobody else can guess: torchrun hands our environment to every worker."""
+    nobody else can guess: torchrun hands our environment to every worker. Returns the connection that
+    started it, for join_when_warm."""
     if not os.environ.get(protocol.SOCKET_ENV):
         os.environ[protocol.SOCKET_ENV] = protocol.new_socket_path()
     try:
-        client.connect_or_start(protocol.socket_path(os.getpid()), os.getpid()).close()
+        # A probe at once: were it open when the server accepts it, the server would wait for its request.
+        return client.probe(client.connect_or_start(protocol.socket_path(os.getpid()), os.getpid()))
     except (client.Unavailable, OSError) as error:
         print(f"elasticjob_warm.torchrun: no warm server yet ({error}); the first worker will start one",
               file=sys.stderr, flush=True)
+        return None
+
+
+def join_when_warm(server: socket.socket, started: float) -> None:
+    """The agent joins the rendezvous once the server has preloaded. A running group restarts as soon as a
+    newcomer waits to join (a replaced pod, a restarted container, a scale-up), and then every rank waits in
+    its first collective for the newcomer's worker, which the server forks only after its imports: joining
+    early would stop the whole group for the rest of them, where waiting costs only this agent's own time.
+    At a start of the whole job it costs the rendezvous' own few tenths of a second, which overlapped the
+    imports before."""
+    warm = client.until_warm(server, WARM_WAIT)
+    took = time.monotonic() - started
+    if warm:
+        print(f"elasticjob_warm.torchrun: workers warm {took:.1f} s after the agent started; joining the "
+              f"rendezvous", file=sys.stderr, flush=True)
+    else:
+        print(f"elasticjob_warm.torchrun: the warm server is still importing after {took:.1f} s; joining the "
+              f"rendezvous anyway (its workers start once it is done)", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +233,29 @@ def test_a_lock_held_for_ever_costs_a_cold_start_not_a_hang(warm, tmp_path):
     assert result.returncode == 4, result.stderr
     assert "lock was held for more than" in result.stderr and "cold" in result.stderr
     assert not json.load(open(warm["REPORT"]))["preloaded"]
+
+
+def gated_preload(tmp_path, monkeypatch) -> Path:
+    """The server's preload blocks until the returned FIFO is written to: an import that takes as long as the
+    test wants."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    (tmp_path / "slow_import.py").write_text(f"open({str(gate)!r}).read()\n")
+    monkeypatch.setenv("ELASTICJOB_WARM_PRELOAD", "slow_import")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    return gate
+
+
+def test_a_probe_is_closed_only_once_the_server_has_preloaded(warm, tmp_path, monkeypatch):
+    from elasticjob_warm import client as warm_client
+
+    gate = gated_preload(tmp_path, monkeypatch)
+    path = warm["ELASTICJOB_WARM_SOCKET"]
+    early = warm_client.probe(warm_client.connect_or_start(path, os.getpid()))
+    assert not warm_client.until_warm(early, 0.5)  # still importing: nothing answers
+    gate.write_text("go")
+    late = warm_client.probe(warm_client.connect_or_start(path, os.getpid()))
+    assert warm_client.until_warm(late, 30)
+    env = dict(warm, ELASTICJOB_WARM_PRELOAD="slow_import", PYTHONPATH=os.environ["PYTHONPATH"])
+    code, _out, _err, report = run(env, script(tmp_path, REPORT))
+    assert code == 0 and report["ppid"] == server_pid(path)  # and it still serves workers after the probes

@@ -11,6 +11,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from helpers import wait_for
+
 REPORT = textwrap.dedent("""
     import json, os, sys
     server = os.getppid()
@@ -82,3 +86,52 @@ def test_the_agent_gives_its_workers_a_socket_nobody_can_guess(tmp_path):
     assert (report["mode"], report["uid"], report["preloaded"]) == (0o700, os.getuid(), True)
     assert str(proc.pid) not in report["path"]  # not the agent's pid: a name made at random
     assert report["path"] in report["server"]  # the server the worker was forked from listens there
+
+
+def children(pid: int) -> list[str]:
+    """The command lines of `pid`'s child processes."""
+    lines = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            kids = open(f"/proc/{pid}/task/{task}/children").read().split()
+        except FileNotFoundError:
+            continue
+        for kid in kids:
+            try:
+                lines.append(open(f"/proc/{kid}/cmdline").read().replace("\0", " "))
+            except FileNotFoundError:
+                pass
+    return lines
+
+
+def workers(agent: int) -> list[str]:
+    """The worker processes torchrun has started (the server is a child of the agent too)."""
+    return [c for c in children(agent) if "elasticjob_warm" in c and ".server" not in c]
+
+
+def test_the_agent_joins_the_rendezvous_only_once_its_server_has_preloaded(tmp_path):
+    """A newcomer that joined a running group while its server still imported would stop the whole group
+    until its worker could be forked: the agent starts no worker until the server is done."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    (tmp_path / "slow_import.py").write_text(f"open({str(gate)!r}).read()\n")
+    script = tmp_path / "job.py"
+    script.write_text(REPORT)
+    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="slow_import",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.torchrun", "--standalone",
+                                 "--max-restarts=0", "--nproc-per-node=1", str(script), str(tmp_path / "r"), "0"],
+                                env=env, stdout=log, stderr=log)
+    try:
+        # The agent has imported torch and set itself up (its polls shortened) with the server still importing.
+        wait_for(lambda: (tmp_path / "log").read_text(), 60, "the agent set up", until=lambda t: "polled" in t)
+        with pytest.raises(AssertionError, match="timed out"):
+            wait_for(lambda: workers(proc.pid), 3, "a worker started while the server still imports")
+        gate.write_text("go")
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        proc.kill()
+    log_text = (tmp_path / "log").read_text()
+    assert "workers warm" in log_text and "joining the rendezvous" in log_text, log_text[-3000:]
+    assert json.load(open(tmp_path / "r0"))["server_parent"] == proc.pid
