@@ -166,3 +166,23 @@ def test_a_rejoin_seen_after_the_new_process_loaded_and_stepped_closes_with_what
     closed = plan.status.goodput.last_incidents[-1]
     assert closed.kind == "Rejoin" and closed.start_time == "2026-01-01T12:00:00.499Z"
     assert closed.lost_seconds == 0.501, closed
+
+
+def test_a_rejoin_just_after_another_recovery_starts_at_the_last_step_of_the_process_it_restarts():
+    # The process that recovery started (1.6 s before) stepped to 800 at 0.4 s; the newcomer's round completed at
+    # 1.0 s (the store's clock, as is the report's): the report is that process's, whose restart is still to come.
+    # Seen in a run on real nodes: the restarted rank 0's agent joined 4 s after the kill, and the Rejoin was
+    # booked at 0 s from the process it was about to restart.
+    recent = ProgressView(pod="train-worker-0", started_at=seconds(-1.6), step=800, step_at=seconds(0.4),
+                          step_seconds=0.1, first_step=780, first_step_at=seconds(-1.0), received_at=seconds(0.4))
+    status = accounted()
+    store = StoreView(epoch="e1", round=6, complete=True, received_at=seconds(1.2), progress=recent,
+                      round_completed_at=seconds(1.0), participants=tuple(StoreNode(IP[i], 0.5) for i in range(3)))
+    job = factory.job(status.model_dump(by_alias=True, mode="json"), replicas=3)
+    plan = planner.plan(job, observed([worker(0), worker(1), worker(2), rdzv()], store=store), seconds(1.2))
+    incident = plan.status.goodput.open_incident
+    assert incident is not None and incident.kind == "Rejoin", plan.status.goodput
+    assert incident.start_time == "2026-01-01T12:00:00.400Z" and incident.last_step == 800
+    plan = step(plan.status, 3.5, 6, new_process(1.5))
+    closed = plan.status.goodput.last_incidents[-1]
+    assert (closed.kind, closed.lost_seconds) == ("Rejoin", 2.6), closed

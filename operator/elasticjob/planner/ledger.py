@@ -134,20 +134,23 @@ def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressV
     if store is None or not regrouped(ledger, store):
         return None
     return Incident(kind="Rejoin", reason="AgentJoined" if store.epoch == ledger.epoch else "StoreReturned",
-                    start_time=precise(stopped_before(progress, now)))
+                    start_time=precise(stopped_before(progress, now, store.round_completed_at)))
 
 
-def stopped_before(progress: ProgressView | None, now: datetime) -> datetime:
+def stopped_before(progress: ProgressView | None, now: datetime, round_at: datetime | None = None) -> datetime:
     """When the training stopped for a restart seen only now: its last reported step; or, where the report is
     already rank 0's new process's (begun within the last few seconds: the warm start loads and steps within a
     second of the round) and the old one's last step is gone with it, just before the new one began (what went
-    before that is not known: the count is short by the rendezvous); else now."""
+    before that is not known: the count is short by the rendezvous); else now. A report last changed before the
+    round completed (`round_at`; both the store's clock) is the old process's, however recently that began: a
+    newcomer rejoining just after another recovery restarts the process that recovery started."""
     def recent(at: datetime | None) -> bool:
         return at is not None and timedelta(0) <= now - at <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
     if progress is None:
         return now
     began, last = progress.started_at, progress.step_at
-    if recent(began) and began is not None:
+    before_round = round_at is not None and progress.received_at is not None and progress.received_at <= round_at
+    if recent(began) and began is not None and not before_round:
         return began - timedelta(milliseconds=1)
     if recent(last) and last is not None:
         return last
