@@ -248,3 +248,21 @@ def test_a_settled_stop_of_the_operators_own_is_not_taken_up_again():
     for later in (3, 4):
         result = plan(result.status, at(later), pods=[worker(0), worker(1)], round=5, **saved)
         assert result.status.planned_stop is None and stores(result, Restart) == []
+
+
+def test_a_suspension_the_training_steps_on_into_is_booked_from_its_last_step_not_closed_at_0():
+    # No planned stop (stopGraceSeconds 0, as for torchrun run as written): the pods are deleted at once, and the
+    # training steps on until they end. Those steps are not a training that stepped through the suspension.
+    status = ledger_status()
+    the_job = job(status.model_dump(by_alias=True, mode="json", exclude_none=True),
+                  replicas=3, runPolicy={"suspend": True, "stopGraceSeconds": 0})
+    seen = observed([rdzv(), worker(0), worker(1), worker(2)], store=factory.store(round=4, progress=progress(step=100)))
+    result = planner.plan(the_job, seen, NOW)
+    assert result.status.phase == "Suspended" and result.status.goodput.open_incident.kind == "Suspend"
+    the_job = job(result.status.model_dump(by_alias=True, mode="json", exclude_none=True),
+                  replicas=3, runPolicy={"suspend": True, "stopGraceSeconds": 0})
+    seen = observed([rdzv(), worker(0), worker(1), worker(2)], store=factory.store(round=4, progress=progress(
+        step=112, step_at=at(1.2))))
+    ledger = planner.plan(the_job, seen, at(1.5)).status.goodput
+    assert ledger.incidents == 0 and ledger.open_incident is not None, ledger
+    assert (ledger.open_incident.start_time, ledger.open_incident.last_step) == (precise(at(1.2)), 112)
