@@ -263,6 +263,14 @@ def test_a_suspension_the_training_steps_on_into_is_booked_from_its_last_step_no
                   replicas=3, runPolicy={"suspend": True, "stopGraceSeconds": 0})
     seen = observed([rdzv(), worker(0), worker(1), worker(2)], store=factory.store(round=4, progress=progress(
         step=112, step_at=at(1.2))))
-    ledger = planner.plan(the_job, seen, at(1.5)).status.goodput
+    result = planner.plan(the_job, seen, at(1.5))
+    ledger = result.status.goodput
     assert ledger.incidents == 0 and ledger.open_incident is not None, ledger
     assert (ledger.open_incident.start_time, ledger.open_incident.last_step) == (precise(at(1.2)), 112)
+    # The same report seen again (a doubled answer, or a reconcile after the operator restarted from this status)
+    # moves nothing.
+    again = job(result.status.model_dump(by_alias=True, mode="json", exclude_none=True),
+                replicas=3, runPolicy={"suspend": True, "stopGraceSeconds": 0})
+    ledger = planner.plan(again, seen, at(2.0)).status.goodput
+    assert (ledger.incidents, ledger.open_incident.start_time, ledger.open_incident.last_step) == \
+        (0, precise(at(1.2)), 112)

@@ -235,27 +235,27 @@ def test_a_lock_held_for_ever_costs_a_cold_start_not_a_hang(warm, tmp_path):
     assert not json.load(open(warm["REPORT"]))["preloaded"]
 
 
-def gated_preload(tmp_path, monkeypatch) -> Path:
-    """The server's preload blocks until the returned FIFO is written to: an import that takes as long as the
-    test wants."""
+def gated_preload(tmp_path) -> tuple[Path, dict[str, str]]:
+    """A preload that blocks until the returned FIFO is written to (an import that takes as long as the test
+    wants), and the environment that gives it to a server."""
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     (tmp_path / "slow_import.py").write_text(f"open({str(gate)!r}).read()\n")
-    monkeypatch.setenv("ELASTICJOB_WARM_PRELOAD", "slow_import")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    return gate
+    return gate, {"ELASTICJOB_WARM_PRELOAD": "slow_import",
+                  "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
 
 
 def test_a_probe_is_closed_only_once_the_server_has_preloaded(warm, tmp_path, monkeypatch):
     from elasticjob_warm import client as warm_client
 
-    gate = gated_preload(tmp_path, monkeypatch)
+    gate, preload = gated_preload(tmp_path)
+    for name, value in preload.items():  # the server connect_or_start spawns takes this process's environment
+        monkeypatch.setenv(name, value)
     path = warm["ELASTICJOB_WARM_SOCKET"]
     early = warm_client.probe(warm_client.connect_or_start(path, os.getpid()))
     assert not warm_client.until_warm(early, 0.5)  # still importing: nothing answers
     gate.write_text("go")
     late = warm_client.probe(warm_client.connect_or_start(path, os.getpid()))
     assert warm_client.until_warm(late, 30)
-    env = dict(warm, ELASTICJOB_WARM_PRELOAD="slow_import", PYTHONPATH=os.environ["PYTHONPATH"])
-    code, _out, _err, report = run(env, script(tmp_path, REPORT))
+    code, _out, _err, report = run(dict(warm, **preload), script(tmp_path, REPORT))
     assert code == 0 and report["ppid"] == server_pid(path)  # and it still serves workers after the probes

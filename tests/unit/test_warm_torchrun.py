@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from test_warm import gated_preload
 
 from helpers import wait_for
 
@@ -112,13 +113,10 @@ def workers(agent: int) -> list[str]:
 def test_the_agent_joins_the_rendezvous_only_once_its_server_has_preloaded(tmp_path):
     """A newcomer that joined a running group while its server still imported would stop the whole group
     until its worker could be forked: the agent starts no worker until the server is done."""
-    gate = tmp_path / "gate"
-    os.mkfifo(gate)
-    (tmp_path / "slow_import.py").write_text(f"open({str(gate)!r}).read()\n")
+    gate, preload = gated_preload(tmp_path)
     script = tmp_path / "job.py"
     script.write_text(REPORT)
-    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), ELASTICJOB_WARM_PRELOAD="slow_import",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, ELASTICJOB_WARM_SOCKET=str(tmp_path / "warm.sock"), **preload)
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "elasticjob_warm.torchrun", "--standalone",
                                  "--max-restarts=0", "--nproc-per-node=1", str(script), str(tmp_path / "r"), "0"],
