@@ -138,19 +138,23 @@ def test_failures_beyond_max_restarts_fail_the_job(api, namespace, operator):
 
 
 def test_success_only_after_every_worker_exited_zero(api, namespace, operator):
-    # worker-0 finishes at once, worker-1 only when a file appears: the job must wait for it.
+    # Each worker exits 0 when its own file appears. worker-0 is let go only once both pods run: with minReplicas 1
+    # a pod that never started holds no part of the training, and is removed when another finishes it.
     gate = f"/tmp/elasticjob-it-{namespace}"
-    command = ["python", "-c", f"import os,time,sys\nif os.environ['POD_NAME'].endswith('-1'):\n"
-                               f"    while not os.path.exists({gate!r}): time.sleep(0.2)\nsys.exit(0)"]
+    command = ["python", "-c", f"import os,time,sys\ngate = {gate!r} + os.environ['POD_NAME'][-2:]\n"
+                               f"while not os.path.exists(gate): time.sleep(0.2)\nsys.exit(0)"]
     create(api, namespace, job_manifest("train", command=command))
-    wait_for(lambda: status_of(api, namespace, "train"), 60, "Completing while worker-1 runs",
-             until=lambda s: s.get("reason") == "Completing")
-    assert status_of(api, namespace, "train")["phase"] == "Running"
-    Path(gate).write_text("go")
     try:
+        wait_pods(api, namespace, 2)
+        Path(f"{gate}-0").write_text("go")
+        wait_for(lambda: status_of(api, namespace, "train"), 60, "Completing while worker-1 runs",
+                 until=lambda s: s.get("reason") == "Completing")
+        assert status_of(api, namespace, "train")["phase"] == "Running"
+        Path(f"{gate}-1").write_text("go")
         status = wait_phase(api, namespace, "train", "Succeeded", timeout=60)
     finally:
-        Path(gate).unlink(missing_ok=True)
+        for worker in ("-0", "-1"):
+            Path(f"{gate}{worker}").unlink(missing_ok=True)
     assert status["completionTime"] and status["restarts"] == 0
     wait_for(lambda: api[1].list_namespaced_service(namespace).items, 30, "the rendezvous Service removed",
              until=lambda svcs: not svcs)
