@@ -27,6 +27,7 @@ torch's behaviour (the agent exits, its pod is replaced), one without the last w
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -109,6 +110,8 @@ def _connect(host: str, port: int, timeout: float) -> Any:
 
     TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]  # noqa: N806 - not in torch's stubs
 
+    if not _listening(host, port):
+        return None
     try:
         store = TCPStore(host, port, is_master=False, multi_tenant=True,
                          timeout=timedelta(seconds=CONNECT_SECONDS))
@@ -116,6 +119,18 @@ def _connect(host: str, port: int, timeout: float) -> Any:
         return None
     store.set_timeout(timedelta(seconds=timeout))
     return store
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts at the store's address. A TCPStore client retries a refused connect with a
+    backoff until its timeout, so each try against a store still gone held the agent's check 1.5 s (measured, with
+    a 1 s timeout), and it saw the new store up to that late: agents rejoined up to 1.5 s apart, and the first
+    formed a round alone before the second made them both restart. A refused connect answers at once."""
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+    except OSError:
+        return False
+    return True
 
 
 def apply() -> bool:

@@ -247,11 +247,23 @@ def test_rendezvous_pod_killed_costs_no_worker_pod(operator, jobs, progress, fau
     assert_resumed_from_checkpoint(before, resumed)
     finish(jobs, progress, steps)
     status = jobs.status()
-    assert not status.get("lastFailures"), f"a worker pod failed with the store: {status.get('lastFailures')}"
+    assert not status.get("lastFailures"), (f"a worker pod failed with the store: {status.get('lastFailures')}\n"
+                                            f"{rejoin_story(jobs)}")
     assert {p.metadata.name: p.metadata.uid for p in jobs.worker_pods()} == workers, "a worker pod was replaced"
     assert status["rendezvous"]["restarts"] >= 1 and status.get("restarts") == 0, status
     record_recovery("SIGKILL rendezvous pod", resumed["time"] - fault_time, resumed["world_size"],
                     status.get("restarts"))
+
+
+def rejoin_story(jobs: Jobs) -> str:
+    """The store's rounds and the agents' rejoins, for a failure's message."""
+    lines = []
+    for pod in [STORE_POD, *(p.metadata.name for p in jobs.worker_pods())]:
+        log = jobs.core.read_namespaced_pod_log(pod, jobs.namespace, timestamps=True)
+        lines += [f"{pod}: {line}" for line in log.splitlines()
+                  if any(word in line for word in ("formed", "answers again", "stopped answering", "waiter",
+                                                   "restart", "FAILED", "failed with"))]
+    return "\n".join(sorted(lines, key=lambda line: line.split(": ", 1)[1]))
 
 
 @pytest.mark.slow

@@ -144,3 +144,21 @@ def test_an_agent_waits_for_its_store_as_long_as_torch_waits_for_a_round(join, g
     else:
         with pytest.raises(RuntimeError, match="stopped answering"):
             outage.lost(handler, error)
+
+
+def test_a_store_still_gone_is_tried_without_a_store_client(monkeypatch):
+    """A refused address is answered at once; only one that accepts gets a TCPStore client, whose connect retries
+    with a backoff for its whole timeout (1.5 s each try, which made agents see a store back that late)."""
+    import torch.distributed as dist
+
+    from elasticjob_warm import outage
+
+    real, made = dist.TCPStore, []
+    monkeypatch.setattr(dist, "TCPStore", lambda *a, **kw: made.append(a) or real(*a, **kw))
+    port = free_port_pair()
+    assert outage._connect("127.0.0.1", port, 30) is None
+    assert made == []
+    server = real("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True)
+    client = outage._connect("127.0.0.1", port, 30)
+    client.set("k", "v")
+    assert server.get("k") == b"v" and len(made) == 1
