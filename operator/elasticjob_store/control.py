@@ -9,13 +9,14 @@ was meant to end has ended.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from elasticjob_store import actions, compat, stop
+from elasticjob_store import actions, compat, peers, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
@@ -48,7 +49,8 @@ class ConflictError(RuntimeError):
 class Control:
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
-                 stale_after: float = 1e9, verdict: compat.Verdict | None = None) -> None:
+                 stale_after: float = 1e9, verdict: compat.Verdict | None = None,
+                 connections: Callable[[], set[str] | None] | None = None) -> None:
         self.run_id = run_id
         # Off on a torch the nudges were not proven on (compat.py): every nudge is then refused unread.
         self.verdict = verdict or compat.Verdict("", True, "not checked")
@@ -76,6 +78,9 @@ class Control:
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: dict[str, Any] | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
+        # The addresses connected to the store's port now (peers.connected); None: agents' departures unseen.
+        self._connections = connections
+        self._departures = peers.Departures()
 
     def log(self, message: str) -> None:
         when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
@@ -238,6 +243,7 @@ class Control:
         self.take_requests()
         _, state = self.read()
         now = self.now()
+        self.remove_departed(state, now)
         with self.lock:
             completed = self.tracker.observe(state, now)
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now))
@@ -255,6 +261,23 @@ class Control:
                                  if self._waiter_finished(current, now) else Outcome(None, False, "still needed"))
             if outcome.done:
                 self.log(f"waiter removed (round now {state.round if state else None})")
+
+    def remove_departed(self, state: RendezvousState | None, now: float) -> None:
+        """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove
+        them once the kubelet reports the pod's end."""
+        if self._connections is None or state is None:
+            return
+        connected = self._connections()
+        if connected is None:
+            return
+        nodes = [*state.participants, *state.wait_list]
+        for addr in self._departures.gone(connected, (n.addr for n in nodes if n != actions.WAITER)):
+            outcome = self.apply(functools.partial(self._remove_gone, addr, self._utc(now)))
+            self.log(f"the agent at {addr} closed its connection: {outcome.reason}"
+                     + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
+
+    def _remove_gone(self, addr: str, before: datetime, state: RendezvousState | None) -> Outcome:
+        return actions.remove_node(state, addr, before, self.min_nodes, self._members(state))
 
     def _waiter_finished(self, state: RendezvousState | None, now: float) -> bool:
         with self.lock:

@@ -90,8 +90,10 @@ def main() -> None:
         server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_plain_server(verdict, "", control_at,
                                                                                     credential))
     else:
+        from elasticjob_store import peers
+
         control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
-                          stale_after=stale_ms / 1000, verdict=verdict)
+                          stale_after=stale_ms / 1000, verdict=verdict, connections=lambda: peers.connected(port))
         server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential))
         start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
