@@ -10,7 +10,7 @@ import factory
 from factory import NOW, observed, rdzv, running_status, worker
 
 from elasticjob import planner
-from elasticjob.models import ElasticJobStatus, GoodputStatus, Incident
+from elasticjob.models import ElasticJobStatus, FailureRecord, GoodputStatus, Incident
 from elasticjob.observe import ProgressView, StoreNode, StoreView
 
 SINCE = NOW - timedelta(seconds=600)
@@ -186,3 +186,31 @@ def test_a_rejoin_just_after_another_recovery_starts_at_the_last_step_of_the_pro
     plan = step(plan.status, 3.5, 6, new_process(1.5))
     closed = plan.status.goodput.last_incidents[-1]
     assert (closed.kind, closed.lost_seconds) == ("Rejoin", 2.6), closed
+
+
+def lost_store() -> ElasticJobStatus:
+    status = accounted()
+    status.goodput.open_incident = Incident(kind="StoreLost", reason="StoreLost", start_time="2026-01-01T11:59:58.000Z",
+                                            detected_time="2026-01-01T11:59:58.500Z", epoch="e1", last_step=780)
+    return status
+
+
+def test_a_lost_store_whose_agents_restarted_before_any_step_reached_the_new_one_costs_only_the_restart():
+    # The agents found the store back at once and restarted the workers: the first report the new store holds is
+    # the new process's (began at 0.5 s), and the steps the old one made meanwhile never reached a store. Seen on
+    # real nodes: the loss was booked from the store's kill (3.2 s) for a 1.1 s restart.
+    plan = step(lost_store(), 3.0, 1, new_process(0.5), epoch="e2")
+    closed = {i.kind: i for i in plan.status.goodput.last_incidents}
+    assert closed["StoreLost"].lost_seconds == 0.0
+    assert (closed["Rejoin"].reason, closed["Rejoin"].start_time) == ("StoreReturned", "2026-01-01T12:00:00.499Z")
+    assert closed["Rejoin"].lost_seconds == 0.501
+
+
+def test_a_lost_store_whose_agents_left_with_it_costs_from_the_loss():
+    # A torchrun without the kit exits with its store: its pods ended, and the training stopped at the loss.
+    status = lost_store()
+    status.last_failures = [FailureRecord(pod="train-worker-1", uid="u-1", reason="RendezvousLost", charged=False,
+                                          time="2026-01-01T11:59:59Z")]
+    plan = step(status, 3.0, 1, new_process(0.5), epoch="e2")
+    closed = {i.kind: i for i in plan.status.goodput.last_incidents}
+    assert "Rejoin" not in closed and closed["StoreLost"].lost_seconds >= 2.0, closed  # from the loss on

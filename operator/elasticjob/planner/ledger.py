@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob.models import MAX_INCIDENTS_KEPT, FailureRecord, GoodputStatus, Incident, LostPhases, Phase
+from elasticjob.models import (
+    MAX_INCIDENTS_KEPT,
+    ElasticJobStatus,
+    FailureRecord,
+    GoodputStatus,
+    Incident,
+    LostPhases,
+    Phase,
+)
 from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput
 from elasticjob.planner.base import CutOff, Job, Observed, Plan
@@ -105,8 +113,8 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
     status = plan.status
     incident = ledger.open_incident
     if incident is not None and incident.kind == "StoreLost" and regrouped(ledger, store) and progress is not None \
-            and kept_on(incident, progress, parse(incident.start_time) or now):
-        close(plan, ledger, incident, progress, now)
+            and (kept_on(incident, progress, parse(incident.start_time) or now) or rode_out(status, incident)):
+        close(plan, ledger, incident, progress, now, stepped_through=True)
     pending = store is not None and store.epoch == status.rendezvous.epoch \
         and store.failure_rounds > status.rendezvous.failure_rounds  # in place, booked once the logs are read
     if ledger.open_incident is None and not pending and (joined := rejoined(ledger, store, progress, now)):
@@ -118,6 +126,17 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
             joined.last_step = None  # the report is the new process's: the old one's last step is not known
     if store is not None and store.complete and store.round is not None:
         ledger.round, ledger.epoch = store.round, store.epoch
+
+
+def rode_out(status: ElasticJobStatus, incident: Incident) -> bool:
+    """No worker pod ended since the store was lost: its agents rode the loss out (elasticjob_warm/outage.py) and
+    the training stepped on until they restarted it on the store that came back. Those steps may never show:
+    the training reports them to the store, which was gone, and agents that find it back at once restart the
+    workers before any reaches the new one (the loss was booked from the store's kill, 3.2 s, for a 1.1 s
+    restart)."""
+    start = parse(incident.start_time)
+    ended = [parse(f.time) for f in status.last_failures if f.time and not is_round_record(f)]
+    return start is not None and not any(at is not None and at >= start for at in ended)
 
 
 def regrouped(ledger: GoodputStatus, store: StoreView | None) -> bool:
@@ -268,9 +287,9 @@ def kept_on(incident: Incident, progress: ProgressView, start: datetime) -> bool
 
 
 def close(plan: Plan, ledger: GoodputStatus, incident: Incident, progress: ProgressView | None,
-          now: datetime) -> None:
+          now: datetime, stepped_through: bool = False) -> None:
     start = parse(incident.start_time) or now
-    if progress is not None and kept_on(incident, progress, start):
+    if stepped_through or (progress is not None and kept_on(incident, progress, start)):
         incident.phases = LostPhases(**{name: 0.0 for name in goodput.PHASE_NAMES})
     else:
         incident.phases = goodput.phases(marks(incident, progress, start, now))
