@@ -214,3 +214,19 @@ def test_a_lost_store_whose_agents_left_with_it_costs_from_the_loss():
     plan = step(status, 3.0, 1, new_process(0.5), epoch="e2")
     closed = {i.kind: i for i in plan.status.goodput.last_incidents}
     assert "Rejoin" not in closed and closed["StoreLost"].lost_seconds >= 2.0, closed  # from the loss on
+
+
+def test_a_lost_store_whose_agents_re_formed_before_any_report_reached_the_new_one_books_their_restart():
+    # Seen on real nodes: the new store's first round completed (at 0.8 s, its clock) before any training report
+    # reached it, and the loss was booked from the kill (3.5 s for a 1.4 s restart).
+    store = StoreView(epoch="e2", round=1, complete=True, received_at=seconds(1.0), round_completed_at=seconds(0.8),
+                      participants=tuple(StoreNode(IP[i], 0.5) for i in range(3)))
+    job = factory.job(lost_store().model_dump(by_alias=True, mode="json"), replicas=3)
+    plan = planner.plan(job, observed([worker(0), worker(1), worker(2), rdzv()], store=store), seconds(1.0))
+    ledger = plan.status.goodput
+    assert ledger.last_incidents[-1].kind == "StoreLost" and ledger.last_incidents[-1].lost_seconds == 0.0
+    assert (ledger.open_incident.reason, ledger.open_incident.start_time) == ("StoreReturned",
+                                                                              "2026-01-01T12:00:00.800Z")
+    plan = step(plan.status, 3.0, 1, new_process(0.9), epoch="e2")
+    closed = plan.status.goodput.last_incidents[-1]
+    assert closed.kind == "Rejoin" and closed.lost_seconds == 0.6, closed  # to the checkpoint loaded at 1.4 s

@@ -112,8 +112,8 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
     restart is its own incident, from the training's last step (not from the store's loss)."""
     status = plan.status
     incident = ledger.open_incident
-    if incident is not None and incident.kind == "StoreLost" and regrouped(ledger, store) and progress is not None \
-            and (kept_on(incident, progress, parse(incident.start_time) or now) or rode_out(status, incident)):
+    if incident is not None and incident.kind == "StoreLost" and regrouped(ledger, store) \
+            and (rode_out(status, incident) or stepped(incident, progress, now)):
         close(plan, ledger, incident, progress, now, stepped_through=True)
     pending = store is not None and store.epoch == status.rendezvous.epoch \
         and store.failure_rounds > status.rendezvous.failure_rounds  # in place, booked once the logs are read
@@ -126,6 +126,10 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
             joined.last_step = None  # the report is the new process's: the old one's last step is not known
     if store is not None and store.complete and store.round is not None:
         ledger.round, ledger.epoch = store.round, store.epoch
+
+
+def stepped(incident: Incident, progress: ProgressView | None, now: datetime) -> bool:
+    return progress is not None and kept_on(incident, progress, parse(incident.start_time) or now)
 
 
 def rode_out(status: ElasticJobStatus, incident: Incident) -> bool:
@@ -167,8 +171,8 @@ def stopped_before(progress: ProgressView | None, now: datetime, round_at: datet
     newcomer rejoining just after another recovery restarts the process that recovery started."""
     def recent(at: datetime | None) -> bool:
         return at is not None and timedelta(0) <= now - at <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
-    if progress is None:
-        return now
+    if progress is None:  # none reached this store yet (one that came back): the round is the nearest mark
+        return round_at if round_at is not None and recent(round_at) and round_at <= now else now
     began, last = progress.started_at, progress.step_at
     before_round = round_at is not None and progress.received_at is not None and progress.received_at <= round_at
     if recent(began) and began is not None and not before_round:
