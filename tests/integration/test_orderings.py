@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
@@ -90,10 +91,18 @@ def hold(api, namespace: str, names: list[str], finalizers: list[str]) -> None:
 
 
 def test_a_job_recreated_under_the_same_name_does_not_inherit_the_old_ones_pods(api, namespace, operator):
-    create(api, namespace, job_manifest("train", command=["python", "-c", "import sys; sys.exit(0)"]))
-    wait_phase(api, namespace, "train", "Succeeded", timeout=90)
+    # Both workers exit 0 once both run: one exiting before the other started would have it removed unstarted.
+    gate = Path(f"/tmp/elasticjob-it-{namespace}")
+    create(api, namespace, job_manifest("train", command=[
+        "python", "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.2)"]))
+    wait_pods(api, namespace, 2)
+    gate.write_text("go")
+    try:
+        wait_phase(api, namespace, "train", "Succeeded", timeout=90)
+    finally:
+        gate.unlink(missing_ok=True)
     leftovers = [p.metadata.name for p in pods(api, namespace)]
-    assert leftovers, "completed workers stay with cleanPodPolicy Running"
+    assert len(leftovers) == 2, "completed workers stay with cleanPodPolicy Running"
     hold(api, namespace, leftovers, ["elasticjob.dev/test-hold"])  # a slow garbage collector
     try:
         api[0].delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "train")
