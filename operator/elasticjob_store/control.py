@@ -267,11 +267,11 @@ class Control:
         them once the kubelet reports the pod's end."""
         if self._connections is None or state is None:
             return
-        connected = self._connections()
+        addresses = [n.addr for n in (*state.participants, *state.wait_list) if n != actions.WAITER]
+        connected = self._connections() if addresses else None  # no node, nothing to read the table for
         if connected is None:
             return
-        nodes = [*state.participants, *state.wait_list]
-        for addr in self._departures.gone(connected, (n.addr for n in nodes if n != actions.WAITER)):
+        for addr in self._departures.gone(connected, addresses):
             outcome = self.apply(functools.partial(self._remove_gone, addr, self._utc(now)))
             self.log(f"the agent at {addr} closed its connection: {outcome.reason}"
                      + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
