@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 
@@ -177,3 +179,73 @@ def test_sigterm_to_a_training_that_does_not_listen_stops_the_workers_at_once(tm
     assert "asked the training to stop" not in log, log[-3000:]
     client = dist.TCPStore("127.0.0.1", store, is_master=False, timeout=timedelta(seconds=5))
     assert int(client.add(store_stop.REQUEST_KEY, 0)) == 0
+
+
+class Policy:
+    """The job's network policy in front of the store, as a TCP relay: once the pod is gone from the API
+    (`forget`), the connections it has keep working and new ones are dropped (the accept queue stays full), as
+    measured for a pod deleted with grace 0."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open = True
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while self.open:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                near.close()
+                return
+            far = socket.create_connection(("127.0.0.1", self.target))
+            for source, sink in ((near, far), (far, near)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def forget(self) -> None:
+        self.open = False
+        self.listener.listen(0)
+        self.held.append(socket.create_connection(("127.0.0.1", self.port)))  # wakes accept(), which returns
+        self.thread.join(timeout=10)
+        self.held.append(socket.create_connection(("127.0.0.1", self.port)))  # fills the queue: none accepts it
+        assert self._dropped(), "a new connection got through"
+
+    def _dropped(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+        except OSError:
+            return True
+        return False
+
+
+def test_sigterm_after_a_deletion_at_once_stops_the_workers_before_the_kubelets_kill(tmp_path, store):
+    """A pod deleted with grace 0 gets SIGTERM and, 2 s later, SIGKILL; its new connections to the store are
+    dropped from the deletion on. The agent gives the store up at once and lets torchrun stop the workers well
+    inside those 2 s (a TCPStore client waited 3 s for it while they trained on, steps done again after)."""
+    policy = Policy(store)
+    proc = agent(tmp_path, policy.port, "listen", "30")
+    wait_for(lambda: min(len(records(tmp_path, rank)) for rank in (0, 1)), 90, "both ranks stepping",
+             until=lambda steps: steps >= 30)
+    policy.forget()
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    log = finish(tmp_path, proc, 60)
+    assert "no stop asked" in log, log[-3000:]
+    last = max(os.path.getmtime(tmp_path / f"rank{rank}.jsonl") for rank in (0, 1))
+    assert last - sent < 2.0, f"the workers stepped {last - sent:.1f}s after SIGTERM: past the kubelet's kill"
