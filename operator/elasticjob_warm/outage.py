@@ -8,8 +8,9 @@ pod of the job: each was replaced, and started cold. The workers themselves neve
 The store comes back empty (it keeps its state in memory), at the same Service address. A TCPStore client never
 reconnects (measured: "Broken pipe" for ever after the server restarted), so the agent's check connects a new one
 and hands a new backend on it (torch's own class, whose constructor seeds the state key) to the rendezvous
-handler. It then reports a waiting node, which is what makes torch's agent stop its workers and join the next
-round: the same path as a scale-up, and no restart is spent.
+handler. The first agent back writes the round it runs there and the others find it, so the workers train on
+(resume.py). Where that round cannot be resumed, the check reports a waiting node, which is what makes torch's
+agent stop its workers and join the next round: the same path as a scale-up, and no restart is spent.
 
 An agent that loses its store while it joins a round (after a failure, a scale change, or at its start) has
 stopped its workers already: it waits for the store the same way and joins a round there.
@@ -33,6 +34,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from elasticjob_warm import resume
+
 # How long a connect to a store that is still gone may hold up the agent's monitoring loop.
 CONNECT_SECONDS = 1.0
 # Between connects while the agent waits in a rendezvous for its store to come back.
@@ -49,9 +52,11 @@ class Outage:
     def __init__(self) -> None:
         self.since: float | None = None
 
-    def lost(self, handler: Any, error: BaseException) -> int:
-        """Called with the error the check raised: 0 (nobody waits) while the store is gone, 1 once a new one
-        answers; re-raises past the store's read timeout, or when this torch's handler is not the known one."""
+    def lost(self, handler: Any, error: BaseException, running: bool = True) -> int:
+        """Called with the error the check raised: 0 (nobody waits) while the store is gone; once a new one
+        answers, the nodes waiting in the round resumed there (resume.py; `running`: the agent's workers run), or
+        1 where none was (torch's agent then restarts the workers through a new round); re-raises past the store's
+        read timeout, or when this torch's handler is not the known one."""
         old = _stores(handler)
         if old is None:
             raise error
@@ -72,16 +77,25 @@ class Outage:
         backend = handler._state_holder._backend
         handler._state_holder._backend = type(backend)(fresh, handler.get_run_id())
         handler._store = fresh
-        log(f"a rendezvous store answers again after {time.monotonic() - self.since:.1f} s: restarting the workers "
-            f"through a new round")
+        gone = time.monotonic() - self.since
+        try:
+            waiting = resume.resume(handler, gone) if running else None
+        except Exception as again:  # noqa: BLE001 - gone again before the round was written: the next check tries
+            log(f"the rendezvous store that answered is gone again ({again})")
+            return 0
         self.since = None
-        return 1  # a waiting node, as torch's agent understands it: stop the workers, join the new round
+        if waiting is None:
+            log(f"a rendezvous store answers again after {gone:.1f} s: restarting the workers through a new round")
+            return 1  # a waiting node, as torch's agent understands it: stop the workers, join the new round
+        log(f"a rendezvous store answers again after {gone:.1f} s: round {handler._state_holder._state.round} "
+            f"resumed on it, the workers train on")
+        return waiting
 
 
     def wait(self, handler: Any, error: BaseException) -> None:
         """Blocks until a store answers again and is the handler's (for an agent between rounds: its workers
         are stopped, so there is nothing to train on meanwhile); re-raises as lost() does."""
-        while not self.lost(handler, error):
+        while not self.lost(handler, error, running=False):
             time.sleep(RETRY_SECONDS)
 
 
@@ -162,6 +176,8 @@ def apply() -> bool:
             except RendezvousConnectionError as error:
                 outage.wait(self, error)
 
+    if not resume.apply_exit_barrier():
+        log("this torch's agent is not the one known: its end waits on the store of its last round")
     num_nodes_waiting._elasticjob_outage = True  # type: ignore[attr-defined]
     handler.num_nodes_waiting = num_nodes_waiting
     handler.next_rendezvous = next_rendezvous

@@ -1,4 +1,5 @@
-"""A lost store costs the agents nothing but a restart in place (elasticjob_warm/outage.py): two real torchrun agents
+"""A lost store costs the agents nothing: their round is resumed on the store that came back (elasticjob_warm/outage.py,
+resume.py), or, where it cannot be, they restart their workers in place. Two real torchrun agents
 (`python -m elasticjob_warm.torchrun`) on a real TCPStore server, which is killed and started again at the same
 port. Seconds, not milliseconds: each agent imports torch."""
 
@@ -20,9 +21,18 @@ from elasticjob_warm.outage import Outage
 from helpers import wait_for
 from store_process import free_port_pair
 
-SERVER = ("import sys, time, torch.distributed as d; "
-          "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True); "
-          "print('up', flush=True); time.sleep(3600)")
+RUN_ID = "outage"
+SERVER = textwrap.dedent("""
+    import base64, pickle, sys, time, torch.distributed as d
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+    s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False, multi_tenant=True)
+    if len(sys.argv) > 2:  # a round already there, as if written before any agent was back
+        state = _RendezvousState()
+        state.round = int(sys.argv[2])
+        s.set(f"torch.rendezvous.{sys.argv[3]}", base64.b64encode(pickle.dumps(state)))
+    print('up', flush=True)
+    time.sleep(3600)
+""")
 WORKER = textwrap.dedent("""
     import os, sys, time
     out = sys.argv[1]
@@ -34,8 +44,9 @@ WORKER = textwrap.dedent("""
 
 
 
-def start_store(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE,
+def start_store(port: int, seed_round: int | None = None) -> subprocess.Popen:
+    seed = [] if seed_round is None else [str(seed_round), RUN_ID]
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), *seed], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     assert proc.stdout.readline().strip() == b"up"
     return proc
@@ -60,7 +71,7 @@ def job(tmp_path, request):
         log = open(tmp_path / f"agent{i}.log", "w")
         agents.append(subprocess.Popen(
             [sys.executable, "-m", "elasticjob_warm.torchrun", f"--nnodes={nnodes}", "--nproc-per-node=1",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=outage", "--max-restarts=0",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={RUN_ID}", "--max-restarts=0",
              f"--rdzv-conf=is_host=false,last_call_timeout={last_call},keep_alive_interval=1,read_timeout=30",
              str(script), str(tmp_path)], env=env, stdout=log, stderr=log, start_new_session=True))
     state = {"store": store, "port": port, "agents": agents, "out": tmp_path}
@@ -76,30 +87,55 @@ def logs(out: Path) -> str:
     return "\n".join((out / f"agent{i}.log").read_text() for i in range(2))
 
 
-def test_the_agents_ride_out_a_lost_store_and_restart_their_workers_in_place(job):
+def test_the_agents_ride_out_a_lost_store_and_their_workers_train_on_in_the_round_resumed_there(job):
     out, agents = job["out"], job["agents"]
     first = wait_for(lambda: starts(out) if len(starts(out)) == 2 else None, 90, "the first round's workers")
     job["store"].kill()
     job["store"].wait()
     wait_for(lambda: logs(out).count("stopped answering") == 2 or None, 15, "both agents to see the store go")
     assert all(a.poll() is None for a in agents), logs(out)[-3000:]
-    for pid, _, _ in first:  # the first round's workers train on while there is no store
-        os.kill(int(pid), 0)
     job["store"] = start_store(job["port"])
-    try:
-        again = wait_for(lambda: starts(out)[2:] if len(starts(out)) >= 4 else None, 30, "the workers of a new round")
-    except AssertionError:
-        if os.environ.get("DEBUG_OUTAGE"):
-            for a in agents:
-                a.send_signal(signal.SIGABRT)
-            time.sleep(2)
-        raise
-    assert {rank for _, rank, _ in again} == {"0", "1"} and {ws for _, _, ws in again} == {"2"}
+    wait_for(lambda: logs(out).count("resumed on it, the workers train on") == 2 or None, 30,
+             "both agents to resume their round on the store that came back")
+    held = stored_round(job["port"])
+    assert held.complete and held.round == 0 and sorted(held.participants.values()) == [0, 1], vars(held)
     assert all(a.poll() is None for a in agents), f"an agent left with the store:\n{logs(out)[-3000:]}"
-    assert logs(out).count("answers again") == 2
+    for pid, _, _ in first:  # the first round's workers never stopped
+        os.kill(int(pid), 0)
     (out / "stop").touch()
     codes = [a.wait(timeout=60) for a in agents]
     assert codes == [0, 0], logs(out)[-3000:]
+    assert len(starts(out)) == 2, starts(out)
+    # Their ends met on the new store, under the resumed round's prefix (not the lost store's client).
+    assert "Error waiting on exit barrier" not in logs(out), logs(out)[-3000:]
+    assert logs(out).count("Done waiting for other agents") == 2, logs(out)[-3000:]
+
+
+def test_an_agent_whose_round_the_store_does_not_hold_restarts_its_workers_through_a_new_round(job):
+    """The store came back holding another round (here: one written before either agent was back), so neither
+    resumes: both restart their workers through a new round there, as before resume.py."""
+    out, agents = job["out"], job["agents"]
+    wait_for(lambda: starts(out) if len(starts(out)) == 2 else None, 90, "the first round's workers")
+    job["store"].kill()
+    job["store"].wait()
+    wait_for(lambda: logs(out).count("stopped answering") == 2 or None, 15, "both agents to see the store go")
+    job["store"] = start_store(job["port"], seed_round=7)
+    again = wait_for(lambda: starts(out)[2:] if len(starts(out)) >= 4 else None, 30, "the workers of a new round")
+    assert {rank for _, rank, _ in again} == {"0", "1"} and {ws for _, _, ws in again} == {"2"}
+    assert logs(out).count("restarting the workers through a new round") == 2, logs(out)[-3000:]
+    assert "resumed on it" not in logs(out)
+    (out / "stop").touch()
+    assert [a.wait(timeout=60) for a in agents] == [0, 0], logs(out)[-3000:]
+
+
+def stored_round(port: int):
+    """The rendezvous state the store at `port` holds, decoded by the store's own decoder."""
+    import torch.distributed as dist
+
+    from elasticjob_store import state
+
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+    return state.decode(client.get(f"torch.rendezvous.{RUN_ID}"))
 
 
 @pytest.mark.parametrize("job", [("1:3", 4)], indirect=True)
