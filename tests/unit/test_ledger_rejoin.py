@@ -230,3 +230,26 @@ def test_a_lost_store_whose_agents_re_formed_before_any_report_reached_the_new_o
     plan = step(plan.status, 3.0, 1, new_process(0.9), epoch="e2")
     closed = plan.status.goodput.last_incidents[-1]
     assert closed.kind == "Rejoin" and closed.lost_seconds == 0.6, closed  # to the checkpoint loaded at 1.4 s
+
+
+def test_a_lost_store_whose_agents_resumed_their_round_on_the_new_one_costs_nothing_and_is_no_rejoin():
+    # The agents wrote the running round back into the store that came back (elasticjob_warm/resume.py): the new
+    # epoch holds round 5, the one accounted, and the training's process is the one from before the loss.
+    status = lost_store()
+    status.rendezvous.last_lost_time = "2026-01-01T11:59:58.000Z"
+    plan = step(status, 1.0, 5, old_process(), epoch="e2")
+    ledger = plan.status.goodput
+    assert ledger.open_incident is None, ledger.open_incident
+    assert [(i.kind, i.lost_seconds) for i in ledger.last_incidents] == [("StoreLost", 0.0)]
+    assert (ledger.round, ledger.epoch) == (5, "e2")
+    assert step(plan.status, 2.0, 5, old_process(1.9), epoch="e2").status.goodput.open_incident is None
+
+
+def test_the_same_round_number_on_a_new_store_with_a_process_begun_since_the_loss_is_a_rejoin():
+    # A first round (0) lost and formed afresh on the new store is round 0 again: the new process tells them apart.
+    status = lost_store()
+    status.goodput.round = status.rendezvous.round = 0
+    status.rendezvous.last_lost_time = "2026-01-01T11:59:58.000Z"
+    plan = step(status, 3.0, 0, new_process(0.5), epoch="e2")
+    closed = {i.kind: i for i in plan.status.goodput.last_incidents}
+    assert closed["StoreLost"].lost_seconds == 0.0 and closed["Rejoin"].reason == "StoreReturned", closed

@@ -13,7 +13,8 @@ operator's stop starts when the training stopped. It closes at the training's fi
 reported the group re-formed. The training's reports are the tenant's word: they are shown here and decide nothing
 else (but when a planned stop, which the tenant's own grace bounds, may end). A worker process that kept on stepping
 through the fault (the store lost and back, its agents riding it out) lost nothing: the incident closes at 0 s (a
-lost store once its agents re-form on the one that came back; that restart is a Rejoin).
+lost store once its agents resume their round on the one that came back, or re-form there: that restart is a
+Rejoin).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
         close(plan, ledger, incident, progress, now, stepped_through=True)
     pending = store is not None and store.epoch == status.rendezvous.epoch \
         and store.failure_rounds > status.rendezvous.failure_rounds  # in place, booked once the logs are read
-    if ledger.open_incident is None and not pending and (joined := rejoined(ledger, store, progress, now)):
+    if ledger.open_incident is None and not pending and not resumed_round(status, ledger, store, progress) \
+            and (joined := rejoined(ledger, store, progress, now)):
         ledger.open_incident = opened(joined, True, store, progress, now)
         # Nothing to detect or replace: the joining agent ran already. Its time is the group's re-forming.
         joined.detected_time = joined.replaced_time = joined.start_time
@@ -141,6 +143,20 @@ def rode_out(status: ElasticJobStatus, incident: Incident) -> bool:
     start = parse(incident.start_time)
     ended = [parse(f.time) for f in status.last_failures if f.time and not is_round_record(f)]
     return start is not None and not any(at is not None and at >= start for at in ended)
+
+
+def resumed_round(status: ElasticJobStatus, ledger: GoodputStatus, store: StoreView | None,
+                  progress: ProgressView | None) -> bool:
+    """The agents wrote the round they ran back into a store that came back (elasticjob_warm/resume.py): the
+    round last accounted, under the new store's epoch, and no training process begun since the loss (where one
+    reports). Nothing restarted: no Rejoin."""
+    if store is None or not store.complete or ledger.round is None or ledger.epoch is None:
+        return False
+    if store.epoch == ledger.epoch or store.round != ledger.round:
+        return False
+    lost = parse(status.rendezvous.last_lost_time)
+    began = progress.started_at if progress is not None else None
+    return lost is None or began is None or began <= lost
 
 
 def regrouped(ledger: GoodputStatus, store: StoreView | None) -> bool:
