@@ -10,9 +10,10 @@ checkpoint every 5):
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
 Faults: a container SIGKILLed (kill, kill-rank0, store: the kubelet restarts it in place), a pod deleted at
 once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made), a partition,
-a scale down and up, and the start. Beside them, for the start-up: two torchrun agents and the store started by
-hand on this machine with the operator's settings. Each cell is the median [min-max] (runs); the phases are
-medians of the operator runs.
+a scale down and up, and the start. The store's faults are measured as the longest pause in rank 0's steps (the
+workers may train on through them: trained_through), the others as the first step of a new worker process.
+Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
+operator's settings. Each cell is the median [min-max] (runs); the phases are medians of the operator runs.
 
     make cluster-up && .venv/bin/python bench/recovery.py [--runs 5] [--only kill,scale-down]
     .venv/bin/python bench/recovery.py --node-kinds real,process   # both kinds of node, one after the other
@@ -51,6 +52,10 @@ MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-down": "<= 4", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand", "delete": "<= 5", "delete-rank0": "<= 3",
            "delete-store": "<= 4"}
+
+
+STORE_FAULTS = ("store", "delete-store")
+AFTER_BACK = 3.0  # seconds of training looked at after the agents found the store again
 
 
 @dataclass
@@ -177,12 +182,37 @@ def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm
         wait(lambda: max((r["step"] for r in records(ns)), default=0) >= 7, 180, "step 7")
         fault_time, world = FAULTS[scenario](api, ns)
         try:
+            if scenario in STORE_FAULTS:
+                return trained_through(api, ns, fault_time)
             first = wait(lambda: first_step_after(ns, fault_time, world), LIMIT, f"a step after {scenario}")
             return Sample(first["time"] - fault_time, phases(api, operator, ns, fault_time, first["time"]))
         except TimeoutError:
             return Sample(None)
         finally:
             drain(api, ns)
+
+
+def trained_through(api: Api, ns: str, fault: float) -> Sample:
+    """A lost store: the workers train on without it, and their agents resume the round on the store that came
+    back (elasticjob_warm/resume.py) or restart the workers in a new round there; torchrun without the kit exits
+    and its pods restart. So not the first step of a new process (there may be none) but the longest pause
+    between two of rank 0's steps, from its step before the fault until AFTER_BACK seconds after every agent
+    found the store again, or the first step of a new process."""
+    def settled() -> float | None:
+        if (first := first_step_after(ns, fault)) is not None:
+            return float(first["time"])
+        logs = [api.core.read_namespaced_pod_log(p.metadata.name, ns) for p in api.workers(ns, "train")]
+        return time.time() if logs and all("answers again" in log for log in logs) else None
+
+    back = wait(settled, LIMIT, "the agents to find the store again")
+    until = back + AFTER_BACK
+    wait(lambda: any(r["rank"] == 0 and r["time"] >= until for r in records(ns)) or None, LIMIT,
+         "rank 0 stepping after the store's return")
+    times = sorted(r["time"] for r in records(ns) if r["rank"] == 0)
+    marks = [max((t for t in times if t <= fault), default=fault), *(t for t in times if fault < t <= until)]
+    restarted = first_step_after(ns, fault) is not None
+    return Sample(max(b - a for a, b in zip(marks, marks[1:])),
+                  {"store back": back - fault, "new processes": 1.0 if restarted else 0.0})
 
 
 def drain(api: Api, ns: str) -> None:
@@ -305,7 +335,8 @@ def cell(samples: list[Sample]) -> str:
 
 
 def print_table(scenarios: list[str], modes: list[str], results: dict, hand: list[float]) -> None:
-    print("\nfault -> next completed step, seconds: median [min-max] (runs)\n")
+    print("\nfault -> next completed step (store, delete-store: the longest pause in rank 0's steps), seconds: "
+          "median [min-max] (runs)\n")
     header = ["fault", *modes, "by hand", "target", "agent removed", "round formed"]
     rows = []
     for scenario in scenarios:

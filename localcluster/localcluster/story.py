@@ -3,7 +3,8 @@ finishes; then a table of what each of those cost.
 
 Each fault is timed as bench/recovery.py and the e2e tests time it: from the fault to the first training step
 completed by a worker process that had written nothing before it (a survivor may still finish the step it was
-in). Whether it was charged to maxRestarts comes from status.restarts and status.lastFailures.
+in); the store's loss, which the workers train on through, as the longest pause in the steps until a new store
+serves. Whether it was charged to maxRestarts comes from status.restarts and status.lastFailures.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ START_TIMEOUT = 120
 RECOVERY_TIMEOUT = 90
 FINISH_TIMEOUT = 120
 STEPS_BETWEEN = 3  # training steps to let pass after a recovery before the next fault
+AFTER_BACK = 3.0  # seconds of training looked at after a lost store is back
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Fault:
     world_size: int | None = None
     charged: int | None = None  # failures charged to maxRestarts for it (None until known)
     reasons: tuple[str, ...] = ()  # lastFailures recorded for it
+    note: str = ""  # how the training went through it, where the seconds are not a new process's first step
 
 
 class Story:
@@ -118,8 +121,9 @@ class Story:
         self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{store}     "
                       f"# SIGKILL the rendezvous store")
         fault = self.begin(f"SIGKILL the store pod ({store})", owns=("RendezvousLost",))
+        epoch = ((job.get("status") or {}).get("rendezvous") or {}).get("epoch")
         self.signal_pod(store)
-        self.recovered(fault)
+        self.trained_through(fault, epoch)
 
     def steps_pass(self) -> None:
         step = self.snap.step or 0
@@ -144,6 +148,25 @@ class Story:
         fault.seconds, fault.world_size = first["time"] - fault.at, first["world_size"]
         self.view.say(f"training again {fault.seconds:.1f}s later, at world size {fault.world_size} "
                       f"(step {first['step']})")
+
+    def trained_through(self, fault: Fault, epoch: str | None) -> None:
+        """The store's loss: the workers train on while it comes back, and their agents resume the round there
+        (or restart the workers through a new one). What it cost is the longest pause in the steps until a new
+        store serves and the training has stepped on for AFTER_BACK seconds."""
+        try:
+            back = self.wait(lambda s: s.at if store_back(s.status, epoch) else None, RECOVERY_TIMEOUT,
+                             f"a new store serving after: {fault.what}")
+            self.wait(lambda s: any(r["time"] >= back + AFTER_BACK for r in s.records), RECOVERY_TIMEOUT,
+                      "the training stepping on after the store's return")
+        except StoryError as err:
+            self.view.say(f"no new store and steps within {RECOVERY_TIMEOUT}s: {err}")
+            return
+        records = self.snap.records if self.snap else []
+        fault.seconds = longest_pause(records, fault.at, back + AFTER_BACK)
+        fault.world_size = self.snap.world_size if self.snap else None
+        restarted = first_step_after(records, fault.at) is not None
+        fault.note = "workers restarted" if restarted else "workers trained on"
+        self.view.say(f"the store is back; the {fault.note}: {fault.seconds:.1f}s the longest pause in the steps")
 
     def settle(self, snap: Snapshot) -> None:
         settle(self.faults, snap.status)
@@ -172,6 +195,19 @@ def first_step_after(records: list[dict], when: float, world_size: int | None = 
     later = [r for r in records if r["time"] > when and (r["host"], r["pid"], r["started"]) not in old
              and (world_size is None or r["world_size"] == world_size)]
     return min(later, key=lambda r: r["time"], default=None)
+
+
+def store_back(status: dict, epoch: str | None) -> bool:
+    """A store other than the lost one (another epoch) serves the job."""
+    found = status.get("rendezvous") or {}
+    return bool(found.get("ready")) and found.get("epoch") not in (None, epoch)
+
+
+def longest_pause(records: list[dict], since: float, until: float) -> float:
+    """The longest time between two steps of rank 0, from its step before `since` to `until`."""
+    times = sorted(r["time"] for r in records if r["rank"] == 0)
+    marks = [max((t for t in times if t <= since), default=since), *(t for t in times if since < t <= until)]
+    return max((b - a for a, b in zip(marks, marks[1:])), default=0.0)
 
 
 def settle(faults_seen: list[Fault], status: dict) -> None:
@@ -207,6 +243,8 @@ def summary(faults_seen: list[Fault]) -> Table:
         table.add_column(column, justify=justify)
     for f in faults_seen:
         seconds = f"{f.seconds:.1f}" if f.seconds is not None else f"> {RECOVERY_TIMEOUT}"
+        if f.note and f.seconds is not None:
+            seconds += f" ({f.note}: the longest pause)"
         charged = "?" if f.charged is None else ("yes" if f.charged else "no")
         if f.charged:
             charged += f", {f.charged} restart{'s' if f.charged > 1 else ''}"
