@@ -154,6 +154,7 @@ class StoreView:
     stop_id: str | None = None  # the planned stop the store last wrote (protocol.Stop), and its step
     stop_step: int | None = None
     round_completed_at: datetime | None = None  # when the store saw the current round complete (its clock)
+    last_round_nodes: tuple[str, ...] = ()  # the addresses of the latest round the store saw complete
 
     @property
     def nodes(self) -> int:

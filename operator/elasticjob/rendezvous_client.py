@@ -109,6 +109,14 @@ class _Round(_Strict):
     model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
     round: int = Field(ge=0, le=1 << 40)
     completed_at: float = Field(alias="completedAt", ge=0, le=1e11)
+    nodes: list[str] = Field(default_factory=list, max_length=MAX_NODES)
+
+    @field_validator("nodes")
+    @classmethod
+    def _ips(cls, value: list[str]) -> list[str]:
+        for addr in value:
+            ipaddress.ip_address(addr)  # what a pod's IP compares with; anything else is no reply
+        return value
 
 
 class _Stop(_Strict):
@@ -149,6 +157,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         return None
     at = state.last_failure_round_at
     completed = next((r.completed_at for r in state.rounds if r.round == state.round), None)
+    last = max(state.rounds, key=lambda r: r.round, default=None)
     return StoreView(
         epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
         participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.participants),
@@ -159,6 +168,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
+        last_round_nodes=tuple(last.nodes) if last is not None else (),
         received_at=received_at or datetime.now(UTC))
 
 

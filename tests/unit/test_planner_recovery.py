@@ -193,6 +193,21 @@ def test_the_first_round_waits_its_last_call_for_a_worker_still_starting_on_its_
                                                          replicas=3))
 
 
+def test_survivors_re_forming_after_a_loss_do_not_wait_for_a_replacement_still_starting():
+    # worker-1's pod was deleted at once; its replacement (a new pod, a new address) runs but its agent is seconds
+    # from joining. The survivors of the last round are all in: the round completes, the replacement joins later.
+    replacement = dataclasses.replace(worker(1), ip="10.244.0.99")
+    last = (IP[0], IP[1], IP[2])
+    forming = dataclasses.replace(view(node(0), node(2), complete=False, round=5), last_round_nodes=last)
+    assert ("complete", {"liveNodes": 2}) in nudges(plan([worker(0), replacement, worker(2)], forming, replicas=3))
+    # A worker of the last round that runs again (its container restarted in place) is still waited for.
+    restarted = dataclasses.replace(forming, last_round_nodes=(IP[0], IP[1], IP[2]))
+    assert nudges(plan([worker(0), worker(1), worker(2)], restarted, replicas=3)) == []
+    # A newcomer in the round (a scale-up) waits for every live agent, as before.
+    newcomer = dataclasses.replace(view(node(0), node(2), node(3), complete=False, round=5), last_round_nodes=last)
+    assert nudges(plan([worker(0), replacement, worker(2), worker(3)], newcomer, replicas=4)) == []
+
+
 def test_no_early_completion_below_min_or_with_nodes_waiting():
     assert nudges(plan([worker(0)], view(node(0), complete=False), minReplicas=2)) == []
     # An agent waits to join: torch completes the round with it; cutting the last call short would not.

@@ -38,6 +38,16 @@ def test_the_current_rounds_completion_comes_from_the_stores_history():
     assert rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": [{"round": 3}]}).encode()) is None
 
 
+def test_the_latest_completed_rounds_agents_come_from_the_stores_history():
+    rounds = [{"round": 3, "nodes": ["10.244.0.5", "10.244.0.6"], "completedAt": 1767268800.0},
+              {"round": 2, "nodes": ["10.244.0.5"], "completedAt": 1767268700.0}]
+    view = rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
+    assert view.last_round_nodes == ("10.244.0.5", "10.244.0.6")
+    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).last_round_nodes == ()
+    bad = [{"round": 3, "nodes": ["not-an-address"], "completedAt": 1767268800.0}]
+    assert rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": bad}).encode()) is None
+
+
 @pytest.mark.parametrize("change", [
     {"round": "x"},                      # the reply that made every reconcile fail for ever
     {"round": -1},
