@@ -66,6 +66,30 @@ def test_a_scale_down_stops_at_an_agreed_step_and_loses_none(operator, jobs, pro
     assert "StopRequested" in reasons and "StoppedAndSaved" in reasons and "StopGraceExpired" not in reasons
 
 
+
+def test_rank_0s_pod_deleted_at_once_saves_its_step_before_the_kubelets_kill(operator, jobs, progress,
+                                                                              record_recovery):
+    """A pod deleted with grace 0 (a force deletion; a lost node's eviction) is gone from the API at once, and
+    its kubelet sends SIGTERM and, 2 s later, SIGKILL; from the deletion on, the job's network policy drops its
+    new connections, so no stop can be agreed with the store. Its agent gives the store up at once and torchrun
+    stops the workers: rank 0 saves the step it is on, well before the kill, and the survivors resume from it."""
+    manifest = job_manifest(jobs.namespace, replicas=2, max_restarts=3,
+                            train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))
+    before = start(jobs, progress, manifest, world_size=2, min_step=20)
+    victim = before.rank0_host()
+    deleted_at = time.time()
+    jobs.core.delete_namespaced_pod(victim, jobs.namespace, grace_period_seconds=0)
+    resumed = recovery(progress, deleted_at, f"deleting {victim} at once")
+    saves = [e for e in progress.events() if e.get("event") == "checkpoint-on-sigterm" and e["time"] >= deleted_at]
+    assert [e["rank"] for e in saves] == [0], f"rank 0 did not save on SIGTERM: {saves}"
+    assert saves[0]["time"] - deleted_at < 2.0, f"saved {saves[0]['time'] - deleted_at:.1f}s after the deletion"
+    assert resumed["resumed_from"] == saves[0]["step"], (
+        f"resumed from step {resumed['resumed_from']}, not the step {saves[0]['step']} rank 0 saved")
+    record_recovery(f"rank-0 pod {victim} deleted at once", resumed["time"] - deleted_at, resumed["world_size"],
+                    jobs.status().get("restarts"))
+    finish(jobs, progress, STEPS)
+
+
 @pytest.mark.slow
 def test_a_kueue_preemption_stops_at_an_agreed_step_and_the_job_resumes_after_it(kueue_operator, jobs,
                                                                                   queues: Queues, trainings,
