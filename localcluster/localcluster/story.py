@@ -33,6 +33,7 @@ RECOVERY_TIMEOUT = 90
 FINISH_TIMEOUT = 120
 STEPS_BETWEEN = 3  # training steps to let pass after a recovery before the next fault
 AFTER_BACK = 3.0  # seconds of training looked at after a lost store is back
+FINISHED = ("Succeeded", "Failed")
 
 
 @dataclass
@@ -121,9 +122,9 @@ class Story:
         self.view.say(f"$ python -m localcluster.faults kill-pod {self.namespace}/{store}     "
                       f"# SIGKILL the rendezvous store")
         fault = self.begin(f"SIGKILL the store pod ({store})", owns=("RendezvousLost",))
-        epoch = ((job.get("status") or {}).get("rendezvous") or {}).get("epoch")
+        lost_before = ((job.get("status") or {}).get("rendezvous") or {}).get("restarts") or 0
         self.signal_pod(store)
-        self.trained_through(fault, epoch)
+        self.trained_through(fault, lost_before)
 
     def steps_pass(self) -> None:
         step = self.snap.step or 0
@@ -149,15 +150,15 @@ class Story:
         self.view.say(f"training again {fault.seconds:.1f}s later, at world size {fault.world_size} "
                       f"(step {first['step']})")
 
-    def trained_through(self, fault: Fault, epoch: str | None) -> None:
+    def trained_through(self, fault: Fault, lost_before: int) -> None:
         """The store's loss: the workers train on while it comes back, and their agents resume the round there
         (or restart the workers through a new one). What it cost is the longest pause in the steps until a new
-        store serves and the training has stepped on for AFTER_BACK seconds."""
+        store serves and the training has stepped on for AFTER_BACK seconds (or finished: a short job may)."""
         try:
-            back = self.wait(lambda s: s.at if store_back(s.status, epoch) else None, RECOVERY_TIMEOUT,
-                             f"a new store serving after: {fault.what}")
-            self.wait(lambda s: any(r["time"] >= back + AFTER_BACK for r in s.records), RECOVERY_TIMEOUT,
-                      "the training stepping on after the store's return")
+            back = self.wait(lambda s: s.at if store_back(s.status, lost_before) or s.phase in FINISHED else None,
+                             RECOVERY_TIMEOUT, f"a new store serving after: {fault.what}")
+            self.wait(lambda s: s.phase in FINISHED or any(r["time"] >= back + AFTER_BACK for r in s.records),
+                      RECOVERY_TIMEOUT, "the training stepping on after the store's return")
         except StoryError as err:
             self.view.say(f"no new store and steps within {RECOVERY_TIMEOUT}s: {err}")
             return
@@ -197,10 +198,10 @@ def first_step_after(records: list[dict], when: float, world_size: int | None = 
     return min(later, key=lambda r: r["time"], default=None)
 
 
-def store_back(status: dict, epoch: str | None) -> bool:
-    """A store other than the lost one (another epoch) serves the job."""
+def store_back(status: dict, lost_before: int) -> bool:
+    """The operator counted the store's loss (status.rendezvous.restarts past `lost_before`) and a store serves."""
     found = status.get("rendezvous") or {}
-    return bool(found.get("ready")) and found.get("epoch") not in (None, epoch)
+    return bool(found.get("ready")) and (found.get("restarts") or 0) > lost_before
 
 
 def longest_pause(records: list[dict], since: float, until: float) -> float:

@@ -96,9 +96,9 @@ def test_a_lost_store_costs_the_longest_pause_in_rank_0s_steps_until_a_new_one_s
                record(7, 0, 2, 11.2, "w-0", 1), record(8, 0, 2, 11.5, "w-0", 1), record(9, 0, 2, 20.0, "w-0", 1)]
     assert round(story.longest_pause(records, 10.1, 12.0), 2) == 0.9  # 10.3 -> 11.2; rank 1 and 20.0 not counted
     assert story.longest_pause(records, 10.1, 10.2) == 0.0
-    assert story.store_back({"rendezvous": {"ready": True, "epoch": "e2"}}, "e1")
-    assert not story.store_back({"rendezvous": {"ready": True, "epoch": "e1"}}, "e1"), "the lost store's own"
-    assert not story.store_back({"rendezvous": {"ready": False, "epoch": "e2"}}, "e1")
+    assert story.store_back({"rendezvous": {"ready": True, "restarts": 1}}, 0)
+    assert not story.store_back({"rendezvous": {"ready": True, "restarts": 1}}, 1), "the loss not counted yet"
+    assert not story.store_back({"rendezvous": {"ready": False, "restarts": 1}}, 0)
 
 
 def test_each_failure_on_record_goes_to_the_fault_that_caused_it():

@@ -253,3 +253,13 @@ def test_the_same_round_number_on_a_new_store_with_a_process_begun_since_the_los
     plan = step(status, 3.0, 0, new_process(0.5), epoch="e2")
     closed = {i.kind: i for i in plan.status.goodput.last_incidents}
     assert closed["StoreLost"].lost_seconds == 0.0 and closed["Rejoin"].reason == "StoreReturned", closed
+
+
+def test_a_straggler_failing_after_the_training_finished_costs_nothing():
+    # Training reached its end (worker-0's agent exited 0, so its workers succeeded); worker-2's agent, still
+    # joining, found the rendezvous closed and exited 1. Seen in `make run`: booked WorkerLost, 1.5 s lost.
+    done = worker(0, "Succeeded", exit_code=0, finished_at=seconds(0.5))
+    straggler = worker(2, "Failed", exit_code=1, worker_exit_code=1, reason="Error", finished_at=seconds(0.8))
+    plan = step(accounted(), 1.0, 5, old_process(), pods=[done, worker(1), straggler])
+    assert [r.uid for r in plan.status.last_failures] == ["uid-w2"], plan.status.last_failures
+    assert plan.status.goodput.open_incident is None and plan.status.goodput.incidents == 0

@@ -63,7 +63,8 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     progress = store.progress if store is not None else None
     if progress is not None and progress.step is not None:
         ledger.progress_reported = True
-    for fault, in_place in faults(plan, job, progress, now):
+    done = any(p.exited_ok for p in observed.workers)
+    for fault, in_place in faults(plan, job, progress, now, done):
         if ledger.open_incident is None:
             ledger.open_incident = opened(fault, in_place, store, progress, now)
     account_round(plan, ledger, store, progress, now)
@@ -78,9 +79,12 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
         close(plan, ledger, incident, progress, now)
 
 
-def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -> list[tuple[Incident, bool]]:
+def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime,
+           done: bool = False) -> list[tuple[Incident, bool]]:
     """What this reconcile booked that costs training time, oldest first, each with whether it is a restart
-    torchrun made in place that the store already reported re-formed."""
+    torchrun made in place that the store already reported re-formed. Once a worker exited 0 (`done`: its agent
+    exits 0 only when the training succeeded) a failure costs none: a straggler still joining when the others
+    closed the rendezvous was booked WorkerLost, 1.5 s, as the job succeeded."""
     old, new = job.status, plan.status
     # A fenced agent's failure (recovery.fence) is booked beside its cut-off, at detection: the cut-off, from
     # its last heartbeat, sorts first and is that fault's one incident.
@@ -88,7 +92,7 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime) -
     # The store's loss is its own incident; a pod whose agent was taken out of the rendezvous already
     # (recovery.leave_pod: a lost node's, booked NodeLost later) cost the training nothing more when it went.
     skipped = {f.uid for f in old.last_failures} | set(old.rendezvous.left_out)
-    for record in new.last_failures:
+    for record in [] if done else new.last_failures:
         if record.uid not in skipped and record.reason != "RendezvousLost":
             found.append((from_failure(record, progress, now), is_round_record(record)))
     if new.rendezvous.last_lost_time and new.rendezvous.last_lost_time != old.rendezvous.last_lost_time:
