@@ -50,8 +50,8 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     if status.ready and not serving:
         status.restarts += 1
         status.last_lost_time = stamp(now)
-        plan.warn("RendezvousLost", f"rendezvous pod {status.pod} stopped serving; bringing it back, agents "
-                                    f"re-form the group at the same endpoint {status.endpoint}")
+        plan.warn("RendezvousLost", f"rendezvous pod {status.pod} stopped serving; bringing it back at the same "
+                                    f"endpoint {status.endpoint}, where the agents take their round")
     status.ready = serving
     set_condition(plan.status, "RendezvousReady", serving, "StoreReady" if serving else "StoreNotReady",
                   f"c10d store at {status.endpoint}" if serving else "waiting for the rendezvous pod",
