@@ -258,7 +258,7 @@ def test_rendezvous_pod_killed_costs_no_worker_pod_and_no_restart(operator, jobs
     assert {p.metadata.name: p.metadata.uid for p in jobs.worker_pods()} == workers, "a worker pod was replaced"
     assert status["rendezvous"]["restarts"] >= 1 and status.get("restarts") == 0, status
     booked = [(i["kind"], i.get("lostSeconds")) for i in status["goodput"].get("lastIncidents", [])]
-    assert booked == [("StoreLost", 0.0)], booked
+    assert booked == [("StoreLost", 0.0)], f"{booked}\n{ledger_story(jobs, status)}\n{rejoin_story(jobs)}"
     record_recovery("SIGKILL rendezvous pod (longest pause in steps)", longest_pause(done, fault_time), 2,
                     status.get("restarts"))
 
@@ -275,6 +275,18 @@ def longest_pause(done: Progress, since: float) -> float:
     start_at = max((t for t in times if t <= since), default=since)
     marks = [start_at, *later]
     return max((b - a for a, b in zip(marks, marks[1:])), default=0.0)
+
+
+def ledger_story(jobs: Jobs, status: dict) -> str:
+    """The ledger's incidents in full and the job's Events, oldest first, for a failure's message: which round or
+    report opened each incident, and when."""
+    events = sorted(jobs.core.list_namespaced_event(jobs.namespace).items,
+                    key=lambda e: e.event_time or e.last_timestamp or e.first_timestamp)
+    lines = [f"incident: {incident}" for incident in status["goodput"].get("lastIncidents", [])]
+    lines += [f"rendezvous: {status.get('rendezvous')}"]
+    lines += [f"event {e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
+              for e in events if e.involved_object.kind == "ElasticJob"]
+    return "\n".join(lines)
 
 
 def rejoin_story(jobs: Jobs) -> str:

@@ -235,7 +235,7 @@ def test_losing_the_store_pod_recreates_it_and_says_so():
     result = plan(job(running_status()), [worker(0), worker(1)])
     assert creates(result) == ["train-rdzv"]
     assert result.status.rendezvous.restarts == 1
-    assert result.status.rendezvous.last_lost_time == "2026-01-01T12:00:00Z"
+    assert result.status.rendezvous.last_lost_time == "2026-01-01T12:00:00.000Z"
     assert any(e.reason == "RendezvousLost" for e in result.events)
 
 

@@ -88,6 +88,10 @@ class GoodputStatus(Model):
     progress_reported: bool = Field(False, description="Whether the training reports its steps "
                                     "(elasticjob_progress): without it the phases after the round are null.")
     open_incident: Incident | None = Field(None, description="The incident being recovered from, if any.")
+    queued_incidents: list[Incident] = Field(default_factory=list, description="Faults seen while the open "
+                                             "incident was open, oldest first (4 at most): once it closes, each "
+                                             "that began after the training stepped again is an incident of its "
+                                             "own; one that began before is part of it.")
     round: int | None = Field(None, description="The store's last complete round the ledger accounted for: one "
                               "completed past it with no incident open is a Rejoin.")
     epoch: str | None = Field(None, description="The store's epoch of that round (a new store counts anew).")

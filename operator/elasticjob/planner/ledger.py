@@ -4,7 +4,8 @@ what the operator sees, closed once the training steps again, and the seconds lo
 An incident opens on a failure booked (failures.py: a worker, rank 0, a node), an agent cut off for its silence
 (recovery.py: a partition, whether its pod was stopped or left running; Plan.cut_off), the store lost
 (rendezvous.py), a change of the desired workers, a suspension, a preemption by Kueue, or a round of the store that
-no booked fault explains (a Rejoin: account_round); a fault while one is open belongs to it. It starts at the
+no booked fault explains (a Rejoin: account_round); a fault while one is open belongs to it when it began before
+that one's training stepped again, and is the next incident when it began after (open_next). It starts at the
 operator's evidence of the fault, moved later to the training's last step where that is better evidence
 (goodput.fault_start). Where the training stopped and saved at an agreed step first (planned_stop.py; on an eviction
 or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is recomputed, and the incident of the
@@ -32,20 +33,17 @@ from elasticjob.models import (
 )
 from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput
-from elasticjob.planner.base import CutOff, Job, Observed, Plan
+from elasticjob.planner.base import CutOff, Job, Observed, Plan, precise
 from elasticjob.planner.failures import is_round_record
 
 # An incident still open after this long is closed with what was seen (a training that never steps again).
 GIVE_UP = timedelta(minutes=10)
+# Faults seen while an incident is open, kept until it closes (open_next): more than this at once are part of it.
+MAX_QUEUED = 4
 KINDS = {"NodeLost": "NodeLost", "Partitioned": "Partition", "Preempted": "Preemption",
          "RendezvousLost": "StoreLost"}
 PREEMPTED = ("Preempted", "Evicted")
 STOPS_EVERY_WORKER = ("Preemption", "Suspend")
-
-
-def precise(when: datetime) -> str:
-    """RFC 3339 with milliseconds: the phases are seconds long."""
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
 def parse(value: str | None) -> datetime | None:
@@ -65,18 +63,36 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
         ledger.progress_reported = True
     done = any(p.exited_ok for p in observed.workers)
     for fault, in_place in faults(plan, job, progress, now, done):
+        found = opened(fault, in_place, store, progress, now)
         if ledger.open_incident is None:
-            ledger.open_incident = opened(fault, in_place, store, progress, now)
+            ledger.open_incident = found
+        elif len(ledger.queued_incidents) < MAX_QUEUED:
+            ledger.queued_incidents.append(found)
     account_round(plan, ledger, store, progress, now)
-    incident = ledger.open_incident
-    if incident is None:
-        return
-    stepping_on(incident, progress)
-    saved_first(incident, plan, progress)
-    advance(incident, plan, observed, now)
-    end = resumed(incident, ledger, progress, now)
-    if end is not None or status.phase.finished or now - (parse(incident.start_time) or now) > GIVE_UP:
+    for queued in ledger.queued_incidents:
+        advance(queued, plan, observed, now)
+    while (incident := ledger.open_incident) is not None:
+        stepping_on(incident, progress)
+        saved_first(incident, plan, progress)
+        advance(incident, plan, observed, now)
+        end = resumed(incident, ledger, progress, now)
+        if end is None and not status.phase.finished and now - (parse(incident.start_time) or now) <= GIVE_UP:
+            return
         close(plan, ledger, incident, progress, now)
+        open_next(ledger, end)
+
+
+def open_next(ledger: GoodputStatus, end: datetime | None) -> None:
+    """After an incident closed with the training stepping again at `end`: the first fault seen meanwhile that
+    began at or after `end` is the next incident (the others queue behind it); one that began before is part of
+    the one that closed, whose time covers it (a fenced pod's failure beside its cut-off, the pods of one lost
+    node). Seen in CI: an agent joined, its Rejoin's new process stepped, and the store was killed 0.2 s later,
+    before the operator saw that step: the store's loss was never booked. A job that finished, or an incident
+    given up, leaves nothing to book."""
+    queued, ledger.queued_incidents = ledger.queued_incidents, []
+    later = [q for q in queued if end is not None and (parse(q.start_time) or end) >= end]
+    if later:
+        ledger.open_incident, ledger.queued_incidents = later[0], later[1:]
 
 
 def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime,

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from elasticjob.models import PlannedStop
 from elasticjob.observe import ProgressView, StoreView
-from elasticjob.planner.base import Event, Job, Observed, Plan, StoreAction
+from elasticjob.planner.base import Event, Job, Observed, Plan, StoreAction, precise
 from elasticjob.planner.recovery import control_endpoint
 from elasticjob_store.protocol import Restart, Stop
 
@@ -204,10 +204,6 @@ def describe(reason: str) -> str:
 def stop_id(pending: PlannedStop) -> str:
     """The stop's name in the store (elasticjob_store/stop.py stop_id): its request time in unix seconds."""
     return f"{parse(pending.requested_time).timestamp():.3f}"
-
-
-def precise(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
 def parse(value: str) -> datetime:

@@ -19,8 +19,8 @@ from elasticjob.planner.base import (
     Job,
     Observed,
     Plan,
+    precise,
     set_condition,
-    stamp,
 )
 
 
@@ -49,7 +49,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     serving = store is not None and store.serving
     if status.ready and not serving:
         status.restarts += 1
-        status.last_lost_time = stamp(now)
+        status.last_lost_time = precise(now)  # the ledger compares it with the training's steps
         plan.warn("RendezvousLost", f"rendezvous pod {status.pod} stopped serving; bringing it back at the same "
                                     f"endpoint {status.endpoint}, where the agents take their round")
     status.ready = serving
