@@ -290,11 +290,15 @@ def started(incident: dict) -> float:
 def ledger_story(jobs: Jobs, status: dict) -> str:
     """The ledger's incidents in full and the job's Events, oldest first, for a failure's message: which round or
     report opened each incident, and when."""
-    events = sorted(jobs.core.list_namespaced_event(jobs.namespace).items,
-                    key=lambda e: e.event_time or e.last_timestamp or e.first_timestamp)
-    lines = [f"incident: {incident}" for incident in status["goodput"].get("lastIncidents", [])]
+    def when(event) -> str:  # an Event may carry only one of its three times; none should not hide the failure
+        return str(event.event_time or event.last_timestamp or event.first_timestamp or "")
+
+    events = sorted(jobs.core.list_namespaced_event(jobs.namespace).items, key=when)
+    goodput = status["goodput"]
+    lines = [f"incident: {incident}" for incident in goodput.get("lastIncidents", [])]
+    lines += [f"open: {goodput.get('openIncident')}", f"queued: {goodput.get('queuedIncidents')}"]
     lines += [f"rendezvous: {status.get('rendezvous')}"]
-    lines += [f"event {e.last_timestamp or e.event_time} {e.involved_object.name} {e.reason}: {e.message}"
+    lines += [f"event {when(e)} {e.involved_object.name} {e.reason}: {e.message}"
               for e in events if e.involved_object.kind == "ElasticJob"]
     return "\n".join(lines)
 
