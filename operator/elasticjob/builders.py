@@ -69,7 +69,22 @@ def place(pod: dict[str, Any], placement: Placement) -> dict[str, Any]:
         spec["schedulerName"] = placement.scheduler_name
     if placement.scheduling_group:
         spec["schedulingGroup"] = {"podGroupName": placement.scheduling_group}
+    if placement.avoid_nodes:
+        avoid_nodes(spec, placement.avoid_nodes)
     return pod
+
+
+def avoid_nodes(spec: dict[str, Any], nodes: tuple[str, ...]) -> None:
+    """Keeps the pod off `nodes` (in place): a required node affinity on the node's name (matchFields, not the
+    hostname label, which a node may set to something else). A template's required terms are alternatives, so
+    the exclusion is added to each of them; without any, it is the one term."""
+    excluded = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchFields": [*(term.get("matchFields") or []), copy.deepcopy(excluded)]} for term in terms]
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:

@@ -47,11 +47,13 @@ class Placement:
     tolerations: tuple[dict[str, Any], ...] = ()
     scheduler_name: str | None = None
     scheduling_group: str | None = None  # spec.schedulingGroup.podGroupName (the Workload API)
+    avoid_nodes: tuple[str, ...] = ()  # nodes the pod must not land on (planner/nodes.py)
 
     def merge(self, other: Placement) -> Placement:
         return Placement(self.labels + other.labels, self.node_selector + other.node_selector,
                          self.tolerations + other.tolerations, other.scheduler_name or self.scheduler_name,
-                         other.scheduling_group or self.scheduling_group)
+                         other.scheduling_group or self.scheduling_group,
+                         tuple(dict.fromkeys(self.avoid_nodes + other.avoid_nodes)))
 
 
 NO_PLACEMENT = Placement()

@@ -68,8 +68,9 @@ def test_an_in_place_restart_is_charged_once_with_its_cause():
     assert first.status.rendezvous.epoch == "e1" and first.status.rendezvous.failure_rounds == 1
     record = first.status.last_failures[-1]
     assert (record.pod, record.exit_code, record.charged) == ("train-worker-1", 3, True)
-    # The store already saw the group re-formed: the ledger's incident closes with it (planner/ledger.py).
-    assert [e.reason for e in first.events] == ["WorkerFailed", "IncidentClosed"]
+    # The store already saw the group re-formed: the ledger's incident closes with it (planner/ledger.py). The
+    # node it failed on is avoided by the job's next pods (planner/nodes.py).
+    assert [e.reason for e in first.events] == ["WorkerFailed", "NodeAvoided", "IncidentClosed"]
     steady = plan(again(first), pods, store=store(failure_rounds=1), round_failures=cause)
     assert steady.status.restarts == 1 and steady.events == []
 
@@ -92,11 +93,13 @@ def test_a_new_store_counts_from_zero_and_its_past_is_not_charged_twice():
 
 @pytest.mark.parametrize("rounds, max_restarts, phase", [(2, 3, "Running"), (4, 3, "Failed")])
 def test_a_worker_failing_at_every_start_uses_up_the_budget(rounds, max_restarts, phase):
+    # On every node it lands on (a script that fails wherever it runs): each node's first failure is charged.
     result = plan(job(running_status(), maxRestarts=max_restarts), [rdzv(), worker(0), worker(1)])
     for answer in range(1, rounds + 1):  # the store answers the operator's long-poll at each round
         logged = [planner.RoundFailure(pod="train-worker-1", exit_code=1, message=f"failed (exitcode: 1) #{answer}")]
-        result = planner.plan(again(result), observed([rdzv(), worker(0), worker(1)],
-                                                      store=store(failure_rounds=answer), round_failures=logged),
+        pods = [rdzv(), worker(0), worker(1, node=f"node-{answer}", uid=f"uid-w1-{answer}")]
+        result = planner.plan(again(result, maxRestarts=max_restarts),
+                              observed(pods, store=store(failure_rounds=answer), round_failures=logged),
                               NOW + timedelta(seconds=5 * answer))
     assert result.status.restarts == rounds and result.status.phase == phase
     if phase == "Failed":
@@ -116,12 +119,13 @@ def test_one_answer_is_charged_one_round_whatever_it_reports():
     assert steady.status.restarts == 1
 
 
-def test_quick_successive_in_place_restarts_are_each_charged():
-    first = plan(job(running_status()), [rdzv(), worker(0)], store=store(failure_rounds=1, nodes=1),
+def test_quick_successive_in_place_restarts_are_each_charged_where_no_node_is_avoided():
+    off = {"failurePolicy": {"avoidNodeSeconds": 0}}
+    first = plan(job(running_status(), **off), [rdzv(), worker(0)], store=store(failure_rounds=1, nodes=1),
                  round_failures=LOGGED)
-    later = planner.plan(again(first), observed([rdzv(), worker(0)], store=store(failure_rounds=2, nodes=1),
-                                                round_failures=LOGGED), NOW + timedelta(seconds=5))
-    assert later.status.restarts == 2
+    later = planner.plan(again(first, **off), observed([rdzv(), worker(0)], store=store(failure_rounds=2, nodes=1),
+                                                       round_failures=LOGGED), NOW + timedelta(seconds=5))
+    assert later.status.restarts == 2 and later.status.avoided_nodes == []
 
 
 def test_a_fatal_exit_code_seen_in_the_agents_logs_fails_the_job_at_once():
@@ -187,8 +191,8 @@ def test_a_round_re_formed_by_a_replacement_with_its_predecessors_address_is_not
     assert replaced.status.restarts == restarts
     assert not replaced.status.last_failures[-1].charged
     assert "WorkerFailed" not in [e.reason for e in replaced.events]
-    # A worker failing afterwards is a restart of its own.
-    later = planner.plan(again(replaced), observed([rdzv(), worker(0), worker(1, uid="new-1")],
+    # A worker failing afterwards (on a node not avoided) is a restart of its own.
+    later = planner.plan(again(replaced), observed([rdzv(), worker(0, node="node-b"), worker(1, uid="new-1")],
                                                    store=store(failure_rounds=2, last_failure_round_at=NOW),
                                                    round_failures=LOGGED), NOW + timedelta(seconds=5))
     assert later.status.restarts == restarts + 1

@@ -31,6 +31,7 @@ from elasticjob.models.spec import (
 )
 from elasticjob.models.status import (
     AdmissionStatus,
+    AvoidedNode,
     Condition,
     ElasticJobStatus,
     FailureRecord,
@@ -40,7 +41,8 @@ from elasticjob.models.status import (
 )
 
 __all__ = [
-    "API_VERSION", "AdmissionStatus", "CleanPodPolicy", "Condition", "ElasticJobSpec", "ElasticJobStatus",
+    "API_VERSION", "AdmissionStatus", "AvoidedNode", "CleanPodPolicy", "Condition", "ElasticJobSpec",
+    "ElasticJobStatus",
     "FailurePolicy", "FailureRecord", "GROUP", "GangMode", "GoodputStatus", "Incident", "KIND", "KitSource",
     "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "OwnedPod", "PLURAL", "Phase",
     "PlannedStop", "RendezvousSpec", "RendezvousStatus", "RunPolicy", "SHORT_NAMES", "SINGULAR", "SchedulingSpec",

@@ -54,6 +54,12 @@ class FailurePolicy(Model):
     count_infrastructure_failures: bool = Field(False, description=(
         "Whether evictions, preemptions, lost nodes and partitions consume maxRestarts (by default they are "
         "recorded but not charged to the job). Default false."))
+    avoid_node_seconds: int = Field(600, ge=0, le=604800, description=(
+        "Seconds a node stays avoided by this job's next pods (a required node affinity) after a failure the "
+        "operator attributes to it: a worker that failed there (its pod, or an in-place restart its agent "
+        "logged), or a pod cut off from the network there. Further failures on an avoided node are one incident "
+        "with the first and cost no restart; status.avoidedNodes lists them. Counted from the first failure: "
+        "lowering it (0: off) ends the avoidance at the next reconcile. Default 600."))
 
 
 class CleanPodPolicy(StrEnum):

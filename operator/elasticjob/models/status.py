@@ -59,6 +59,20 @@ class FailureRecord(Model):
     time: str | None = Field(None, description="When the pod ended or the failure happened (RFC 3339, UTC).")
 
 
+class AvoidedNode(Model):
+    """A node the job's next pods keep off (failurePolicy.avoidNodeSeconds), and why."""
+
+    node: str = Field(description="The node's name.")
+    reason: str = Field(description="What the operator saw there, one CamelCase word: WorkerFailed (a worker "
+                        "failed on it) or Partitioned (a pod on it was cut off from the network).")
+    message: str = Field("", description="The failure that made the job avoid the node, in words.")
+    since: str = Field(description="When the first such failure happened (RFC 3339, UTC).")
+    until: str = Field(description="When the avoidance ends (RFC 3339, UTC): since + "
+                       "failurePolicy.avoidNodeSeconds.")
+    failures: int = Field(1, description="Failures attributed to the node since then; the later ones were part of "
+                          "the first one's incident and cost no restart.")
+
+
 class RendezvousStatus(Model):
     """The job's rendezvous store, as the operator sees it."""
 
@@ -132,8 +146,10 @@ class ElasticJobStatus(Model):
                                 "or cannot start and why, or what to fix.")
     conditions: list[Condition] = Field(default_factory=list, description="The job's conditions, one per type.")
     replicas: int = Field(0, description="Worker pods that exist and are not terminating.")
-    ready_replicas: int = Field(0, description="Worker pods not being deleted whose containers all run and are "
-                                "ready (the READY column).")
+    ready_replicas: int = Field(0, description="Workers in the training: pods not being deleted whose containers "
+                                "all run and are ready, less those whose agent the operator took out of the "
+                                "rendezvous (the READY column). Through the operator's kit a worker is ready only "
+                                "while its agent is in the rendezvous and hears from the store.")
     desired_replicas: int = Field(0, description="Worker pods the operator wants now: spec.replicas (else "
                                   "maxReplicas), at most the workers Kueue admitted.")
     restarts: int = Field(0, description="Worker-group restarts charged to maxRestarts; failures seen "
@@ -145,6 +161,9 @@ class ElasticJobStatus(Model):
     counted_failures: list[str] = Field(default_factory=list, description="UIDs of failed pods already "
                                         "counted, kept while the pod exists: no failure is counted twice, "
                                         "however long its pod takes to go.")
+    avoided_nodes: list[AvoidedNode] = Field(default_factory=list, description="Nodes the job's next pods "
+                                             "avoid after failures there (failurePolicy.avoidNodeSeconds), "
+                                             "oldest first.")
     last_restart_time: str | None = Field(None, description="When the last restart charged to maxRestarts "
                                           "happened (RFC 3339, UTC); pod failures close to it count as the same "
                                           "incident.")

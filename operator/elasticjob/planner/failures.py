@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from elasticjob.models import MAX_FAILURES_KEPT, ElasticJobStatus, FailureRecord, Phase
 from elasticjob.observe import PodView
+from elasticjob.planner import nodes
 from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure, enter_phase, since, stamp
 
 # Failures this close together are one incident: agents of one group tend to fail together.
@@ -35,6 +36,9 @@ MAX_ROUNDS_PER_ANSWER = 1
 UNCONFIRMED = "Unconfirmed"
 # How long a failure that claims a lost store waits for the operator's own evidence of it.
 STORE_EVIDENCE_WAIT = timedelta(seconds=5)
+# Charged failures that say nothing of the node they ran on: the job itself ended them (its fatal codes, its
+# memory limit, torchrun's own budget). Every other charged failure makes the job avoid the node (nodes.py).
+NOT_THE_NODE = ("FatalExitCode", "MaxRestartsExceeded", "OOMKilled")
 
 
 def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime,
@@ -125,11 +129,24 @@ def account_failures(plan: Plan, job: Job, observed: Observed, training_done: bo
                 record_failure(plan, job, pod, pod.reason or "Error", False, now, "training had already finished")
             else:
                 reason, charged = classify(pod, job, status, now, observed.store_pod)
-                record_failure(plan, job, pod, reason, charged, now)
+                record_pod_failure(plan, job, pod, reason, charged, now)
         if pod.phase == "Failed" and not pod.deleting:
             plan.act(DeletePod(pod.name, pod.uid, grace_seconds=0))
     present = {p.uid for p in observed.pods}
     status.counted_failures = sorted(uid for uid in counted if uid in present)
+
+
+def record_pod_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime) -> None:
+    """A failed pod, charged or not as classified; a charged one on a node the job avoids already is part of the
+    incident that made it avoid the node, and one on another node makes the job avoid that one."""
+    finished = pod.finished_at or now
+    if charged and nodes.already_avoided(plan.status, pod.node, finished):
+        record_failure(plan, job, pod, reason, False, now, f"node {pod.node} is avoided already: one incident "
+                       f"with the failure that made the job avoid it, not charged to maxRestarts")
+        return
+    record_failure(plan, job, pod, reason, charged, now)
+    if charged and reason not in NOT_THE_NODE and pod.reason not in NOT_THE_NODE:
+        nodes.avoid(plan, job, pod.node, nodes.WORKER_FAILED, describe(pod), finished)
 
 
 def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime,
@@ -210,6 +227,10 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     if cause is None and lost is None:
         unconfirmed(plan, job, uid, reported, when, now)
         return
+    failed = next((p for p in observed.workers if cause is not None and p.name == cause.pod), None)
+    if failed is not None and nodes.already_avoided(plan.status, failed.node, when):
+        on_avoided_node(plan, job, failed, uid, cause, when, now)
+        return
     text = round_text(cause, new)
     if reported > new:
         text = f"{text}; the store reported {reported} new rounds at once, {new} charged"
@@ -221,6 +242,23 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
         pod=cause.pod if cause else "", uid=uid, exit_code=cause.exit_code
         if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
         charged=charged > 0, time=stamp(when)), when, text, now, charged)
+    if failed is not None and charged > 0 and not fatal(cause, job):
+        nodes.avoid(plan, job, failed.node, nodes.WORKER_FAILED, f"pod {failed.name}: {text}", when)
+
+
+def on_avoided_node(plan: Plan, job: Job, pod: PodView, uid: str, cause: RoundFailure | None, when: datetime,
+                    now: datetime) -> None:
+    """An in-place restart whose failure was on a node the job avoids already: the node stays bad, so the pod
+    goes (its replacement lands elsewhere) and the restart is part of the incident that made the job avoid the
+    node. A fatal exit code still fails the job."""
+    text = f"{round_text(cause, 1)}, on node {pod.node}, which the job avoids already: one incident with the " \
+           f"failure that made it avoid the node, not charged to maxRestarts"
+    book(plan, job, FailureRecord(
+        pod=pod.name, uid=uid, replica_index=pod.index, exit_code=cause.exit_code if cause else None,
+        reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
+        charged=fatal(cause, job), time=stamp(when)), when, text, now, 0)
+    if not plan.status.phase.finished:
+        nodes.move_off(plan, pod, f"its workers failed again ({cause.exit_code if cause else 'no exit code'})")
 
 
 def round_time(reported: datetime | None, now: datetime) -> datetime:

@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, ownership, planned_stop
+from elasticjob.planner import ledger, nodes, ownership, planned_stop
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -108,12 +108,14 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py; one a
     # worker's agent asked on SIGTERM is taken as the operator's).
     planned_stop.adopt(plan, job, observed, plan.status.desired_replicas, now)
+    nodes.expire(plan, job, now)
     training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
         if settings.nudges:
             drive_rendezvous(plan, job, observed, now)
+            count_workers(plan, observed.workers)  # READY leaves out the agents it took out of the round
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return
@@ -126,7 +128,8 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     desired = plan.status.desired_replicas
     planned_stop.settle(plan, job, observed, desired, now)
     ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
-    scale(plan, job, observed, desired, now, allowed.worker, create=ready, token=token,
+    placement = allowed.worker.merge(nodes.placement(plan.status))
+    scale(plan, job, observed, desired, now, placement, create=ready, token=token,
           kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets)
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)

@@ -1,0 +1,110 @@
+"""Nodes the job keeps off: a node where its workers failed, or where a pod of it was cut off, is avoided by
+the job's next pods for failurePolicy.avoidNodeSeconds. Pure.
+
+GPU fleets lose most of their time to nodes that stay bad (a GPU that fails every start, a NIC that drops a
+pod's traffic), not to pods that die once: the pod that failed there is replaced by one that cannot land there
+again (a required node affinity, builders.avoid_nodes), and the failures that follow on that node before its pod
+is gone (torchrun restarts its workers in place, several times a second) are one incident with the first: they
+cost no restart. The evidence is the operator's own: a pod whose phase the kubelet reported Failed, an agent's
+log line read from an admitted pod (failures.py), a pod the kubelet reports not Ready while the agent is silent
+(recovery.py). Nothing a pod writes into the store makes a node avoided.
+
+The avoidance is the job's alone (a cluster-wide taint needs rights over nodes the operator does not ask for),
+counted from the first failure and ended by lowering avoidNodeSeconds. Where every node is avoided the job's new
+pods stay Pending and the job says why (phase.py); it is not failed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from elasticjob.domain import Placement
+from elasticjob.models import AvoidedNode, ElasticJobStatus
+from elasticjob.observe import PodView
+from elasticjob.planner.base import DeletePod, Event, Job, Plan, since, stamp
+
+# Kept in status at most; the oldest goes first (each expires anyway).
+MAX_AVOIDED = 16
+# The kubelet's grace for a pod stopped because its node or its network is bad: its workers fail or are cut
+# off, so a planned stop (stopGraceSeconds, minutes with torchrun's own 30 s) could save nothing, and the job
+# waits for the pod to go before its replacement is made.
+BAD_POD_GRACE = 2
+WORKER_FAILED = "WorkerFailed"
+PARTITIONED = "Partitioned"
+
+
+def avoid_seconds(job: Job) -> int:
+    return job.ref.spec.failure_policy.avoid_node_seconds
+
+
+def expire(plan: Plan, job: Job, now: datetime) -> None:
+    """Drops the nodes whose time is up (counted from `since` with the spec's seconds as they are now, so that
+    lowering them ends an avoidance at once), says so, and wakes the operator when the next one ends."""
+    limit = timedelta(seconds=avoid_seconds(job))
+    kept = []
+    for entry in plan.status.avoided_nodes:
+        age = since(entry.since, now)
+        if age is not None and age >= limit:
+            plan.normal("NodeNoLongerAvoided", f"node {entry.node} is no longer avoided: "
+                        f"{int(age.total_seconds())}s since its first failure (failurePolicy.avoidNodeSeconds "
+                        f"{avoid_seconds(job)})")
+            continue
+        entry.until = stamp(datetime.fromisoformat(entry.since.replace("Z", "+00:00")) + limit)
+        kept.append(entry)
+        if age is not None:
+            plan.soon((limit - age).total_seconds())
+    plan.status.avoided_nodes = kept
+
+
+def avoided(status: ElasticJobStatus) -> tuple[str, ...]:
+    return tuple(entry.node for entry in status.avoided_nodes)
+
+
+def placement(status: ElasticJobStatus) -> Placement:
+    """What the job's new workers get so that they land on none of the avoided nodes."""
+    return Placement(avoid_nodes=avoided(status))
+
+
+def entry(status: ElasticJobStatus, node: str | None) -> AvoidedNode | None:
+    return next((e for e in status.avoided_nodes if e.node == node), None) if node else None
+
+
+def already_avoided(status: ElasticJobStatus, node: str | None, when: datetime) -> bool:
+    """Whether a failure at `when` on `node` belongs to an incident already booked there: the node was avoided
+    before it. Counts it on the node's entry."""
+    found = entry(status, node)
+    if found is None:
+        return False
+    began = since(found.since, when)
+    if began is None or began < timedelta(0):
+        return False
+    found.failures += 1
+    return True
+
+
+def avoid(plan: Plan, job: Job, node: str | None, reason: str, message: str, when: datetime) -> None:
+    """The job's next pods keep off `node` (an Event the first time); nothing while avoidNodeSeconds is 0."""
+    if not node or avoid_seconds(job) <= 0 or entry(plan.status, node) is not None:
+        return
+    until = when + timedelta(seconds=avoid_seconds(job))
+    plan.status.avoided_nodes = [*plan.status.avoided_nodes, AvoidedNode(
+        node=node, reason=reason, message=message[-512:], since=stamp(when), until=stamp(until))][-MAX_AVOIDED:]
+    plan.warn("NodeAvoided", f"the job's next pods avoid node {node} until {stamp(until)}: {message} "
+              f"(failurePolicy.avoidNodeSeconds {avoid_seconds(job)})")
+
+
+def move_off(plan: Plan, pod: PodView, why: str) -> None:
+    """Replaces a running worker on an avoided node: its replacement lands elsewhere."""
+    if pod.deleting or pod.finished_at is not None:
+        return
+    plan.act(DeletePod(pod.name, pod.uid, grace_seconds=BAD_POD_GRACE, event=Event(
+        "Warning", "MovedOffNode", f"stopping pod {pod.name} on node {pod.node}, which the job avoids: {why}; its "
+        f"replacement goes to another node")))
+
+
+def why_pending(status: ElasticJobStatus, pending: list[PodView]) -> str:
+    """What a Pending worker's message adds when the job avoids nodes: no other node may fit."""
+    if not pending or not status.avoided_nodes:
+        return ""
+    names = ", ".join(f"{e.node} ({e.reason}, until {e.until})" for e in status.avoided_nodes)
+    return f"; the job avoids node(s) {names}: where no other node fits, its pods wait for one"
