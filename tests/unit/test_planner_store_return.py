@@ -126,3 +126,12 @@ def sidecar(ready: bool) -> dict[str, Any]:
 ])
 def test_ready_is_the_kubelets_container_readiness(body, ready):
     assert observe_pod(body).containers_ready is ready
+
+
+def test_a_job_restarting_when_its_store_is_lost_trains_on_and_is_not_pending():
+    """Issue 51: a store lost while the job showed Restarting (a charged restart in the last minute, its
+    replacement joined) made it Pending, waiting for the store, while its workers trained on."""
+    restarting = running_status(phase="Restarting", reason="Restarting", restarts=1,
+                                lastRestartTime=(NOW - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ((result, _),) = replay([(workers([True] * 3),)], restarting)
+    assert (result.status.phase, result.status.reason) == ("Running", "StoreComingBack"), result.status.message

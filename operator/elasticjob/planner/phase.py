@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from elasticjob.models import Phase
 from elasticjob.observe import PodView
+from elasticjob.planner import nodes
 from elasticjob.planner.base import (
     CreateObject,
     DeletePod,
@@ -30,10 +31,13 @@ RESTARTING_WINDOW = timedelta(seconds=60)
 
 def count_workers(plan: Plan, workers: list[PodView]) -> None:
     """READY: worker pods whose containers run and are ready in the kubelet's own words, not the pod's Ready
-    condition, which the node lifecycle controller sets False on pods whose containers run on (observe.py)."""
+    condition, which the node lifecycle controller sets False on pods whose containers run on (observe.py), and
+    whose agent the operator did not take out of the rendezvous (a pod left running, cut off or frozen, trains
+    nothing). Through the kit a worker container is ready only while its agent hears from the store."""
     live = [p for p in workers if p.active]
+    left_out = set(plan.status.rendezvous.left_out)
     plan.status.replicas = len(live)
-    plan.status.ready_replicas = sum(1 for p in live if p.containers_ready)
+    plan.status.ready_replicas = sum(1 for p in live if p.containers_ready and p.uid not in left_out)
 
 
 def runs(pod: PodView) -> bool:
@@ -76,6 +80,7 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
                        f"rest start when the job is admitted again")
     if pending:
         detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
+        detail += nodes.why_pending(status, pending)
     stuck = [p for p in live if p.cannot_start]
     if stuck:
         detail += f"; {len(stuck)} cannot start: pod {stuck[0].name}, {stuck[0].cannot_start}"
@@ -104,10 +109,11 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
 
 
 def store_coming_back(plan: Plan, now: datetime) -> bool:
-    """The job was Running and its store is not serving; or it serves again and the workers' readiness has not
-    caught up yet (for at most RESTARTING_WINDOW: a worker never ready again is waited for, Pending)."""
+    """The job was training (Running, or Restarting: its survivors train on) and its store is not serving; or it
+    serves again and the workers' readiness has not caught up yet (for at most RESTARTING_WINDOW: a worker never
+    ready again is waited for, Pending). A job that trains is never Pending."""
     status = plan.status
-    if status.phase != Phase.RUNNING:
+    if status.phase not in (Phase.RUNNING, Phase.RESTARTING):
         return False
     if not status.rendezvous.ready:
         return True

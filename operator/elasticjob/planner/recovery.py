@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from elasticjob import builders, kit, torchrun
 from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
+from elasticjob.planner import nodes
 from elasticjob.planner.base import (
     CutOff,
     DeletePod,
@@ -226,13 +227,28 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
 
 def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, now: datetime) -> None:
     """The pods left running after their agent was taken out stay left out until it heartbeats in the store again
-    (it woke, or its network healed; a stale entry is the one being taken out) or the pod is gone."""
+    (it woke, or its network healed; a stale entry is the one being taken out) or the pod is gone. One the
+    kubelet then reports not Ready (through the kit, a worker is ready only while its agent hears from the store)
+    is cut off in the operator's own view too: it is stopped and replaced, as a fenced pod is."""
     left = plan.status.rendezvous.left_out
     if not left:
         return
     seen = heartbeating(job, store, store.participants + store.waiting, now)
-    running = {p.uid for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
-    plan.status.rendezvous.left_out = [uid for uid in left if uid in running]
+    running = {p.uid: p for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
+    for uid in left:
+        pod = running.get(uid)
+        if pod is not None and not pod.ready:
+            replace_left_out(plan, job, pod, now)
+    plan.status.rendezvous.left_out = [uid for uid in left if uid in running and running[uid].ready]
+
+
+def replace_left_out(plan: Plan, job: Job, pod: PodView, now: datetime) -> None:
+    """A pod whose agent is out of the rendezvous and which its kubelet reports not Ready: stopped, once, and
+    booked as a partition (uncharged unless failurePolicy says so); its node is avoided."""
+    if pod.uid in plan.status.counted_failures:
+        return
+    why = f"its agent was out of the rendezvous and pod {pod.name} is not ready"
+    stop_cut_off(plan, job, pod, why, now)
 
 
 def stalled(store: StoreView) -> bool:
@@ -264,15 +280,23 @@ def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, wh
     """Out of the rendezvous, and its pod stopped (the operator sees it silent too): a frozen process that wakes
     up must not write a stale checkpoint beside the new world. Recorded once, as an infrastructure failure."""
     plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint))
-    status = plan.status
-    if pod.uid in status.counted_failures:
+    if pod.uid in plan.status.counted_failures:
         return
+    stop_cut_off(plan, job, pod, f"({node.addr}) {why}", now)
+
+
+def stop_cut_off(plan: Plan, job: Job, pod: PodView, why: str, now: datetime) -> None:
+    """Books the partition once (uncharged unless failurePolicy counts infrastructure failures), has the job
+    avoid the pod's node, and stops the pod at once: cut off, it can save nothing, and its replacement waits for
+    its name."""
+    status = plan.status
     status.counted_failures = sorted({*status.counted_failures, pod.uid})
     charged = job.ref.spec.failure_policy.count_infrastructure_failures
-    text = f"pod {pod.name} ({node.addr}) on node {pod.node}: {why}"
+    text = f"pod {pod.name} on node {pod.node}: {why}"
     book(plan, job, FailureRecord(pod=pod.name, uid=pod.uid, replica_index=pod.index, reason="Partitioned",
                                   message=why, charged=charged, time=stamp(now)), now, text, now)
-    plan.act(DeletePod(pod.name, pod.uid, event=Event(
+    nodes.avoid(plan, job, pod.node, nodes.PARTITIONED, text, now)
+    plan.act(DeletePod(pod.name, pod.uid, grace_seconds=nodes.BAD_POD_GRACE, event=Event(
         "Warning", "Partitioned", f"{text}; removed from the rendezvous and stopped, a replacement takes its "
         f"place")))
 
