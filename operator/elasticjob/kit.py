@@ -38,6 +38,17 @@ TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "-m", "--module", "--no-python
 COLD_OPTIONS = {"--no-python": "PET_NO_PYTHON", "--no_python": "PET_NO_PYTHON", "--run-path": "PET_RUN_PATH",
                 "--run_path": "PET_RUN_PATH"}
 # Why a job with warm starts on still starts cold because of its own command.
+# The agent's health endpoint (elasticjob_warm/health.py), which the worker's readiness probe asks: ready while
+# its agent is in the rendezvous and hears from the store, so that a pod cut off from the network turns not
+# Ready in the kubelet's own words (the operator then replaces it: planner/recovery.py) and READY counts the
+# workers in the round. Each pod has its own network, so one port serves every job.
+HEALTH_PORT = 29409
+HEALTH_ENV = "ELASTICJOB_HEALTH_PORT"
+HEALTH_PATH = "/healthz"
+# A cut-off agent answers 503 within 3 s of its last store answer; two failed probes a second apart then make
+# the pod not Ready: about 5 s after the cut.
+HEALTH_PROBE = {"httpGet": {"path": HEALTH_PATH, "port": HEALTH_PORT}, "periodSeconds": 1, "timeoutSeconds": 1,
+                "failureThreshold": 2, "successThreshold": 1}
 COMMAND_REASONS = ("NoCommand", "CommandNotTorchrun", "TorchrunRunsCold")
 
 
@@ -177,6 +188,16 @@ def use_in_worker(spec: dict[str, Any], container: dict[str, Any], command: list
         mount(container)
     container["command"] = command
     container.pop("args", None)
+    add_health_probe(container)
+
+
+def add_health_probe(container: dict[str, Any]) -> None:
+    """The agent's health endpoint and the readiness probe that asks it (HEALTH_PROBE), unless the template has a
+    readiness probe of its own: that one is the user's word on readiness and stands."""
+    if container.get("readinessProbe"):
+        return
+    container["env"] = [*(container.get("env") or []), {"name": HEALTH_ENV, "value": str(HEALTH_PORT)}]
+    container["readinessProbe"] = copy.deepcopy(HEALTH_PROBE)
 
 
 def store_command(image: str | None) -> list[str]:

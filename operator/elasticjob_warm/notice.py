@@ -1,6 +1,6 @@
 """`python -m elasticjob_warm.notice HOST:PORT WHY`: tell the job's store that this agent runs plain torchrun.
 
-Started detached by torchrun.plain() just before it execs torchrun, so that torchrun is not held up: it waits
+Started detached by torchrun.plain() just before it runs plain torchrun, so that torchrun is not held up: it waits
 for the store (the agent's own rendezvous endpoint) as long as torchrun would, then counts this agent under
 PLAIN_KEY and leaves the reason under WHY_KEY. The store reports both in GET /v1/state, and the operator puts
 them on the job. Plain keys of the store, beside torch's own; nothing of torch's rendezvous is touched.

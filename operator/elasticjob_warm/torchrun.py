@@ -7,7 +7,8 @@ there while the agent imports its own and waits for its round, and then runs tor
 `-m elasticjob_warm`. Options and exit status are torchrun's own. What no warm server can start (--no-python,
 --run-path) runs as written, cold. Either way the agent reads the rendezvous state through a decoder that runs
 nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an eviction, a node drain) has the
-training save at an agreed step before torchrun stops the workers (evicted.py).
+training save at an agreed step before torchrun stops the workers (evicted.py). With ELASTICJOB_HEALTH_PORT it
+answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from elasticjob_warm import client, compat, evicted, notice, outage, polling, protocol, statecheck
+from elasticjob_warm import client, compat, evicted, health, notice, outage, polling, protocol, statecheck
 
 # The longest the agent waits for its server's imports before it joins the rendezvous regardless (a preload
 # that hangs would hang the workers as well; this only bounds the agent's part).
@@ -27,8 +28,9 @@ WARM_WAIT = 30.0
 
 
 def main(argv: list[str]) -> int:
+    ready = health.start(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # answers the kubelet at once
     if problem := compat.version_problem(compat.torch_version()):
-        return plain(argv, problem)
+        return plain(argv, problem, ready)
     started = time.monotonic()
     server = start_server()
     from torch.distributed import run  # after the server has started importing torch beside us
@@ -36,9 +38,9 @@ def main(argv: list[str]) -> int:
 
     if problem := compat.agent_problem(run):
         # The server started above idles and leaves with this process: no worker asks it for anything.
-        return plain(argv, problem)
+        return plain(argv, problem, ready)
     args = run.parse_args(argv)
-    patch_rendezvous()
+    patch_rendezvous(ready, args)
     evicted.install(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # SIGTERM: save first
     try:
         polling.apply(args.nnodes)
@@ -71,8 +73,12 @@ def cold_reason(args: Any) -> str | None:
     return None
 
 
-def patch_rendezvous() -> None:
-    """The agent's own rendezvous: it reads the state without pickle.loads, and rides out a lost store."""
+def patch_rendezvous(ready: health.Health | None, args: Any) -> None:
+    """The agent's own rendezvous: it reads the state without pickle.loads, rides out a lost store, and counts
+    its store's answers for the readiness probe."""
+    if ready is not None and health.watch(ready, getattr(args, "rdzv_conf", None)) is None:
+        print("elasticjob_warm.torchrun: this torch's rendezvous backend is not the one known; the health "
+              "endpoint answers ok whatever the store does", file=sys.stderr, flush=True)
     if why := statecheck.apply():
         print(f"elasticjob_warm.torchrun: {why}; the agent reads the rendezvous state with torch's pickle.loads, "
               "as torchrun does", file=sys.stderr, flush=True)
@@ -81,11 +87,23 @@ def patch_rendezvous() -> None:
               "the agent, as in torchrun", file=sys.stderr, flush=True)
 
 
-def plain(argv: list[str], why: str) -> int:
-    """torchrun itself, in this process (same pid, same exit status), with nothing of ours patched in."""
+def plain(argv: list[str], why: str, ready: health.Health | None = None) -> int:
+    """torchrun itself, in this process (same pid, same exit status), with nothing of ours patched in.
+    With a health endpoint, torchrun's main runs here, beside the endpoint's thread, which answers ok throughout
+    (an exec would end that thread and leave the pod unready for ever); without one, torchrun is exec'd."""
     print(f"elasticjob_warm.torchrun: running plain torchrun (no warm worker starts, no shorter rendezvous "
           f"polls): {why}", file=sys.stderr, flush=True)
     tell_operator(argv, why)
+    if ready is not None:
+        ready.always = True  # no store answers are counted on a torch this cannot see into
+        try:
+            from torch.distributed.run import main as torchrun_main
+        except ImportError as error:
+            print(f"elasticjob_warm.torchrun: no torch.distributed.run.main ({error}): torchrun is exec'd, and the "
+                  f"health endpoint goes with this process", file=sys.stderr, flush=True)
+        else:
+            torchrun_main(argv)  # torchrun's own errors leave as they do from `python -m torch.distributed.run`
+            return 0
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *argv])
     return 127  # not reached: execv replaces this process or raises
 

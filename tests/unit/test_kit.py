@@ -72,6 +72,21 @@ def test_a_cold_worker_runs_its_command_as_written_without_the_kit(fields, image
     pod = builders.worker_pod(ref(**fields), 0, "10.96.0.1:29400", kit_image=image)
     assert pod["spec"]["containers"][0]["command"] == ["torchrun", "train.py"]
     assert "initContainers" not in pod["spec"] and "volumes" not in pod["spec"]
+    assert "readinessProbe" not in pod["spec"]["containers"][0], "no agent of the kit answers it"
+
+
+def test_a_warm_worker_is_ready_while_its_agent_hears_from_the_store_unless_its_template_says_otherwise():
+    pod = builders.worker_pod(ref(), 0, "10.96.0.1:29400", kit_image=IMAGE)
+    (worker_,) = pod["spec"]["containers"]
+    assert worker_["readinessProbe"] == {"httpGet": {"path": "/healthz", "port": kit.HEALTH_PORT},
+                                         "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2,
+                                         "successThreshold": 1}
+    assert {"name": "ELASTICJOB_HEALTH_PORT", "value": str(kit.HEALTH_PORT)} in worker_["env"]
+    own = {"exec": {"command": ["true"]}}
+    pod = builders.worker_pod(ref(template=template(readinessProbe=own)), 0, "10.96.0.1:29400", kit_image=IMAGE)
+    (worker_,) = pod["spec"]["containers"]
+    assert worker_["readinessProbe"] == own
+    assert "ELASTICJOB_HEALTH_PORT" not in [e["name"] for e in worker_["env"]]
 
 
 def test_the_store_runs_from_the_kit_whatever_the_job_says_about_warm_starts():
