@@ -95,6 +95,9 @@ def parse_args(argv=None):
     # Fault injection for the operator's tests.
     parser.add_argument("--fail-exit-code", type=int, help="every run exits with this code at its first step")
     parser.add_argument("--hang-at-step", type=int, help="rank 0 blocks at this step, once per checkpoint dir")
+    parser.add_argument("--fail-on-marked-node", metavar="DIR",
+                        help="every process exits 1 at its start and at each step while DIR holds a file named as "
+                             "its node (env NODE_NAME): a sick node, as a GPU that fails every start")
     parser.add_argument("--oom-at-step", type=int,
                         help="rank 0 allocates memory until the kernel kills it at this step, once per checkpoint dir")
     args = parser.parse_args(argv)
@@ -322,6 +325,7 @@ class Run:
 def start(args) -> Run:
     started = time.time()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    fail_if_node_marked(args, rank)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
@@ -368,9 +372,18 @@ def main(argv=None):
           flush=True)
 
 
+def fail_if_node_marked(args, rank: int) -> None:
+    """A sick node stands in for a GPU that throws an error at every start: exit 1 at once."""
+    node = os.environ.get("NODE_NAME", "")
+    if args.fail_on_marked_node and node and os.path.exists(os.path.join(args.fail_on_marked_node, node)):
+        print(f"rank {rank} failing on purpose: node {node} is marked sick", flush=True)
+        os._exit(1)
+
+
 def train(run: Run, timed_step) -> None:
     args = run.args
     for step in range(run.resumed_from + 1, args.steps + 1):
+        fail_if_node_marked(args, run.rank)
         if args.fail_exit_code is not None:
             print(f"rank {run.rank} failing on purpose with exit code {args.fail_exit_code}", flush=True)
             sys.exit(args.fail_exit_code)

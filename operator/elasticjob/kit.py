@@ -186,9 +186,11 @@ def use_in_worker(spec: dict[str, Any], container: dict[str, Any], command: list
     if image:
         add_to_pod(spec, image)
         mount(container)
+        # Only with the kit copied at the operator's own version: an image's own kit may predate the endpoint,
+        # and a probe nothing answers would keep every worker unready for ever.
+        add_health_probe(container)
     container["command"] = command
     container.pop("args", None)
-    add_health_probe(container)
 
 
 def add_health_probe(container: dict[str, Any]) -> None:

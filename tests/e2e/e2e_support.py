@@ -345,3 +345,54 @@ class Faults:
         from localcluster import partition
 
         partition.heal(self.jobs.namespace, pod_name, self.state_dir)
+
+    def sicken(self, node: str) -> float:
+        """Every training process of the job on `node` exits 1, now and later (examples/train_ddp.py's
+        --fail-on-marked-node SICK_NODES_MOUNT): a GPU that throws an error at every start. The marker is a file
+        of the job's checkpoint hostPath, which every pod of the local cluster mounts from this machine."""
+        marker = HOST_ROOT / self.jobs.namespace / SICK_NODES_DIR / node
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        when = time.time()
+        marker.write_text(f"{when}\n")
+        return when
+
+
+SICK_NODES_DIR = "sick-nodes"
+SICK_NODES_MOUNT = f"{CHECKPOINT_MOUNT}/{SICK_NODES_DIR}"
+
+
+def with_node_name(manifest: dict) -> dict:
+    """The worker learns its node through the downward API (NODE_NAME), as a sick node's marker names it."""
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [*container.get("env", []),
+                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    return manifest
+
+
+class Placements:
+    """Every worker pod of the namespace and the node it was bound to, from a watch of the API server (a pod
+    deleted before the test looks again is still seen): (uid, node, creation time as epoch seconds)."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str):
+        import threading
+
+        from kubernetes import watch
+
+        self.seen: dict[str, tuple[str, float]] = {}
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(core, namespace), daemon=True)
+        self._thread.start()
+
+    def _run(self, core: client.CoreV1Api, namespace: str) -> None:
+        selector = f"{GROUP}/role=worker"
+        for event in self._watch.stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                        timeout_seconds=900):
+            pod = event["object"]
+            if pod.spec.node_name:
+                self.seen[pod.metadata.uid] = (pod.spec.node_name, pod.metadata.creation_timestamp.timestamp())
+
+    def created_on(self, node: str, after: float) -> list[str]:
+        return sorted(uid for uid, (where, created) in dict(self.seen).items() if where == node and created > after)
+
+    def stop(self) -> None:
+        self._watch.stop()

@@ -191,39 +191,6 @@ def test_scale_downs_cost_nothing_and_lose_no_step(operator, jobs, progress, rec
 
 
 @pytest.mark.slow
-@pytest.mark.host_operator
-def test_partition_of_a_worker_is_cut_off_and_the_survivors_go_on(cluster, operator, jobs, progress, faults,
-                                                                  record_recovery):
-    """No process dies and no TCP reset is sent: without the operator the survivors hang in the collective
-    until its timeout (30 minutes by torch's default)."""
-    if cluster.kind != "local":
-        pytest.skip("the partition is injected through the local cluster's network")
-    steps = 80
-    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2,
-                   min_step=CHECKPOINT_EVERY + 2)
-    victim_pod = next(p for p in jobs.worker_pods() if p.metadata.name != before.rank0_host())
-    victim = victim_pod.metadata.name
-    fault_time = faults.partition(victim)
-    try:
-        # Any world size: the survivor may train alone first, or the replacement may join before its first step.
-        resumed = recovery(progress, fault_time, f"partition of {victim}")
-        # Its pod stays Ready (workers have no readiness probe): the operator's own view shows no silence, so the
-        # silent agent leaves the rendezvous on the store's word, but its pod is not stopped nor a failure booked
-        # (issue 33: a heartbeat age is anyone's to write).
-        assert not [f for f in jobs.status().get("lastFailures", []) if f.get("reason") == "Partitioned"]
-        assert [p.metadata.uid for p in jobs.worker_pods() if p.metadata.name == victim] == [victim_pod.metadata.uid]
-    finally:
-        faults.heal(victim)
-    done = finish(jobs, progress, steps)
-    status = jobs.status()
-    # Healed, the victim's workers find their peers gone and fail: its agent logs that and restarts them in place
-    # (at most one charged restart), then joins the survivors' round.
-    assert status.get("infrastructureFailures") == 0 and status.get("restarts", 0) <= 1, summary(status)
-    assert 2 in {r["world_size"] for r in done.records if r["time"] > resumed["time"]}, "the victim joined again"
-    record_recovery(f"partition of {victim}", resumed["time"] - fault_time, 1, status.get("restarts"))
-
-
-@pytest.mark.slow
 def test_scale_up_through_the_scale_subresource(operator, jobs, progress, record_recovery):
     steps = 80
     start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps)), world_size=2, min_step=3)

@@ -87,6 +87,9 @@ def test_a_warm_worker_is_ready_while_its_agent_hears_from_the_store_unless_its_
     (worker_,) = pod["spec"]["containers"]
     assert worker_["readinessProbe"] == own
     assert "ELASTICJOB_HEALTH_PORT" not in [e["name"] for e in worker_["env"]]
+    # spec.kit Image: the image's own kit may predate the endpoint; a probe nothing answers would keep it unready.
+    pod = builders.worker_pod(ref(kit="Image"), 0, "10.96.0.1:29400", kit_image=IMAGE)
+    assert "readinessProbe" not in pod["spec"]["containers"][0]
 
 
 def test_the_store_runs_from_the_kit_whatever_the_job_says_about_warm_starts():
