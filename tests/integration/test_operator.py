@@ -259,3 +259,34 @@ def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_node_where_a_worker_failed_is_avoided_by_its_replacement_across_an_operator_restart(
+        api, namespace, operator_factory):
+    """Issue 51, through the real API server and scheduler: the failed pod's node is in status.avoidedNodes and
+    excluded by the replacement's required node affinity; the operator killed right after it wrote that, the next
+    one keeps it (the status is the record), and the replacement lands elsewhere."""
+    first = operator_factory()
+    marker = Path("/tmp") / f"elasticjob-it-{namespace}"  # process-backed nodes share this machine's /tmp
+    fail_once = "\n".join(["import os, sys, time", f"if not os.path.exists({str(marker)!r}):",
+                           f"    open({str(marker)!r}, 'w').close()", "    sys.exit(1)", "time.sleep(3600)"])
+    manifest = job_manifest("train", command=["python", "-c", fail_once], replicas=1, maxRestarts=3)
+    create(api, namespace, manifest)
+    status = wait_for(lambda: status_of(api, namespace, "train"), 90, "the failed pod's node avoided",
+                      until=lambda s: s.get("avoidedNodes"))
+    sick = status["avoidedNodes"][0]["node"]
+    assert status["avoidedNodes"][0]["reason"] == "WorkerFailed" and status["restarts"] == 1
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    first.check_log = False
+    first.exit_code = 0
+    operator_factory()
+    replacement = wait_for(lambda: pods(api, namespace), 90, "a replacement running on another node",
+                           until=lambda ps: len(ps) == 1 and ps[0].status.phase == "Running")[0]
+    assert replacement.spec.node_name != sick
+    terms = replacement.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    assert [(f.key, f.operator, f.values) for t in terms.node_selector_terms for f in t.match_fields or []] == [
+        ("metadata.name", "NotIn", [sick])]
+    status = wait_phase(api, namespace, "train", "Running")
+    assert status["restarts"] == 1 and [n["node"] for n in status["avoidedNodes"]] == [sick]
+    marker.unlink(missing_ok=True)
