@@ -34,6 +34,9 @@ _ROOT_EXITCODE = re.compile(r"^  exitcode  : (-?\d+) \(pid: \d+\)$")
 # What an agent that lost its store logs last. Only a reason to wait a little for the operator's own evidence of
 # the loss (a worker's failure can be seen before the store's): it decides nothing.
 _STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError")
+# The kit's check of its node before the agent joins (elasticjob_warm/nodecheck.py): this exit code and this line.
+NODE_CHECK_EXIT = 86
+_NODE_CHECK_FAILED = "elasticjob_warm.torchrun: node check failed: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class PodView:
     worker_exit_code: int | None = None
     agent_gave_up: bool = False
     says_store_lost: bool = False  # its log's tail says so: see _STORE_LOST
+    node_check_failed: str | None = None  # why the kit's node check failed (NODE_CHECK_EXIT and its line); None: not
     reason: str | None = None
     message: str = ""
     disruption: str | None = None
@@ -244,6 +248,14 @@ def last_worker_failure(log: str) -> tuple[str, int, str] | None:
     return found
 
 
+def node_check_failure(message: str) -> str | None:
+    """Why the kit's node check failed, from the agent's last lines: the agent exits NODE_CHECK_EXIT right after it,
+    before it joined any round (so no worker of it ran)."""
+    found = [line.strip()[len(_NODE_CHECK_FAILED):] for line in message.splitlines()
+             if line.strip().startswith(_NODE_CHECK_FAILED)]
+    return found[-1][:512] if found else None
+
+
 def observe_pod(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
@@ -278,6 +290,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         worker_exit_code=worker_exit,
         agent_gave_up=gave_up,
         says_store_lost=verdict and any(marker in message for marker in _STORE_LOST),
+        node_check_failed=node_check_failure(message) if terminated.get("exitCode") == NODE_CHECK_EXIT else None,
         reason=terminated.get("reason") or status.get("reason"),
         message=message or status.get("message") or "",
         disruption=_disruption(status),

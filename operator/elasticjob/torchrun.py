@@ -19,7 +19,8 @@ RESERVED_ENV = frozenset({
     "PET_MASTER_ADDR", "PET_MASTER_PORT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "TORCHELASTIC_ENABLE_FILE_TIMER", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "ELASTICJOB_NAME", "ELASTICJOB_CHECKPOINT_DIR",
-    "ELASTICJOB_STEP_TIMEOUT_SECONDS", "ELASTICJOB_STOP_GRACE_SECONDS",
+    "ELASTICJOB_STEP_TIMEOUT_SECONDS", "ELASTICJOB_STOP_GRACE_SECONDS", "ELASTICJOB_NODE_CHECK",
+    "ELASTICJOB_NODE_CHECK_SECONDS",
 })
 
 
@@ -75,6 +76,10 @@ def agent_env(*, job_name: str, run_id: str, spec: ElasticJobSpec, container: di
         # How long the agent lets the training save at an agreed step on SIGTERM (an eviction, a node drain)
         # before torchrun stops the workers (elasticjob_warm/evicted.py); 0: at once, as torchrun does.
         {"name": "ELASTICJOB_STOP_GRACE_SECONDS", "value": str(spec.run_policy.stop_grace_seconds)},
+        # The kit's check of the node before the agent joins (elasticjob_warm/nodecheck.py); plain torchrun
+        # ignores both.
+        {"name": "ELASTICJOB_NODE_CHECK", "value": "1" if spec.node_check.enabled else "0"},
+        {"name": "ELASTICJOB_NODE_CHECK_SECONDS", "value": str(spec.node_check.timeout_seconds)},
     ]
     if spec.checkpoint_dir:
         env.append({"name": "ELASTICJOB_CHECKPOINT_DIR", "value": spec.checkpoint_dir})

@@ -266,3 +266,43 @@ def test_avoided_nodes_are_excluded_by_name_in_every_required_term(template_affi
         kept = [t["matchExpressions"][0]["values"] for t in pod["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]]
         assert kept == [["a100"], ["h100"]]
+
+
+# --- the kit's node check (elasticjob_warm/nodecheck.py) ----------------------------------------------------
+
+
+def ended(code: int, message: str) -> dict:
+    return {"metadata": {"name": "train-worker-0", "uid": "uid-w0", "labels": {
+                "elasticjob.dev/role": "worker", "elasticjob.dev/replica-index": "0"}},
+            "spec": {"nodeName": SICK},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "worker", "state": {"terminated": {
+                "exitCode": code, "reason": "Error", "message": message,
+                "finishedAt": "2026-01-01T11:59:59Z"}}}]}}
+
+
+LINE = "elasticjob_warm.torchrun: node check failed: matmul on cuda:1 gave a wrong result: 12 of 65536 differ"
+
+
+@pytest.mark.parametrize("code, message, found", [
+    (86, f"some output\n{LINE}\n", "matmul on cuda:1 gave a wrong result: 12 of 65536 differ"),
+    (1, f"{LINE}\n", None),  # the line without the check's exit code: the workload's words
+    (86, "exit(86) from the script\n", None),  # the code without the line
+])
+def test_a_failed_node_check_is_read_from_the_agents_exit_code_and_its_line(code, message, found):
+    from elasticjob.observe import observe_pod
+
+    assert observe_pod(ended(code, message)).node_check_failed == found
+
+
+@pytest.mark.parametrize("count_infrastructure, charged", [(False, False), (True, True)])
+def test_a_node_that_fails_its_check_is_avoided_and_costs_no_restart(count_infrastructure, charged):
+    from elasticjob.observe import observe_pod
+
+    pod = dataclasses.replace(observe_pod(ended(86, LINE)), owner_uid=job(running_status()).ref.uid)
+    result = planner.plan(job(running_status(), failurePolicy={"countInfrastructureFailures": count_infrastructure}),
+                          observed([rdzv(), pod, worker(1, node="node-2")]), NOW)
+    record = result.status.last_failures[-1]
+    assert (record.reason, record.charged, result.status.restarts) == ("NodeCheckFailed", charged, int(charged))
+    assert [(n.node, n.reason) for n in result.status.avoided_nodes] == [(SICK, "NodeCheckFailed")]
+    assert result.status.infrastructure_failures == int(not charged)
+    assert "cuda:1" in result.status.avoided_nodes[0].message

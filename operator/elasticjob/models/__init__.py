@@ -24,6 +24,7 @@ from elasticjob.models.spec import (
     FailurePolicy,
     GangMode,
     KitSource,
+    NodeCheckSpec,
     RendezvousSpec,
     RunPolicy,
     SchedulingSpec,
@@ -44,7 +45,8 @@ __all__ = [
     "API_VERSION", "AdmissionStatus", "AvoidedNode", "CleanPodPolicy", "Condition", "ElasticJobSpec",
     "ElasticJobStatus",
     "FailurePolicy", "FailureRecord", "GROUP", "GangMode", "GoodputStatus", "Incident", "KIND", "KitSource",
-    "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "OwnedPod", "PLURAL", "Phase",
+    "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "NodeCheckSpec", "OwnedPod",
+    "PLURAL", "Phase",
     "PlannedStop", "RendezvousSpec", "RendezvousStatus", "RunPolicy", "SHORT_NAMES", "SINGULAR", "SchedulingSpec",
     "VERSION", "WatchdogSpec",
 ]

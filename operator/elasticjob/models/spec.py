@@ -106,6 +106,20 @@ class WatchdogSpec(Model):
                                       "(env ELASTICJOB_STEP_TIMEOUT_SECONDS), in seconds. Default 300.")
 
 
+class NodeCheckSpec(Model):
+    """The kit's check of a node before its agent joins a round (elasticjob_warm/nodecheck.py)."""
+
+    enabled: bool = Field(True, description="Before a worker's agent joins the rendezvous, check its node: a "
+                          "matmul whose result is known on the CPU and on each GPU the pod sees, and an all-reduce "
+                          "across those GPUs. A node that fails (a wrong result, a CUDA error, a check past "
+                          "timeoutSeconds) fails the pod with reason NodeCheckFailed, not charged to maxRestarts "
+                          "(unless failurePolicy.countInfrastructureFailures), and the job avoids the node "
+                          "(failurePolicy.avoidNodeSeconds). Runs where torchrun runs through the kit, beside the "
+                          "warm server's import. Default true.")
+    timeout_seconds: int = Field(30, ge=1, le=3600, description="Seconds the check may take before the node is "
+                                 "taken for too slow and fails it. Default 30.")
+
+
 class KitSource(StrEnum):
     COPY = "Copy"  # an init container copies the kit from the operator's image into each job pod
     IMAGE = "Image"  # the job's image carries the kit's packages: no init container
@@ -178,6 +192,8 @@ class ElasticJobSpec(Model):
                                    "agent.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling of the "
                                        "workers: minReplicas of them start together or not at all.")
+    node_check: NodeCheckSpec = Field(default_factory=NodeCheckSpec, description="The kit's check of each "
+                                      "worker's node before its agent joins a round. All optional.")
     template: dict[str, Any] = Field(description="Pod template of a worker (a PodTemplateSpec). Its container "
                                      "named 'worker' (or the first) runs torchrun.")
 

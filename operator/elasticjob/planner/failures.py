@@ -27,7 +27,7 @@ INCIDENT_WINDOW = timedelta(seconds=15)
 # What the cluster did to a pod rather than the workload: never charged unless
 # failurePolicy.countInfrastructureFailures (the planner, the metrics and docs/behaviour.md's failure table use
 # this one list).
-INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost", "Partitioned")
+INFRASTRUCTURE_REASONS = ("Evicted", "Preempted", "NodeLost", "Partitioned", "NodeCheckFailed")
 # A group re-forms this long at most after a pod of it ended: its replacement is scheduled, imports torch, joins.
 REFORM_WINDOW = timedelta(seconds=60)
 # In-place restarts charged for one answer of the store, whatever it reports (see account_round_failures).
@@ -48,6 +48,8 @@ def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime,
     policy = job.ref.spec.failure_policy
     if pod.disruption:
         return pod.disruption, policy.count_infrastructure_failures
+    if pod.node_check_failed is not None:  # the kit's check of its node, before its agent joined: the node's fault
+        return "NodeCheckFailed", policy.count_infrastructure_failures
     if rendezvous_just_lost(pod, status, now) or store_restarted_near(pod, store, now):
         return "RendezvousLost", False
     if pod.worker_exit_code in policy.fatal_exit_codes:
@@ -143,6 +145,12 @@ def record_pod_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged:
     if charged and nodes.already_avoided(plan.status, pod.node, finished):
         record_failure(plan, job, pod, reason, False, now, f"node {pod.node} is avoided already: one incident "
                        f"with the failure that made the job avoid it, not charged to maxRestarts")
+        return
+    if reason == "NodeCheckFailed":
+        why = (f"its node check failed ({pod.node_check_failed}); not charged to maxRestarts unless "
+               f"failurePolicy.countInfrastructureFailures")
+        record_failure(plan, job, pod, reason, charged, now, why)
+        nodes.avoid(plan, job, pod.node, reason, f"{describe(pod)}: {pod.node_check_failed}", finished)
         return
     record_failure(plan, job, pod, reason, charged, now)
     if charged and reason not in NOT_THE_NODE and pod.reason not in NOT_THE_NODE:
