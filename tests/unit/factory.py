@@ -35,7 +35,10 @@ def job(status: dict[str, Any] | None = None, generation: int = 1, labels: dict[
 
 def running_status(**extra: Any) -> dict[str, Any]:
     base = {"phase": "Running", "reason": "Running", "startTime": "2026-01-01T11:00:00Z",
-            "rendezvous": {"ready": True, "endpoint": "10.96.0.42:29400"}}
+            "rendezvous": {"ready": True, "endpoint": "10.96.0.42:29400"},
+            # The store has served since the start (recovery.py's STORE_SETTLE is long over).
+            "conditions": [{"type": "RendezvousReady", "status": "True", "reason": "StoreReady",
+                            "lastTransitionTime": "2026-01-01T11:00:00Z"}]}
     return {**base, **extra}
 
 

@@ -306,3 +306,16 @@ def test_a_node_that_fails_its_check_is_avoided_and_costs_no_restart(count_infra
     assert [(n.node, n.reason) for n in result.status.avoided_nodes] == [(SICK, "NodeCheckFailed")]
     assert result.status.infrastructure_failures == int(not charged)
     assert "cuda:1" in result.status.avoided_nodes[0].message
+
+
+@pytest.mark.parametrize("served_for, fenced", [(3, False), (11, True)])
+def test_a_pod_still_unready_from_a_lost_store_is_no_cut_off_pod_while_the_new_store_settles(served_for, fenced):
+    """Through the kit every worker is unready while its store's address answers nothing (a store pod gone before
+    its endpoint); right after the new store serves, an agent slow to reconnect, its pod still unready, is not
+    cut off: its readiness is no evidence for STORE_SETTLE (10 s)."""
+    back = (NOW - timedelta(seconds=served_for)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = running_status(conditions=[{"type": "RendezvousReady", "status": "True", "reason": "StoreReady",
+                                         "lastTransitionTime": back}])
+    result = planner.plan(job(status, replicas=3), observed(three(ready1=False), store=view(
+        fresh(0), silent(1, age=3.0), fresh(2))), NOW)
+    assert [d.name for d in deletes(result)] == (["train-worker-1"] if fenced else [])

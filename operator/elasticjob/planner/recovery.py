@@ -39,6 +39,7 @@ from elasticjob.planner.base import (
     StoreAction,
     condition,
     set_condition,
+    since,
     stamp,
 )
 from elasticjob.planner.failures import book
@@ -209,7 +210,7 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
     age = store.age(node, now)
     if age is None or age <= stale_after(job):
         return None
-    if not pod.ready:
+    if not pod.ready and not store_just_back(plan, now):
         return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", "PodNotReady", True
     if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
         return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", "NodeNotReady", True
@@ -225,6 +226,21 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
     return None
 
 
+# After the store serves again, this long during which a worker's readiness is no evidence: through the kit a
+# worker is not ready while its store is silent (a store pod gone before its endpoint was: its address answers
+# nothing), and an agent slow to reconnect to the new store, its pod still unready from the outage, is no pod
+# cut off.
+STORE_SETTLE = timedelta(seconds=10)
+
+
+def store_just_back(plan: Plan, now: datetime) -> bool:
+    served = condition(plan.status, "RendezvousReady")
+    if served is None or served.status != "True":
+        return True
+    back = since(served.last_transition_time, now)
+    return back is not None and back < STORE_SETTLE
+
+
 def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, now: datetime) -> None:
     """The pods left running after their agent was taken out stay left out until it heartbeats in the store again
     (it woke, or its network healed; a stale entry is the one being taken out) or the pod is gone. One the
@@ -235,11 +251,13 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
         return
     seen = heartbeating(job, store, store.participants + store.waiting, now)
     running = {p.uid: p for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
+    settling = store_just_back(plan, now)
     for uid in left:
         pod = running.get(uid)
-        if pod is not None and not pod.ready:
+        if pod is not None and not pod.ready and not settling:
             replace_left_out(plan, job, pod, now)
-    plan.status.rendezvous.left_out = [uid for uid in left if uid in running and running[uid].ready]
+    plan.status.rendezvous.left_out = [uid for uid in left if uid in running
+                                       and (running[uid].ready or settling)]
 
 
 def replace_left_out(plan: Plan, job: Job, pod: PodView, now: datetime) -> None:
