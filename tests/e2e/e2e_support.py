@@ -158,6 +158,20 @@ class Jobs:
         return [pod_summary(p) for p in self.worker_pods(name)]
 
 
+def story(jobs: Jobs, name: str = JOB_NAME) -> str:
+    """What a failed scenario's message should carry: the job's status, its pods and its Events in order, so that
+    a CI run's output is enough to see what happened."""
+    status = jobs.status(name)
+    events = sorted(jobs.core.list_namespaced_event(jobs.namespace).items,
+                    key=lambda e: str(e.last_timestamp or e.event_time or e.first_timestamp or ""))
+    lines = [f"status: {summary(status)}", f"avoidedNodes: {status.get('avoidedNodes')}",
+             f"lastFailures: {[(f.get('pod'), f.get('reason'), f.get('charged')) for f in status.get('lastFailures', [])]}",
+             "pods:", *(f"  {p}" for p in jobs.pods_summary(name)), "events:"]
+    lines += [f"  {e.last_timestamp or e.event_time} {e.involved_object.kind}/{e.involved_object.name} {e.reason}: "
+              f"{(e.message or '')[:300]}" for e in events]
+    return "\n".join(lines)
+
+
 def summary(status: dict) -> dict:
     keep = ("phase", "reason", "message", "replicas", "readyReplicas", "restarts", "infrastructureFailures")
     return {k: status.get(k) for k in keep if k in status}
@@ -379,20 +393,31 @@ class Placements:
         from kubernetes import watch
 
         self.seen: dict[str, tuple[str, float]] = {}
+        self._stopped = False
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, args=(core, namespace), daemon=True)
         self._thread.start()
 
     def _run(self, core: client.CoreV1Api, namespace: str) -> None:
+        """Watches again whenever a watch ends (the API server closes them), until stop(): a list at each start
+        sees what happened meanwhile, and a pod bound and deleted between two watches is the one gap."""
+        import urllib3
+
         selector = f"{GROUP}/role=worker"
-        for event in self._watch.stream(core.list_namespaced_pod, namespace, label_selector=selector,
-                                        timeout_seconds=900):
-            pod = event["object"]
-            if pod.spec.node_name:
-                self.seen[pod.metadata.uid] = (pod.spec.node_name, pod.metadata.creation_timestamp.timestamp())
+        while not self._stopped:
+            try:
+                for event in self._watch.stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                                timeout_seconds=120):
+                    pod = event["object"]
+                    if pod.spec.node_name:
+                        self.seen[pod.metadata.uid] = (pod.spec.node_name,
+                                                       pod.metadata.creation_timestamp.timestamp())
+            except (ApiException, urllib3.exceptions.HTTPError, OSError):
+                continue
 
     def created_on(self, node: str, after: float) -> list[str]:
         return sorted(uid for uid, (where, created) in dict(self.seen).items() if where == node and created > after)
 
     def stop(self) -> None:
+        self._stopped = True
         self._watch.stop()

@@ -15,6 +15,7 @@ from e2e_support import (
     Placements,
     job_manifest,
     spread_workers,
+    story,
     summary,
     train_args,
     with_node_name,
@@ -44,9 +45,12 @@ def test_a_sick_node_is_avoided_and_the_job_succeeds_with_one_restart(cluster, o
         before = start(jobs, progress, manifest, world_size=2, min_step=CHECKPOINT_EVERY + 2)
         sick = node_of(jobs, before.rank0_host())
         fault_time = faults.sicken(sick)
-        # Back at world size 2: the sick node's pod moved to the third node.
-        resumed = recovery(progress, fault_time, f"node {sick} turning sick", world_size=2)
-        finish(jobs, progress, steps)
+        try:
+            # Back at world size 2: the sick node's pod moved to the third node.
+            resumed = recovery(progress, fault_time, f"node {sick} turning sick", world_size=2)
+            finish(jobs, progress, steps)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{story(jobs)}") from None
         status = jobs.status()
         assert status.get("restarts", 0) <= 1, f"a sick node is one incident: {summary(status)}"
         avoided = {n["node"]: n for n in status.get("avoidedNodes", [])}
@@ -72,11 +76,17 @@ def test_a_cut_off_worker_is_replaced_and_the_job_is_back_at_full_size_with_noth
     fault_time = faults.partition(victim)
     try:
         alone = recovery(progress, fault_time, f"partition of {victim}", world_size=1)
+    except AssertionError as error:
+        faults.heal(victim)
+        raise AssertionError(f"{error}\n{story(jobs)}") from None
+    try:
         # READY counts the workers in the round: the cut-off pod, while it is still there, is not one.
         status = jobs.status()
         if uid in {p.metadata.uid for p in jobs.worker_pods()}:
             assert status.get("readyReplicas", 0) <= 1, f"READY counts the cut-off pod: {summary(status)}"
         full = recovery(progress, fault_time, "the cut-off pod's replacement joining", world_size=2)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{story(jobs)}") from None
     finally:
         faults.heal(victim)
     replaced = wait_for(lambda: [p for p in jobs.worker_pods() if p.metadata.uid == uid], 30,
