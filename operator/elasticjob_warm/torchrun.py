@@ -8,7 +8,9 @@ there while the agent imports its own and waits for its round, and then runs tor
 --run-path) runs as written, cold. Either way the agent reads the rendezvous state through a decoder that runs
 nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an eviction, a node drain) has the
 training save at an agreed step before torchrun stops the workers (evicted.py). With ELASTICJOB_HEALTH_PORT it
-answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on.
+answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on. With
+ELASTICJOB_NODE_CHECK=1 it checks its node while the server imports, and a node that fails joins no round
+(nodecheck.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from elasticjob_warm import client, compat, evicted, health, notice, outage, polling, protocol, statecheck
+from elasticjob_warm import client, compat, evicted, health, nodecheck, notice, outage, polling, protocol, statecheck
 
 # The longest the agent waits for its server's imports before it joins the rendezvous regardless (a preload
 # that hangs would hang the workers as well; this only bounds the agent's part).
@@ -39,6 +41,11 @@ def main(argv: list[str]) -> int:
     if problem := compat.agent_problem(run):
         # The server started above idles and leaves with this process: no worker asks it for anything.
         return plain(argv, problem, ready)
+    try:  # beside the server's imports (torch is imported here now); it is waited for just before the join
+        check = nodecheck.start(dict(os.environ))
+    except ValueError as error:
+        print(f"elasticjob_warm.torchrun: {error}", file=sys.stderr)
+        return 2
     args = run.parse_args(argv)
     patch_rendezvous(ready, args)
     evicted.install(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # SIGTERM: save first
@@ -58,8 +65,10 @@ def main(argv: list[str]) -> int:
         args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
                                      *args.training_script_args]
         args.training_script, args.module = "elasticjob_warm", True
-        if server is not None:
-            join_when_warm(server, started)
+    if check is not None and not check.wait():  # one line either way; a failed node joins no round
+        return nodecheck.NODE_CHECK_EXIT
+    if server is not None and not cold:
+        join_when_warm(server, started)
     record(run.run)(args)
     return 0
 
