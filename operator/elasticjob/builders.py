@@ -76,15 +76,17 @@ def place(pod: dict[str, Any], placement: Placement) -> dict[str, Any]:
 
 def avoid_nodes(spec: dict[str, Any], nodes: tuple[str, ...]) -> None:
     """Keeps the pod off `nodes` (in place): a required node affinity on the node's name (matchFields, not the
-    hostname label, which a node may set to something else). A template's required terms are alternatives, so
-    the exclusion is added to each of them; without any, it is the one term."""
-    excluded = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    hostname label, which a node may set to something else). The API server takes one value per NotIn on a
+    node's field, so each node is a requirement of its own (requirements of a term all hold). A template's
+    required terms are alternatives, so the exclusions are added to each of them; without any, they are the one
+    term."""
+    excluded = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in sorted(set(nodes))]
     affinity = spec.setdefault("affinity", {})
     node_affinity = affinity.setdefault("nodeAffinity", {})
     required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     required["nodeSelectorTerms"] = [
-        {**term, "matchFields": [*(term.get("matchFields") or []), copy.deepcopy(excluded)]} for term in terms]
+        {**term, "matchFields": [*(term.get("matchFields") or []), *copy.deepcopy(excluded)]} for term in terms]
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:

@@ -43,6 +43,10 @@ def created(result: planner.Plan) -> list[dict]:
 def excluded(manifest: dict) -> list[list[str]]:
     terms = manifest["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
+    fields = [f for term in terms for f in term["matchFields"] if f["operator"] == "NotIn"]
+    # The API server refuses a NotIn on a node's field with more than one value (seen on real nodes: the job
+    # Failed with InvalidSpec when a second node was avoided).
+    assert all(len(f["values"]) == 1 for f in fields), fields
     return [[v for f in term["matchFields"] if f["operator"] == "NotIn" for v in f["values"]] for term in terms]
 
 
@@ -319,3 +323,31 @@ def test_a_pod_still_unready_from_a_lost_store_is_no_cut_off_pod_while_the_new_s
     result = planner.plan(job(status, replicas=3), observed(three(ready1=False), store=view(
         fresh(0), silent(1, age=3.0), fresh(2))), NOW)
     assert [d.name for d in deletes(result)] == (["train-worker-1"] if fenced else [])
+
+
+def test_the_first_round_whose_failure_every_pod_logged_blames_no_node_and_the_next_finds_it_in_one_incident():
+    """Seen on real nodes: rank 0's node turned sick, its worker died mid-step, the healthy peer's collective
+    broke and its agent logged exit 1 first; the healthy node was avoided. Every round after that, the sick node's
+    worker fails at its start, alone."""
+    both = [planner.RoundFailure(pod="train-worker-1", exit_code=1, message="healthy peer: failed (exitcode: 1)"),
+            planner.RoundFailure(pod="train-worker-0", exit_code=1, message="sick: failed (exitcode: 1)")]
+    start = planner.plan(job(running_status()), observed(pods()), NOW)
+    first = planner.plan(again(start), observed(pods(), store=store(failure_rounds=1), round_failures=both),
+                         NOW + timedelta(seconds=1))
+    assert first.status.restarts == 1 and first.status.avoided_nodes == []
+    second = planner.plan(again(first), observed(pods(), store=store(failure_rounds=2), round_failures=logged(n=2)),
+                          NOW + timedelta(seconds=3))
+    assert second.status.restarts == 1, "the node found one round later is the same incident"
+    assert [n.node for n in second.status.avoided_nodes] == [SICK]
+    assert "the same incident" in second.status.last_failures[-1].message
+    third = planner.plan(again(second), observed(pods(), store=store(failure_rounds=3), round_failures=logged(n=3)),
+                         NOW + timedelta(seconds=4))
+    assert third.status.restarts == 1 and [d.name for d in deletes(third)] == ["train-worker-0"]
+
+
+@pytest.mark.parametrize("code", [-9, -15])
+def test_an_in_place_kill_blames_no_node(code):
+    """SIGKILL in place is the kernel's OOM killer as often as not (the job's memory); SIGTERM is the agent's own."""
+    result = planner.plan(job(running_status()), observed(pods(), store=store(failure_rounds=1),
+                                                          round_failures=logged(code=code)), NOW)
+    assert result.status.avoided_nodes == []

@@ -235,7 +235,7 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     if cause is None and lost is None:
         unconfirmed(plan, job, uid, reported, when, now)
         return
-    failed = next((p for p in observed.workers if cause is not None and p.name == cause.pod), None)
+    failed = nodes.blamed(observed.round_failures, cause, observed.workers)
     if failed is not None and nodes.already_avoided(plan.status, failed.node, when):
         on_avoided_node(plan, job, failed, uid, cause, when, now)
         return
@@ -245,13 +245,30 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     if lost is not None:
         text = f"{text}; the first is the group re-forming after pod {lost.pod} ended, already counted"
     charged = new - (lost is not None)
+    blame = failed is not None and lost is None and not fatal(cause, job) and nodes.avoid_seconds(job) > 0
+    if blame and charged and follows_an_unplaced_restart(plan.status, when):
+        # The node is found the round after the one charged (whose failure every pod logged): one incident.
+        charged = 0
+        text = f"{text}; the same incident as the restart charged at {plan.status.last_restart_time}"
     # Each is a restart of its own: a worker that fails at every start must use up the budget.
     book(plan, job, FailureRecord(
         pod=cause.pod if cause else "", uid=uid, exit_code=cause.exit_code
         if cause else None, reason="FatalExitCode" if fatal(cause, job) else "Error", message=text[-1024:],
         charged=charged > 0, time=stamp(when)), when, text, now, charged)
-    if failed is not None and charged > 0 and not fatal(cause, job):
+    if blame and failed is not None:
         nodes.avoid(plan, job, failed.node, nodes.WORKER_FAILED, f"pod {failed.name}: {text}", when)
+
+
+def follows_an_unplaced_restart(status: ElasticJobStatus, when: datetime) -> bool:
+    """The last charged failure is an in-place restart, at most INCIDENT_WINDOW before `when`, that no node was
+    blamed for (no avoidance began since): the failure now laid on a node is the same incident. Once a node is
+    blamed the next failure elsewhere is charged again, so a script that fails wherever it runs still uses up the
+    budget."""
+    last = next((f for f in reversed(status.last_failures) if f.charged), None)
+    gap = since(last.time, when) if last is not None else None
+    if last is None or not is_round_record(last) or gap is None or not timedelta(0) <= gap <= INCIDENT_WINDOW:
+        return False
+    return not any((began := since(e.since, when)) is not None and began <= gap for e in status.avoided_nodes)
 
 
 def on_avoided_node(plan: Plan, job: Job, pod: PodView, uid: str, cause: RoundFailure | None, when: datetime,
@@ -304,8 +321,7 @@ def is_round_record(record: FailureRecord) -> bool:
     return "/" in record.uid  # "<store epoch>/<failure round>"; pod uids never hold a slash
 
 
-# SIGTERM is what an agent sends its own other workers once one failed: a consequence, never the cause.
-AGENT_SIGTERM = -15
+AGENT_SIGTERM = nodes.AGENT_SIGTERM
 
 
 def root_cause(failures: list[RoundFailure], fatal_codes: list[int]) -> RoundFailure | None:

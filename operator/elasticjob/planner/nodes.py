@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from elasticjob.domain import Placement
 from elasticjob.models import AvoidedNode, ElasticJobStatus
 from elasticjob.observe import PodView
-from elasticjob.planner.base import DeletePod, Event, Job, Plan, since, stamp
+from elasticjob.planner.base import DeletePod, Event, Job, Plan, RoundFailure, since, stamp
 
 # Kept in status at most; the oldest goes first (each expires anyway).
 MAX_AVOIDED = 16
@@ -30,6 +30,10 @@ MAX_AVOIDED = 16
 # waits for the pod to go before its replacement is made.
 BAD_POD_GRACE = 2
 WORKER_FAILED = "WorkerFailed"
+# SIGTERM is what an agent sends its own other workers once one failed: a consequence, never the cause.
+AGENT_SIGTERM = -15
+# SIGKILL, in place: the kernel's OOM killer among others (the job's memory, which any node runs out of alike).
+KILLED = -9
 PARTITIONED = "Partitioned"
 
 
@@ -91,6 +95,18 @@ def avoid(plan: Plan, job: Job, node: str | None, reason: str, message: str, whe
         node=node, reason=reason, message=message[-512:], since=stamp(when), until=stamp(until))][-MAX_AVOIDED:]
     plan.warn("NodeAvoided", f"the job's next pods avoid node {node} until {stamp(until)}: {message} "
               f"(failurePolicy.avoidNodeSeconds {avoid_seconds(job)})")
+
+
+def blamed(failures: list[RoundFailure], cause: RoundFailure | None, workers: list[PodView]) -> PodView | None:
+    """The worker whose node an in-place restart is laid on: the cause's, where its pod is the only one that logged a
+    failure of its own. A peer whose collective broke when the bad node's worker died fails too (exit 1, logged
+    first as often as not: seen on real nodes, the healthy node avoided); from the next round on, the bad node's
+    worker fails at its start, before any collective, alone. None where it is not that clear."""
+    if cause is None or cause.exit_code == KILLED:
+        return None
+    if {f.pod for f in failures if f.exit_code != AGENT_SIGTERM} != {cause.pod}:
+        return None
+    return next((p for p in workers if p.name == cause.pod), None)
 
 
 def move_off(plan: Plan, pod: PodView, why: str) -> None:
