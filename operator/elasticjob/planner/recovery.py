@@ -234,11 +234,16 @@ STORE_SETTLE = timedelta(seconds=10)
 
 
 def store_just_back(plan: Plan, now: datetime) -> bool:
+    """Whether the store has served for less than STORE_SETTLE; if so, the operator looks again once it has (a
+    pod left out meanwhile is replaced then, with no event of its own to wake the operator)."""
     served = condition(plan.status, "RendezvousReady")
     if served is None or served.status != "True":
         return True
     back = since(served.last_transition_time, now)
-    return back is not None and back < STORE_SETTLE
+    if back is None or back >= STORE_SETTLE:
+        return False
+    plan.soon((STORE_SETTLE - back).total_seconds())
+    return True
 
 
 def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, now: datetime) -> None:
