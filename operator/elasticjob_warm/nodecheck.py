@@ -45,6 +45,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from elasticjob_warm import polling
+
 if TYPE_CHECKING:
     import torch
 
@@ -76,14 +78,7 @@ def budget(environ: Mapping[str, str]) -> float | None:
         raise ValueError(f"{FAULT_ENV}={fault!r}: a fault-injection hook for tests, one of {', '.join(FAULTS)}")
     if asked == "0":
         return None
-    value = environ.get(SECONDS_ENV) or str(DEFAULT_SECONDS)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0
-    if not 0 < seconds <= 3600:
-        raise ValueError(f"{SECONDS_ENV}={value!r}: expected seconds, more than 0 and at most 3600")
-    return seconds
+    return polling.bounded_seconds(SECONDS_ENV, environ.get(SECONDS_ENV) or str(DEFAULT_SECONDS), 3600)
 
 
 def too_long(seconds: float) -> str:

@@ -31,14 +31,19 @@ READS_PER_SECOND = 100
 
 def poll_seconds(max_nodes: int, environ: Mapping[str, str] = os.environ) -> float:
     if value := environ.get(POLL_ENV):
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = 0
-        if not 0 < seconds <= 60:
-            raise ValueError(f"{POLL_ENV}={value!r}: expected seconds, more than 0 and at most 60")
-        return seconds
+        return bounded_seconds(POLL_ENV, value, 60)
     return min(TORCH_POLL, max(POLL_FLOOR, max_nodes / READS_PER_SECOND))
+
+
+def bounded_seconds(name: str, value: str, most: float) -> float:
+    """A setting's seconds, more than 0 and at most `most`; else a ValueError that names the setting."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0
+    if not 0 < seconds <= most:
+        raise ValueError(f"{name}={value!r}: expected seconds, more than 0 and at most {most:g}")
+    return seconds
 
 
 def quicken(poll: float) -> Callable[[], None] | None:
