@@ -45,6 +45,15 @@ with ThreadPoolExecutor(len(targets)) as pool:
 """
 
 
+def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    """The pod's phase, and why a container waits (the kubelet's words), for a failure's message."""
+    status = core.read_namespaced_pod(name, namespace).status
+    waiting = [f"{c.name}: {c.state.waiting.reason} {c.state.waiting.message or ''}".strip()
+               for c in (status.container_statuses or []) if c.state and c.state.waiting]
+    conditions = [f"{c.type}={c.status} {c.reason or ''}".strip() for c in status.conditions or []]
+    return f"{status.phase} {waiting} {conditions}"
+
+
 @pytest.fixture
 def intruders(kube):
     """Another namespace, deleted at the end."""
@@ -99,8 +108,9 @@ def test_another_namespace_reaches_neither_the_store_nor_the_workers(real_nodes,
     blocked = {name: "timeout" for name in targets if name != "cluster DNS"}
     for node in nodes:
         pod = f"intruder-{node}"
-        wait_for(lambda: core.read_namespaced_pod(pod, intruders).status.phase, 60, f"{pod} Running",
-                 until=lambda phase: phase == "Running")
+        # 120 s: the intruders start beside the job's training on 2 shared cores (seen once over 60 s, Pending).
+        wait_for(lambda: pod_state(core, intruders, pod), 120, f"{pod} Running",
+                 until=lambda state: state.startswith("Running"))
         seen = probe(core, intruders, pod, targets)
         assert seen == {**blocked, "cluster DNS": "open"}, (
             f"from {pod} (the store on {store.spec.node_name}, rank 0 on {rank0.spec.node_name}): {seen}")
