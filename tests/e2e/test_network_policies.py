@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -55,14 +56,21 @@ def pod_state(core: client.CoreV1Api, namespace: str, name: str) -> str:
 
 
 @pytest.fixture
-def intruders(kube):
-    """Another namespace, deleted at the end."""
+def intruders(kube, cluster):
+    """Another namespace, with the local registry's pull secret as the test's own has (without it an intruder ran
+    only where a node already held the worker image: 401 from the registry where it did not), deleted at the end."""
     core, name = client.CoreV1Api(kube), f"intruders-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
         name=name, labels={"elasticjob.dev/test": "true"})))
     try:
         wait_for(lambda: core.read_namespaced_service_account("default", name), 30,
                  f"the default ServiceAccount of namespace {name}", ignore=(ApiException,))
+        if cluster.pulls_from_registry:
+            from localcluster import registry
+            from localcluster.layout import Layout
+
+            root = Path(__file__).resolve().parents[2]
+            core.create_namespaced_secret(name, registry.pull_secret(name, registry.password(Layout(root))))
         yield name
     finally:
         core.delete_namespace(name, propagation_policy="Background", grace_period_seconds=0)
@@ -108,7 +116,6 @@ def test_another_namespace_reaches_neither_the_store_nor_the_workers(real_nodes,
     blocked = {name: "timeout" for name in targets if name != "cluster DNS"}
     for node in nodes:
         pod = f"intruder-{node}"
-        # 120 s: the intruders start beside the job's training on 2 shared cores (seen once over 60 s, Pending).
         wait_for(lambda: pod_state(core, intruders, pod), 120, f"{pod} Running",
                  until=lambda state: state.startswith("Running"))
         seen = probe(core, intruders, pod, targets)
