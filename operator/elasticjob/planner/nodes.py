@@ -53,10 +53,10 @@ def expire(plan: Plan, job: Job, now: datetime) -> None:
                         f"{int(age.total_seconds())}s since its first failure (failurePolicy.avoidNodeSeconds "
                         f"{avoid_seconds(job)})")
             continue
-        entry.until = stamp(datetime.fromisoformat(entry.since.replace("Z", "+00:00")) + limit)
-        kept.append(entry)
         if age is not None:
+            entry.until = stamp(now - age + limit)
             plan.soon((limit - age).total_seconds())
+        kept.append(entry)
     plan.status.avoided_nodes = kept
 
 

@@ -268,10 +268,7 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
 def replace_left_out(plan: Plan, job: Job, pod: PodView, now: datetime) -> None:
     """A pod whose agent is out of the rendezvous and which its kubelet reports not Ready: stopped, once, and
     booked as a partition (uncharged unless failurePolicy says so); its node is avoided."""
-    if pod.uid in plan.status.counted_failures:
-        return
-    why = f"its agent was out of the rendezvous and pod {pod.name} is not ready"
-    stop_cut_off(plan, job, pod, why, now)
+    stop_cut_off(plan, job, pod, f"its agent was out of the rendezvous and pod {pod.name} is not ready", now)
 
 
 def stalled(store: StoreView) -> bool:
@@ -303,16 +300,16 @@ def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, wh
     """Out of the rendezvous, and its pod stopped (the operator sees it silent too): a frozen process that wakes
     up must not write a stale checkpoint beside the new world. Recorded once, as an infrastructure failure."""
     plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint))
-    if pod.uid in plan.status.counted_failures:
-        return
     stop_cut_off(plan, job, pod, f"({node.addr}) {why}", now)
 
 
 def stop_cut_off(plan: Plan, job: Job, pod: PodView, why: str, now: datetime) -> None:
     """Books the partition once (uncharged unless failurePolicy counts infrastructure failures), has the job
     avoid the pod's node, and stops the pod at once: cut off, it can save nothing, and its replacement waits for
-    its name."""
+    its name. Once per pod, however often it is seen so before it is gone."""
     status = plan.status
+    if pod.uid in status.counted_failures:
+        return
     status.counted_failures = sorted({*status.counted_failures, pod.uid})
     charged = job.ref.spec.failure_policy.count_infrastructure_failures
     text = f"pod {pod.name} on node {pod.node}: {why}"
