@@ -31,6 +31,8 @@ from enum import Enum
 from types import FrameType
 from typing import Any, Optional  # Optional: an alias is evaluated, on Python 3.9 too
 
+from elasticjob_warm import notice
+
 REQUEST_KEY = "elasticjob.stop-requests"
 PROGRESS_KEY = "elasticjob.progress"
 COUNT_KEY = "elasticjob.stops"
@@ -136,8 +138,7 @@ def connect(address: str) -> Any:
     """A client of the job's store; raises OSError at once where no new connection gets through."""
     import torch.distributed
 
-    host, _, port = address.rpartition(":")
-    host, number = host.strip("[]") or address, int(port or 29400)
+    host, number = notice.host_port(address)
     socket.create_connection((host, number), timeout=PROBE_TIMEOUT).close()
     dist: Any = torch.distributed  # TCPStore is not in its stubs
     return dist.TCPStore(host, number, is_master=False, timeout=timedelta(seconds=CONNECT_TIMEOUT))

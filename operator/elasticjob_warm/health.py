@@ -27,12 +27,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any
 
+from elasticjob_warm.notice import host_port
+
 PORT_ENV = "ELASTICJOB_HEALTH_PORT"
 PATH = "/healthz"
 FLOOR = 3.0  # seconds without an answer from the store before the connect check
 KEEP_ALIVES = 3  # ... or this many keep-alive intervals, where that is longer
 TORCH_KEEP_ALIVE = 5.0  # torch's keep_alive_interval where --rdzv-conf names none
-TORCH_PORT = 29400  # torch's, for an endpoint without one
 CONNECT_SECONDS = 0.5
 CHECK_EVERY = 1.0  # a connect's verdict is reused this long: the kubelet's 1 s probes make one connect a second
 # A connect that fails with these reached nobody: this pod's network, not the store.
@@ -55,14 +56,6 @@ def connect(host: str, port: int, timeout: float = CONNECT_SECONDS) -> str:
     except OSError as error:
         return "silent" if error.errno in UNREACHED else "refused"
     return "answers"
-
-
-def split(address: str) -> tuple[str, int]:
-    """HOST[:PORT] as torchrun reads --rdzv-endpoint ([v6]:port too)."""
-    host, colon, port = address.rpartition(":")
-    if not colon or not port.isdigit() or (host.count(":") and not host.startswith("[")):
-        return address.strip("[]"), TORCH_PORT
-    return host.strip("[]"), int(port)
 
 
 def limit(rdzv_conf: str | None) -> float:
@@ -172,7 +165,7 @@ def start(address: str | None, environ: dict[str, str]) -> Health | None:
     value = environ.get(PORT_ENV)
     if not value:
         return None
-    health = Health(split(address) if address else None)
+    health = Health(host_port(address) if address else None)
     try:
         serve(health, int(value))
     except (OSError, ValueError, OverflowError) as error:

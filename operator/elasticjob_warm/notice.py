@@ -18,6 +18,9 @@ MAX_WHY = 500
 WAIT_SECONDS = 900
 
 
+TORCH_PORT = 29400  # torch's own, for an endpoint without one
+
+
 def endpoint(argv: list[str], environ: dict[str, str]) -> str | None:
     """torchrun's --rdzv-endpoint (either spelling, `=` or not), else PET_RDZV_ENDPOINT; None for --standalone."""
     found = environ.get("PET_RDZV_ENDPOINT")
@@ -32,14 +35,20 @@ def endpoint(argv: list[str], environ: dict[str, str]) -> str | None:
     return found or None
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """HOST[:PORT] as torchrun reads --rdzv-endpoint ([v6]:port too; torch's 29400 where it names no port)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or (host.count(":") and not host.startswith("[")):
+        return address.strip("[]"), TORCH_PORT
+    return host.strip("[]"), int(port)
+
+
 def main(argv: list[str]) -> int:
     address, why = argv
-    host, _, port = address.rpartition(":")
     import torch.distributed
 
     dist: Any = torch.distributed  # TCPStore is not in its stubs
-    store = dist.TCPStore(host.strip("[]") or address, int(port or 29400), is_master=False,
-                          timeout=timedelta(seconds=WAIT_SECONDS))
+    store = dist.TCPStore(*host_port(address), is_master=False, timeout=timedelta(seconds=WAIT_SECONDS))
     store.set(WHY_KEY, why[:MAX_WHY])
     store.add(PLAIN_KEY, 1)
     return 0
