@@ -68,6 +68,7 @@ class NoProgress:
     def loaded(self, n): pass
     def should_stop(self, n): return False  # SIGTERM (Stop) stands in
     def stopped(self, n): pass
+    def watch(self, model): pass
 
 
 def make_progress(use_api=True):
@@ -82,6 +83,8 @@ def parse_args(argv=None):
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step, to slow training down")
     parser.add_argument("--busy-while", metavar="PATH",
                         help="spin the CPU for --step-seconds instead of sleeping while PATH exists (load for an HPA)")
+    parser.add_argument("--forward-matmuls", type=int, default=0,
+                        help="256x256 matmuls added to each forward: compute a throttled CPU or a slow GPU slows")
     parser.add_argument("--progress-file", help="default: <checkpoint-dir>/progress.jsonl")
     parser.add_argument("--events-file", help="checkpoints saved on SIGTERM; default: <checkpoint-dir>/events.jsonl")
     parser.add_argument("--seed", type=int, default=0)
@@ -106,8 +109,25 @@ def parse_args(argv=None):
     return args
 
 
-def build_model():
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+class Work(torch.nn.Module):
+    """A fixed amount of compute in the forward, with no parameter (nothing more to all-reduce or checkpoint): a
+    slow node makes it slow, as it would a real model's layers."""
+
+    def __init__(self, matmuls):
+        super().__init__()
+        self.matmuls = matmuls
+        self.operand = torch.ones(256, 256) / 256  # not a buffer: DDP would broadcast it at every forward
+
+    def forward(self, x):
+        operand = self.operand.to(x.device)
+        for _ in range(self.matmuls):
+            operand = operand @ self.operand.to(x.device)
+        return x + 0 * operand[0, 0]
+
+
+def build_model(forward_matmuls=0):
+    layers = [torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)]
+    return torch.nn.Sequential(*layers, *([Work(forward_matmuls)] if forward_matmuls else []))
 
 
 def synthetic_batch(seed, step, rank, device):
@@ -334,7 +354,7 @@ def start(args) -> Run:
     dist.init_process_group("nccl" if use_cuda else "gloo")
     os.makedirs(args.checkpoint_dir, exist_ok=True)
     torch.manual_seed(args.seed)
-    model = build_model().to(device)
+    model = build_model(args.forward_matmuls).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     checkpoint = os.path.join(args.checkpoint_dir, CHECKPOINT_NAME)
     progress = make_progress(not args.no_progress_api)
@@ -345,6 +365,7 @@ def start(args) -> Run:
     progress.loaded(resumed_from)
     # The model every rank starts from is rank 0's (DDP broadcasts it); the optimizer's state is each rank's own.
     ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    progress.watch(ddp_model)  # every rank: its forward's time, so that a slow node is seen and replaced
     host = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
     return Run(args, rank, world_size, local_rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), device,
                model, ddp_model, optimizer, checkpoint, resumed_from, host, started, progress, ckpt,

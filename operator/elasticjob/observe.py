@@ -137,6 +137,17 @@ class ProgressView:
     stalled: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class PaceView:
+    """How long a pod's model forward takes (elasticjob_progress.Progress.watch, every rank; the slowest of the
+    pod's ranks), as its store kept it: the tenant's word. It may get one of the job's own pods replaced through
+    a planned stop, uncharged (planner/stragglers.py), and nothing else."""
+
+    pod: str
+    seconds: float
+    ranks: int = 1
+
+
 @dataclass(frozen=True)
 class StoreView:
     """torch's rendezvous as the job's store reports it (validated by the client; never unpickled here)."""
@@ -159,6 +170,7 @@ class StoreView:
     stop_step: int | None = None
     round_completed_at: datetime | None = None  # when the store saw the current round complete (its clock)
     last_round_nodes: tuple[str, ...] = ()  # the addresses of the latest round the store saw complete
+    pace: tuple[PaceView, ...] = ()  # each pod's forward time, where the script watches its model
 
     @property
     def nodes(self) -> int:

@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from elasticjob import backoff
-from elasticjob.observe import ProgressView, StoreNode, StoreView
+from elasticjob.observe import PaceView, ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
@@ -127,6 +127,15 @@ class _Stop(_Strict):
     step: int = Field(ge=0, le=1 << 53)
 
 
+class _Pace(_Strict):
+    """One pod's forward time (elasticjob_store/pace.py by_pod): the slowest of its ranks, the tenant's word."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)  # ints are fine as floats
+    pod: str = Field(min_length=1, max_length=253)
+    seconds: float = Field(gt=0, le=3600)
+    ranks: int = Field(ge=1, le=1 << 20)
+
+
 class _State(_Strict):
     epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     round: int | None = Field(None, ge=0, le=1 << 40)
@@ -142,6 +151,7 @@ class _State(_Strict):
     progress: dict[str, Any] | None = None  # checked on its own: a bad report is dropped, not the reply
     stop: _Stop | None = None
     rounds: list[_Round] = Field(default_factory=list, max_length=64)  # the store keeps its last 10
+    pace: list[Any] = Field(default_factory=list, max_length=256)  # each checked on its own
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -169,7 +179,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
-        received_at=received_at or datetime.now(UTC))
+        pace=parse_pace(state.pace), received_at=received_at or datetime.now(UTC))
 
 
 def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
@@ -193,6 +203,18 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
         loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
         received_at=at(found.received_at), listens=found.listens, stalled=found.stalled,
         stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
+
+
+def parse_pace(raw: list[Any]) -> tuple[PaceView, ...]:
+    """The pods' paces; one that is not valid is left out (the rest of the reply stands)."""
+    found = []
+    for entry in raw:
+        try:
+            pace = _Pace.model_validate(entry)
+        except ValidationError:
+            continue
+        found.append(PaceView(pod=printable(pace.pod), seconds=pace.seconds, ranks=pace.ranks))
+    return tuple(found)
 
 
 def _nudges_off(torch: _Torch | None) -> str | None:

@@ -5,6 +5,7 @@
     ...
     progress.loading()            # optional: a checkpoint load begins
     progress.loaded(step)         # the step the loaded checkpoint holds
+    progress.watch(model)         # optional, every rank: times the model's forward, so a slow rank is seen
     for step in range(start, total):
         train_one_step()
         progress.step(step + 1)   # steps done so far
@@ -15,7 +16,9 @@
                                              # an eviction or a node drain)
             progress.stopped(step + 1)        # every rank; holds the process until the operator ends it
 
-should_stop and stopped (stop.py) are for every rank: before the operator removes workers it chose to remove, it
+watch (pace.py) is for every rank: each one tells the store how long its model's forward takes, and the operator
+replaces a pod whose ranks are much slower than the others (spec.stragglers). should_stop and stopped (stop.py)
+are for every rank: before the operator removes workers it chose to remove, it
 has the job's store pick a step all ranks stop after, and waits (spec.runPolicy.stopGraceSeconds at most) until
 every rank saved it; a worker restarted after it resumes from that step and none is done again. A script that
 never asks should_stop is never waited for. The rest is a no-op outside a job (no torchrun rank, no
@@ -39,7 +42,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from elasticjob_progress import stop
+from elasticjob_progress import pace, stop
 from elasticjob_progress.report import KEY, Report
 
 __all__ = ["KEY", "Progress"]
@@ -93,6 +96,9 @@ class Progress:
                  leave: Callable[[int], Any] = os._exit) -> None:
         env = os.environ if environ is None else environ
         self._world = _int(env.get("WORLD_SIZE")) or 1
+        self._rank = _int(env.get("RANK"))
+        self._pod = env.get("POD_NAME", "")
+        self._pace: pace.Pace | None = None
         self._hold, self._leave = hold, leave
         self._first: int | None = None
         self._listener: stop.Listener | None = None
@@ -128,6 +134,16 @@ class Progress:
             first = self._report.step_done(int(n), self._clock())
         if first:
             self._wake.set()  # the first step of this worker closes the operator's incident: tell it at once
+
+    def watch(self, module: Any, interval: float = pace.INTERVAL) -> None:
+        """Every rank, optional: times each forward of `module` (the model, or DDP holding it) and tells the store
+        the median of the latest ones (pace.py), so that the operator sees a rank slower than the others. Once;
+        a no-op outside a job. `interval`: the least time between two writes."""
+        if self._pace is not None or self._listen_to is None:
+            return
+        self._pace = pace.Pace(self._listen_to, rank=self._rank, world=self._world, pod=self._pod,
+                               interval=interval)
+        self._pace.watch(module)
 
     def saved(self, n: int) -> None:
         """A checkpoint holding `n` steps is saved."""
@@ -196,6 +212,8 @@ class Progress:
             self._thread.join(timeout)
         if self._listener is not None:
             self._listener.join(timeout)
+        if self._pace is not None:
+            self._pace.close(timeout)
 
     def _event(self, note: Callable[[float], None], urgent: bool = False) -> None:
         if not self.active:

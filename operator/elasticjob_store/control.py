@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from elasticjob_store import actions, compat, peers, stop
+from elasticjob_store import actions, compat, pace, peers, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
@@ -75,6 +75,8 @@ class Control:
         self._waiter_added_at = 0.0
         # The training's own report (elasticjob_progress): read at each tick, shown to the operator, never acted on.
         self.progress = ProgressReader()
+        # Each rank's pace (elasticjob_progress/pace.py): read every few ticks, shown to the operator per pod.
+        self.pace = pace.PaceReader()
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: dict[str, Any] | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
@@ -236,17 +238,38 @@ class Control:
         with self.lock:
             self.progress.take(raw, self.now())
 
+    def read_pace(self) -> None:
+        """The ranks' pace keys, every pace.READ_EVERY seconds: rank 0's, then as many as its world names."""
+        now = self.now()
+        with self.lock:
+            if not self.pace.due(now):
+                return
+        for _ in range(2):  # a first read learns the world size from rank 0, a second reads the rest
+            with self.lock:
+                ranks = self.pace.ranks()
+            with self._store_lock:
+                found = [(r, self._store.get(pace.key(r)) if self._store.check([pace.key(r)]) else b"")
+                         for r in ranks]
+            with self.lock:
+                for rank, raw in found:
+                    self.pace.take(rank, raw, now)
+                self.pace.forget_stale(now)
+                if self.pace.ranks() == ranks:
+                    return
+
     def poll(self) -> None:
         """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
         self.read_progress()
+        self.read_pace()
         self.take_requests()
         _, state = self.read()
         now = self.now()
         self.remove_departed(state, now)
         with self.lock:
             completed = self.tracker.observe(state, now)
-            seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now))
+            seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
+                    self.pace.landmark(now))
         if seen != self._summary:
             self._summary = seen
             with self.changed:

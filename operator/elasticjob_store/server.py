@@ -43,7 +43,8 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
             return describe(state, control.tracker, now=now, epoch=epoch, run_id=control.run_id,
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
                             stale_after=control.stale_after, torch=control.torch_report(),
-                            progress=control.progress.describe(now), stop=control.stop_record)
+                            progress=control.progress.describe(now), stop=control.stop_record,
+                            pace=control.pace.by_pod(now))
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)

@@ -360,6 +360,18 @@ class Faults:
 
         partition.heal(self.jobs.namespace, pod_name, self.state_dir)
 
+    def throttle(self, pod_name: str, percent: int | None) -> float:
+        """Caps the pod's containers at `percent` of one CPU (None lifts it): a slow node. Real nodes only."""
+        from localcluster import faults
+        from localcluster.realnodes import faults as real
+
+        layout = faults.real_nodes(self.state_dir)
+        assert layout is not None, "throttling needs the local cluster's real nodes (their cgroups)"
+        when = time.time()
+        hits = real.throttle_pod(faults.core_api(layout), layout.state, self.jobs.namespace, pod_name, percent)
+        assert hits, f"pod {pod_name} has no running container to throttle"
+        return when
+
     def sicken(self, node: str) -> float:
         """Every training process of the job on `node` exits 1, now and later (examples/train_ddp.py's
         --fail-on-marked-node SICK_NODES_MOUNT): a GPU that throws an error at every start. The marker is a file

@@ -63,8 +63,8 @@ def rdzv(ready: bool = True, phase: str = "Running", **fields: Any) -> PodView:
 
 def store(epoch: str = "e1", round: int = 1, failure_rounds: int = 0, nodes: int = 2, **fields: Any) -> StoreView:
     participants = tuple(StoreNode(f"10.244.0.{10 + i}", 0.5) for i in range(nodes))
-    return StoreView(epoch=epoch, round=round, complete=True, participants=participants,
-                     failure_rounds=failure_rounds, **fields)
+    return StoreView(**{"epoch": epoch, "round": round, "complete": True, "participants": participants,
+                        "failure_rounds": failure_rounds, **fields})
 
 
 def observed(pods: list[PodView], service: ServiceView | None = SERVICE, **fields: Any) -> planner.Observed:

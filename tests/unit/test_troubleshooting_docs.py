@@ -28,7 +28,7 @@ SOURCE = ROOT / "operator" / "elasticjob"
 
 # The calls that write a reason, and where its argument is (position without self; or the keyword `reason`).
 SINKS = {"enter_phase": 3, "set_condition": 3, "warn": 0, "normal": 0, "Event": 1, "WarmStarts": 1}
-KEYWORD_SINKS = {"FailureRecord"}  # FailureRecord(reason=...): status.lastFailures
+KEYWORD_SINKS = {"FailureRecord", "AvoidedNode"}  # (reason=...): status.lastFailures, status.avoidedNodes
 # Reasons the source holds in a value rather than a literal, each documented another way: a new dynamic site
 # fails the test until it is looked at and added here (with where its values come from).
 DYNAMIC = {

@@ -4,7 +4,10 @@
   killer or a crash would end it; the kubelet sees the exit and applies the pod's restartPolicy;
 - a pod is cut off the network by DROP rules in its node's FORWARD chain (the bridge's traffic passes it):
   its processes live on, silent, and the kubelet still sees it running;
-- a node is lost (node.lose) or cut off as a whole (netns.partition).
+- a node is lost (node.lose) or cut off as a whole (netns.partition);
+- a pod is slowed by a CPU quota on each of its containers' cgroups (the host's cgroup v1 `cpu` controller:
+  cpu.cfs_quota_us over cpu.cfs_period_us), as a throttled or overheating node runs: every process lives on,
+  slower.
 """
 
 from __future__ import annotations
@@ -39,6 +42,48 @@ def kill_containers(core: client.CoreV1Api, state: Path, namespace: str, name: s
                                  "--signal", str(int(signal)), container], capture_output=True, text=True)
         hits += result.returncode == 0
     return hits
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+CFS_PERIOD_US = 100_000
+
+
+def _container_pids(core: client.CoreV1Api, state: Path, namespace: str, name: str) -> list[int]:
+    """The main process of each running container of the pod, as its node's containerd lists its tasks."""
+    pod = core.read_namespaced_pod(name, namespace)
+    if not pod.spec.node_name:
+        return []
+    node = _node(state, pod.spec.node_name)
+    wanted = {s.container_id.split("://", 1)[1] for s in (pod.status.container_statuses or [])
+              if s.state.running is not None and s.container_id}
+    listing = subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "tasks", "ls"],
+                             capture_output=True, text=True, check=True).stdout
+    pids = []
+    for line in listing.splitlines()[1:]:  # TASK PID STATUS
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] in wanted and fields[2] == "RUNNING":
+            pids.append(int(fields[1]))
+    return pids
+
+
+def cpu_cgroup(pid: int) -> Path:
+    """The directory of the process's cgroup under the v1 `cpu` controller (the `cpu` line of /proc/PID/cgroup)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return CGROUP_CPU / path.lstrip("/")
+    raise RuntimeError(f"process {pid} has no cgroup v1 cpu controller: cannot throttle it here")
+
+
+def throttle_pod(core: client.CoreV1Api, state: Path, namespace: str, name: str, percent: int | None) -> int:
+    """Caps each running container of the pod at `percent` of one CPU (None: lifts the cap); returns how many."""
+    pids = _container_pids(core, state, namespace, name)
+    for pid in pids:
+        group = cpu_cgroup(pid)
+        (group / "cpu.cfs_period_us").write_text(f"{CFS_PERIOD_US}\n")
+        quota = -1 if percent is None else max(1000, CFS_PERIOD_US * percent // 100)
+        (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    return len(pids)
 
 
 def _pod_ip_and_node(core: client.CoreV1Api, state: Path, namespace: str, name: str) -> tuple[str, RealNode] | None:

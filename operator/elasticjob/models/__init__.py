@@ -28,6 +28,7 @@ from elasticjob.models.spec import (
     RendezvousSpec,
     RunPolicy,
     SchedulingSpec,
+    StragglerSpec,
     WatchdogSpec,
 )
 from elasticjob.models.status import (
@@ -39,6 +40,7 @@ from elasticjob.models.status import (
     OwnedPod,
     Phase,
     RendezvousStatus,
+    Straggler,
 )
 
 __all__ = [
@@ -48,5 +50,5 @@ __all__ = [
     "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "NodeCheckSpec", "OwnedPod",
     "PLURAL", "Phase",
     "PlannedStop", "RendezvousSpec", "RendezvousStatus", "RunPolicy", "SHORT_NAMES", "SINGULAR", "SchedulingSpec",
-    "VERSION", "WatchdogSpec",
+    "Straggler", "StragglerSpec", "VERSION", "WatchdogSpec",
 ]

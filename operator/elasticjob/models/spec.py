@@ -120,6 +120,23 @@ class NodeCheckSpec(Model):
                                  "taken for too slow and fails it. Default 30.")
 
 
+class StragglerSpec(Model):
+    """Replacing a worker whose ranks are slower than the others' (planner/stragglers.py)."""
+
+    enabled: bool = Field(True, description="Replace a worker pod whose model forward takes `factor` times the "
+                          "median of the other pods' for `windowSeconds`: its node is avoided "
+                          "(failurePolicy.avoidNodeSeconds, reason SlowNode) and the pod is deleted, which a "
+                          "training that asks elasticjob_progress's should_stop() takes as a planned stop (every "
+                          "rank saves the same step). Never charged to maxRestarts. Needs every rank to call "
+                          "elasticjob_progress's Progress.watch(model): without it there is nothing to compare. "
+                          "Default true.")
+    factor: float = Field(2.0, ge=1.5, le=100.0, description="How many times the median of the other pods' "
+                          "forward time a pod's must be to be slow (at least 1.5: below it, a shared node's noise "
+                          "would replace pods). Default 2.")
+    window_seconds: int = Field(15, ge=5, le=86400, description="Seconds a pod must stay that slow before it is "
+                                "replaced. Default 15.")
+
+
 class KitSource(StrEnum):
     COPY = "Copy"  # an init container copies the kit from the operator's image into each job pod
     IMAGE = "Image"  # the job's image carries the kit's packages: no init container
@@ -194,6 +211,8 @@ class ElasticJobSpec(Model):
                                        "workers: minReplicas of them start together or not at all.")
     node_check: NodeCheckSpec = Field(default_factory=NodeCheckSpec, description="The kit's check of each "
                                       "worker's node before its agent joins a round. All optional.")
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec, description="Replacing a worker slower "
+                                      "than the others. All optional.")
     template: dict[str, Any] = Field(description="Pod template of a worker (a PodTemplateSpec). Its container "
                                      "named 'worker' (or the first) runs torchrun.")
 

@@ -64,13 +64,25 @@ class AvoidedNode(Model):
 
     node: str = Field(description="The node's name.")
     reason: str = Field(description="What the operator saw there, one CamelCase word: WorkerFailed (a worker "
-                        "failed on it) or Partitioned (a pod on it was cut off from the network).")
+                        "failed on it), Partitioned (a pod on it was cut off from the network), NodeCheckFailed "
+                        "(the kit's check failed there) or SlowNode (a worker there was slower than the others).")
     message: str = Field("", description="The failure that made the job avoid the node, in words.")
     since: str = Field(description="When the first such failure happened (RFC 3339, UTC).")
     until: str = Field(description="When the avoidance ends (RFC 3339, UTC): since + "
                        "failurePolicy.avoidNodeSeconds.")
     failures: int = Field(1, description="Failures attributed to the node since then; the later ones were part of "
                           "the first one's incident and cost no restart.")
+
+
+class Straggler(Model):
+    """A worker pod slower than the others (spec.stragglers), replaced once it stays so for windowSeconds."""
+
+    pod: str = Field(description="The worker pod.")
+    node: str | None = Field(None, description="Its node.")
+    factor: float = Field(description="How many times the median of the other pods' forward time its own took, "
+                          "when last seen.")
+    seconds: float = Field(description="Its forward time (the slowest of its ranks), in seconds, when last seen.")
+    since: str = Field(description="Since when it has been that slow (RFC 3339, UTC).")
 
 
 class RendezvousStatus(Model):
@@ -164,6 +176,8 @@ class ElasticJobStatus(Model):
     avoided_nodes: list[AvoidedNode] = Field(default_factory=list, description="Nodes the job's next pods "
                                              "avoid after failures there (failurePolicy.avoidNodeSeconds), "
                                              "oldest first.")
+    straggler: Straggler | None = Field(None, description="A worker pod slower than the others "
+                                        "(spec.stragglers), while it is; absent otherwise.")
     last_restart_time: str | None = Field(None, description="When the last restart charged to maxRestarts "
                                           "happened (RFC 3339, UTC); pod failures close to it count as the same "
                                           "incident.")

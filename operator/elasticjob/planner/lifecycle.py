@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, nodes, ownership, planned_stop
+from elasticjob.planner import ledger, nodes, ownership, planned_stop, stragglers
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -127,6 +127,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     # made once every integration is ready for them (the gang's group first).
     desired = plan.status.desired_replicas
     planned_stop.settle(plan, job, observed, desired, now)
+    stragglers.replace_stragglers(plan, job, observed, now)  # a worker slower than the others goes
     ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
     placement = allowed.worker.merge(nodes.placement(plan.status))
     scale(plan, job, observed, desired, now, placement, create=ready, token=token,
