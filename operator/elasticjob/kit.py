@@ -45,10 +45,12 @@ COLD_OPTIONS = {"--no-python": "PET_NO_PYTHON", "--no_python": "PET_NO_PYTHON", 
 HEALTH_PORT = 29409
 HEALTH_ENV = "ELASTICJOB_HEALTH_PORT"
 HEALTH_PATH = "/healthz"
-# A cut-off agent answers 503 within 3 s of its last store answer; two failed probes a second apart then make
-# the pod not Ready: about 5 s after the cut.
+# A cut-off agent answers 503 within 2.5 s of its last store answer (health.py: two keep-alives, then a connect
+# that gets no answer); one failed probe then makes the pod not Ready, about 3 s after the cut. One is enough:
+# the endpoint's verdict already spans seconds of silence, and a pod not Ready is stopped only when the store
+# too says its agent is silent (planner/recovery.py).
 HEALTH_PROBE = {"httpGet": {"path": HEALTH_PATH, "port": HEALTH_PORT}, "periodSeconds": 1, "timeoutSeconds": 1,
-                "failureThreshold": 2, "successThreshold": 1}
+                "failureThreshold": 1, "successThreshold": 1}
 COMMAND_REASONS = ("NoCommand", "CommandNotTorchrun", "TorchrunRunsCold")
 
 

@@ -253,7 +253,8 @@ class Control:
             with self.lock:
                 for rank, raw in found:
                     self.pace.take(rank, raw, now)
-                self.pace.forget_stale(now)
+                began = max((r.completed_at for r in self.tracker.rounds), default=None)
+                self.pace.forget_stale(now, began)
                 if self.pace.ranks() == ranks:
                     return
 

@@ -89,10 +89,13 @@ class PaceReader:
         else:
             self._reports[rank] = (report, now)
 
-    def forget_stale(self, now: float) -> None:
-        for rank in [r for r, (_, seen) in self._reports.items() if now - seen > STALE_AFTER]:
+    def forget_stale(self, now: float, round_began: float | None = None) -> None:
+        """Drops the reports not renewed for STALE_AFTER, and those seen before the current round formed
+        (`round_began`): they are of processes the round's restart ended, whose pod, of the same name when a
+        replacement took its place, may now run another, faster one."""
+        for rank in [r for r, (_, seen) in self._reports.items()
+                     if now - seen > STALE_AFTER or (round_began is not None and seen < round_began)]:
             del self._reports[rank]
-            self._raw.pop(rank, None)
 
     def by_pod(self, now: float) -> list[dict[str, Any]]:
         """Each pod's pace: the slowest of its ranks (one slow GPU slows its whole pod's share), fresh reports only.

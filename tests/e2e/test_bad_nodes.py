@@ -102,8 +102,9 @@ def test_a_cut_off_worker_is_replaced_and_the_job_is_back_at_full_size_with_noth
     assert 2 in {r["world_size"] for r in done.after(full["time"])}
     record_recovery(f"partition of {victim}: alone", alone["time"] - fault_time, 1, status.get("restarts"))
     record_recovery(f"partition of {victim}: full size", full["time"] - fault_time, 2, status.get("restarts"))
-    print(f"cut-off worker: back at full size {full['time'] - fault_time:.1f} s after the cut "
-          f"({time.strftime('%H:%M:%S', time.localtime(fault_time))})")
+    print(f"cut-off worker: alone {alone['time'] - fault_time:.1f} s, back at full size "
+          f"{full['time'] - fault_time:.1f} s after the cut; "
+          f"{event_times(jobs, fault_time, ('Partitioned', 'CreatedWorker', 'NodeAvoided'))}")
 
 
 # Compute in each forward (examples/train_ddp.py --forward-matmuls): what a throttled CPU slows. About 15 ms on
@@ -162,6 +163,20 @@ def test_a_slow_worker_is_replaced_and_the_step_rate_comes_back_within_a_minute(
     assert status.get("restarts", 0) == 0, f"a slow node is not charged: {summary(status)}"
     avoided = {n["node"]: n for n in status.get("avoidedNodes", [])}
     assert node in avoided and avoided[node]["reason"] == "SlowNode", status.get("avoidedNodes")
-    resumed = next(r for r in records if r["time"] > fault_time and r["host"] not in (rank0, victim))
+    resumed = back.first_after(fault_time, world_size=2)  # new processes: the group restarted with the replacement
+    assert resumed is not None, back
+    print(f"slow worker: back at full size with new processes {resumed['time'] - fault_time:.1f} s after the "
+          f"slowdown; {event_times(jobs, fault_time)}")
     record_recovery(f"slow worker {victim} (a tenth of a core)", resumed["time"] - fault_time, 2,
                     status.get("restarts"))
+
+
+def event_times(jobs, since: float,
+                reasons: tuple[str, ...] = ("SlowWorker", "StragglerReplaced", "StoppedAndSaved")) -> str:
+    """When the job's Events of these reasons came, in seconds after `since` (one-second resolution)."""
+    found = []
+    for event in jobs.core.list_namespaced_event(jobs.namespace).items:
+        when = event.event_time or event.last_timestamp or event.first_timestamp
+        if event.reason in reasons and when is not None:
+            found.append((when.timestamp() - since, event.reason))
+    return ", ".join(f"{reason} at {at:.1f} s" for at, reason in sorted(found))

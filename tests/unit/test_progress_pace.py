@@ -193,3 +193,23 @@ def test_the_operator_leaves_out_a_pace_out_of_range_but_keeps_the_reply():
              "pace": [{"pod": "w-0", "seconds": -1, "ranks": 1}, {"pod": "w-1", "seconds": 0.5, "ranks": 1}, "x"]}
     view = rendezvous_client.parse_state(json.dumps(reply).encode())
     assert view is not None and [p.pod for p in view.pace] == ["w-1"]
+
+
+def test_a_report_from_before_the_round_formed_is_dropped_and_does_not_come_back_unchanged():
+    """A slow pod replaced by one of the same name: the old process's last report, still under its rank's key,
+    must not make the new pod look slow (seen on real nodes: SlowWorker again right after the replacement)."""
+    reader = store_pace.PaceReader()
+    reader.take(0, report(0, 0.02, world=2), 100.0)
+    reader.take(1, report(1, 0.2, world=2), 100.0)
+    reader.forget_stale(103.0, round_began=102.0)  # the group restarted with the replacement at 102
+    assert reader.by_pod(103.0) == []
+    reader.take(1, report(1, 0.2, world=2), 105.0)  # the same bytes read again: still the old process's
+    assert reader.by_pod(105.0) == []
+    reader.take(1, report(1, 0.021, world=2, sentAt=4.0), 106.0)  # the new process writes
+    assert reader.by_pod(106.0) == [{"pod": "train-worker-1", "seconds": 0.021, "ranks": 1}]
+    reader.take(0, report(0, 0.02, world=2, sentAt=9.0), 200.0)
+    assert [p["pod"] for p in reader.by_pod(200.0)] == ["train-worker-0"]
+    reader.forget_stale(200.0 + store_pace.STALE_AFTER + 1)
+    reader.take(0, report(0, 0.02, world=2, sentAt=9.0), 200.0 + store_pace.STALE_AFTER + 2)
+    assert [p["pod"] for p in reader.by_pod(200.0 + store_pace.STALE_AFTER + 2)] == [], \
+        "a writer gone quiet stays gone"

@@ -100,9 +100,9 @@ def test_the_endpoint_is_unready_until_the_store_first_answered_then_ready(serve
 
 
 @pytest.mark.parametrize("verdict, code, says", [
-    ("silent", 503, "no answer from the rendezvous store at 10.96.0.7:29400 for 4 s: this pod is cut off"),
+    ("silent", 503, "no answer from the rendezvous store at 10.96.0.7:29400 for 3 s: this pod is cut off"),
     ("refused", 200, "ok: the rendezvous store at 10.96.0.7:29400 is gone for every agent (connection refused)"),
-    ("answers", 200, "ok: the rendezvous store at 10.96.0.7:29400 accepts connections but has not answered for 4 s"),
+    ("answers", 200, "ok: the rendezvous store at 10.96.0.7:29400 accepts connections but has not answered for 3 s"),
 ])
 def test_a_store_quiet_past_the_limit_makes_the_pod_unready_only_when_nothing_answers_its_connect(
         served, verdict, code, says):
@@ -142,13 +142,14 @@ def test_a_standalone_agent_is_ready_while_its_own_store_is_quiet():
 
 
 @pytest.mark.parametrize("conf, limit", [
-    ("is_host=false,keep_alive_interval=1,read_timeout=30", 3.0),
-    ("keep_alive_interval=2", 6.0),
-    ("is_host=false", 15.0),  # torch's own 5 s keep-alive
-    (None, 15.0),
-    ("keep_alive_interval=x", 15.0),
+    ("is_host=false,keep_alive_interval=1,read_timeout=30", 2.0),
+    ("keep_alive_interval=0.5", 2.0),
+    ("keep_alive_interval=2", 4.0),
+    ("is_host=false", 10.0),  # torch's own 5 s keep-alive
+    (None, 10.0),
+    ("keep_alive_interval=x", 10.0),
 ])
-def test_the_limit_is_three_keep_alives_and_never_under_three_seconds(conf, limit):
+def test_the_limit_is_two_keep_alives_and_never_under_two_seconds(conf, limit):
     assert health.limit(conf) == limit
 
 
@@ -183,7 +184,7 @@ def test_every_read_and_write_of_torchs_backend_counts_as_the_stores_answer(mast
     state = health.Health(("127.0.0.1", master.port))
     undo = health.watch(state, "keep_alive_interval=2")
     try:
-        assert state.limit == 6.0
+        assert state.limit == 4.0
         backend = c10d.C10dRendezvousBackend(master, "health")
         assert state.last is None  # the constructor seeds the key: no answer counted, nothing read yet
         backend.get_state()

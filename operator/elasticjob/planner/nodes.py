@@ -27,8 +27,9 @@ from elasticjob.planner.base import DeletePod, Event, Job, Plan, RoundFailure, s
 MAX_AVOIDED = 16
 # The kubelet's grace for a pod stopped because its node or its network is bad: its workers fail or are cut
 # off, so a planned stop (stopGraceSeconds, minutes with torchrun's own 30 s) could save nothing, and the job
-# waits for the pod to go before its replacement is made.
-BAD_POD_GRACE = 2
+# waits for the pod to go before its replacement is made. One second: the kubelet's own confirmation that the
+# containers stopped still comes before the name is free (no force deletion: a frozen process must be gone).
+BAD_POD_GRACE = 1
 WORKER_FAILED = "WorkerFailed"
 # SIGTERM is what an agent sends its own other workers once one failed: a consequence, never the cause.
 AGENT_SIGTERM = -15
