@@ -28,9 +28,11 @@ from typing import Any
 
 KEY_PREFIX = "elasticjob.pace."
 VERSION = 1
-# The latest forwards the median is taken over, and the fewest worth a report (a first forward warms caches).
+# The latest forwards the median is taken over, and the fewest worth a report. The first WARM_UP forwards of a
+# process are left out: they set up autograd's and the allocator's caches (a replacement looked slow at its start).
 WINDOW = 16
 MIN_SAMPLES = 4
+WARM_UP = 2
 # Seconds between two writes: the operator decides over its own window (spec.stragglers.windowSeconds, 15 s
 # and up), and a rank's report of 2 s ago is fresh enough for it.
 INTERVAL = 2.0
@@ -118,6 +120,7 @@ class Pace:
         self.rank, self.world, self.pod = rank, world, pod[:253]
         self._interval, self._wall = interval, wall
         self._samples: deque[float] = deque(maxlen=WINDOW)
+        self._skipped = 0
         self._lock = threading.Lock()
         self._timer: CpuTimer | CudaTimer | None = None
         self._stop = threading.Event()
@@ -144,9 +147,13 @@ class Pace:
 
     def took(self, seconds: float | None) -> None:
         """One forward's time (None: read later, from the GPU's events)."""
-        if seconds is not None:
-            with self._lock:
-                self._samples.append(seconds)
+        if seconds is None:
+            return
+        with self._lock:
+            if self._skipped < WARM_UP:
+                self._skipped += 1
+                return
+            self._samples.append(seconds)
 
     def report(self) -> dict[str, Any] | None:
         """What the next write says; None before MIN_SAMPLES forwards."""

@@ -238,11 +238,12 @@ class Control:
         with self.lock:
             self.progress.take(raw, self.now())
 
-    def read_pace(self) -> None:
-        """The ranks' pace keys, every pace.READ_EVERY seconds: rank 0's, then as many as its world names."""
-        now = self.now()
+    def read_pace(self, now: float, force: bool = False) -> None:
+        """The ranks' pace keys, every pace.READ_EVERY seconds (`force`: now): rank 0's, then as many as its world
+        names. Every report read at or before the latest round's completion is dropped: torchrun ended the
+        processes that wrote it, and it would stand for the new ones of the same pods (a replacement too)."""
         with self.lock:
-            if not self.pace.due(now):
+            if not self.pace.due(now) and not force:
                 return
         for _ in range(2):  # a first read learns the world size from rank 0, a second reads the rest
             with self.lock:
@@ -262,13 +263,15 @@ class Control:
         """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
         self.read_progress()
-        self.read_pace()
         self.take_requests()
         _, state = self.read()
         now = self.now()
         self.remove_departed(state, now)
         with self.lock:
             completed = self.tracker.observe(state, now)
+        # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
+        self.read_pace(now, force=completed is not None)
+        with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
                     self.pace.landmark(now))
         if seen != self._summary:

@@ -66,6 +66,8 @@ class PaceReader:
     def __init__(self) -> None:
         self._raw: dict[int, bytes] = {}
         self._reports: dict[int, tuple[dict[str, Any], float]] = {}
+        # The world each rank's key last named, dropped report or not: which keys to read.
+        self._worlds: dict[int, int] = {}
         self._read_at = -math.inf
 
     def due(self, now: float) -> bool:
@@ -75,9 +77,8 @@ class PaceReader:
         return True
 
     def ranks(self) -> range:
-        """The ranks to read: rank 0's, and as many as the largest world a fresh report names."""
-        worlds = [report["world"] for report, _ in self._reports.values()]
-        return range(min(max(worlds, default=1), MAX_RANKS))
+        """The ranks to read: rank 0's, and as many as the largest world a key names."""
+        return range(min(max(self._worlds.values(), default=1), MAX_RANKS))
 
     def take(self, rank: int, raw: bytes, now: float) -> None:
         if raw == self._raw.get(rank):
@@ -86,15 +87,17 @@ class PaceReader:
         report = check(raw)
         if report is None or report["rank"] != rank:
             self._reports.pop(rank, None)
+            self._worlds.pop(rank, None)
         else:
             self._reports[rank] = (report, now)
+            self._worlds[rank] = report["world"]
 
     def forget_stale(self, now: float, round_began: float | None = None) -> None:
-        """Drops the reports not renewed for STALE_AFTER, and those seen before the current round formed
-        (`round_began`): they are of processes the round's restart ended, whose pod, of the same name when a
-        replacement took its place, may now run another, faster one."""
+        """Drops the reports not renewed for STALE_AFTER, and those read at or before the current round formed
+        (`round_began`): they are of processes the round's restart ended, and their pod (or its replacement, of the
+        same name) now runs others."""
         for rank in [r for r, (_, seen) in self._reports.items()
-                     if now - seen > STALE_AFTER or (round_began is not None and seen < round_began)]:
+                     if now - seen > STALE_AFTER or (round_began is not None and seen <= round_began)]:
             del self._reports[rank]
 
     def by_pod(self, now: float) -> list[dict[str, Any]]:

@@ -104,7 +104,7 @@ def test_a_cut_off_worker_is_replaced_and_the_job_is_back_at_full_size_with_noth
     record_recovery(f"partition of {victim}: full size", full["time"] - fault_time, 2, status.get("restarts"))
     print(f"cut-off worker: alone {alone['time'] - fault_time:.1f} s, back at full size "
           f"{full['time'] - fault_time:.1f} s after the cut; "
-          f"{event_times(jobs, fault_time, ('Partitioned', 'CreatedWorker', 'NodeAvoided'))}")
+          f"{event_times(jobs, fault_time, ('Partitioned', 'CreatedWorker', 'Unhealthy', 'Killing', 'Scheduled', 'Started'))}")
 
 
 # Compute in each forward (examples/train_ddp.py --forward-matmuls): what a throttled CPU slows. About 15 ms on
@@ -177,6 +177,6 @@ def event_times(jobs, since: float,
     found = []
     for event in jobs.core.list_namespaced_event(jobs.namespace).items:
         when = event.event_time or event.last_timestamp or event.first_timestamp
-        if event.reason in reasons and when is not None:
-            found.append((when.timestamp() - since, event.reason))
-    return ", ".join(f"{reason} at {at:.1f} s" for at, reason in sorted(found))
+        if event.reason in reasons and when is not None and when.timestamp() >= since - 1:
+            found.append((when.timestamp() - since, f"{event.involved_object.name} {event.reason}"))
+    return ", ".join(f"{what} at {at:.1f} s" for at, what in sorted(found))

@@ -213,3 +213,40 @@ def test_a_report_from_before_the_round_formed_is_dropped_and_does_not_come_back
     reader.take(0, report(0, 0.02, world=2, sentAt=9.0), 200.0 + store_pace.STALE_AFTER + 2)
     assert [p["pod"] for p in reader.by_pod(200.0 + store_pace.STALE_AFTER + 2)] == [], \
         "a writer gone quiet stays gone"
+
+
+def test_the_reports_standing_when_a_round_forms_are_dropped_at_once_and_new_ones_taken(tcp_store):
+    """The store reads every key at the poll that sees a new round: what stands then was written by the processes
+    the round's restart ended (a slow pod's, under the name its replacement now has)."""
+    from store_states import A, B, make_state
+
+    from elasticjob_store import compat
+    from elasticjob_store.state import encode, state_key
+
+    clock = [1_900_000_000.0]
+    control = Control(tcp_store, "run-1", 1, 3, clock=lambda: clock[0], log=lambda _line: None,
+                      verdict=compat.Verdict("", True, "proven"))
+    tcp_store.set(state_key("run-1"), encode(make_state(round=1, complete=True, participants=(A, B))))
+    tcp_store.set(store_pace.key(0), report(0, 0.02, world=2))
+    tcp_store.set(store_pace.key(1), report(1, 0.2, world=2))
+    control.poll()
+    assert [p["pod"] for p in control.pace.by_pod(clock[0])] == [], "read as the round formed: dropped"
+    clock[0] += 0.25
+    tcp_store.set(store_pace.key(1), report(1, 0.2, world=2, sentAt=2.0))  # a process of round 1 writes
+    control.poll()
+    assert control.pace.by_pod(clock[0]) == [], "read every 2 s, not at each tick"
+    clock[0] += store_pace.READ_EVERY
+    control.poll()
+    assert [p["pod"] for p in control.pace.by_pod(clock[0])] == ["train-worker-1"]
+    tcp_store.set(state_key("run-1"), encode(make_state(round=2, complete=True, participants=(A, B))))
+    clock[0] += 0.25
+    control.poll()  # round 2: read at once, and what stood dropped
+    assert control.pace.by_pod(clock[0]) == []
+
+
+def test_a_process_s_first_forwards_are_left_out():
+    rank = worker_pace.Pace(lambda: None, rank=0, world=1, pod="w")
+    for seconds in (5.0, 5.0, *[0.01] * worker_pace.MIN_SAMPLES):
+        rank.took(seconds)
+    report_ = rank.report()
+    assert report_ is not None and report_["seconds"] == 0.01 and report_["samples"] == worker_pace.MIN_SAMPLES
