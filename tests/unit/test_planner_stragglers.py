@@ -109,11 +109,14 @@ def test_a_pod_that_catches_up_is_forgotten_and_a_new_window_starts_if_it_slows_
     ({"closed": True}, "the training is finishing"),
     ({"progress": ProgressView(step=5, stalled=True)}, "every rank waits: a peer is cut off, not slow"),
 ])
-def test_nothing_is_replaced_while_the_job_is_not_calm(fields, why):
+def test_nothing_is_replaced_while_the_job_is_not_calm_and_the_window_holds_until_it_is(fields, why):
     pace = paces(0.06, 0.02, 0.021)
     first = planner.plan(job(running_status(), **spec3()), seen(pace), NOW)
     later = planner.plan(again(first, **spec3()), seen(pace, **fields), NOW + timedelta(seconds=30))
-    assert deletes(later) == [] and later.status.straggler is None, why
+    assert deletes(later) == [], why
+    assert later.status.straggler == first.status.straggler, "held, not forgotten: the slow rank may stall it"
+    calm_again = planner.plan(again(later, **spec3()), seen(pace), NOW + timedelta(seconds=31))
+    assert [d.name for d in deletes(calm_again)] == ["train-worker-0"]
 
 
 def test_turned_off_or_a_higher_factor_replaces_nothing():

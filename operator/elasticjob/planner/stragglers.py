@@ -9,8 +9,8 @@ tell which rank is slow (it is the same everywhere); each rank's forward, which 
 Those times are the tenant's word, so what they can do is bounded: the pod they name must be one of the job's
 own running workers; it is replaced by deleting it (its agent asks for the planned stop an eviction gets, so
 every rank saves the same step, and nothing is charged), and a window passes between one suspicion and its
-replacement. Nothing is done while the job recovers from an incident, a planned stop is under way, or the
-round is not complete.
+replacement. Nothing is done while the job recovers from an incident, a planned stop is under way, the training
+stalls, or the round is not complete; a suspicion is held meanwhile, not forgotten.
 """
 
 from __future__ import annotations
@@ -57,8 +57,14 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
     """Notes a worker slower than the others (status.straggler, an Event), replaces it once it stayed so for the
     window, and forgets it once it is not (or is gone)."""
     spec, status = job.ref.spec.stragglers, plan.status
-    found = slowest(observed.store.pace, observed.workers, status.desired_replicas) \
-        if spec.enabled and calm(plan, observed) and observed.store is not None else None
+    if not spec.enabled:
+        status.straggler = None
+        return
+    if observed.store is None or not calm(plan, observed):
+        # Held, not forgotten: a slow rank stalls the training now and then itself (seen on real nodes: a CPU at a
+        # tenth of a core made the step stall past the store's limit, which restarted the window twice).
+        return
+    found = slowest(observed.store.pace, observed.workers, status.desired_replicas)
     if found is None or found[2] < spec.factor:
         recovered(plan, observed, found)
         return
