@@ -3,10 +3,13 @@
 The agents keep the whole rendezvous in one key, `torch.rendezvous.<run_id>`, as base64(pickle(_RendezvousState))
 (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py). Anyone who can reach the store's port can
 write that key, so a plain `pickle.loads` here would run whatever they wrote inside the pod that holds the
-control token. Decoding therefore (1) caps the size, (2) walks the opcodes without executing them, rejecting
-any opcode a real state does not use and any structure nested deeper than a real state (hashing a tuple nested
-a million deep overflows the C stack and kills the process), (3) unpickles with only the five globals a real
-state needs, and (4) checks the result's types and shape field by field.
+control token. Decoding therefore (1) caps the size, (2) walks the opcodes without executing them
+(pickle_walk.py), rejecting any opcode a real state does not use and bounding the work what they build would
+take: opcodes, nesting (hashing a tuple nested a million deep overflows the C stack and kills the process) and
+the size it expands to through memo references, (3) unpickles with only the five globals a real state needs,
+and (4) checks the result's types and shape field by field. Whatever else goes wrong on the way (MemoryError,
+RecursionError, a hostile object's own methods) is a StateError too, and no message quotes the bytes: the
+store refuses, logs and polls again, four times a second.
 
 The classes are torch's private ones: this module must run the agents' exact torch version, which it does
 because the rendezvous pod runs the worker image.
@@ -18,12 +21,13 @@ import base64
 import binascii
 import io
 import pickle
-import pickletools
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as NodeDesc
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState as RendezvousState
+
+from elasticjob_store.pickle_walk import StateError, check_structure
 
 __all__ = ["NodeDesc", "RendezvousState", "StateError", "NO_STATE", "state_key", "decode", "encode", "validate"]
 
@@ -31,9 +35,6 @@ __all__ = ["NodeDesc", "RendezvousState", "StateError", "NO_STATE", "state_key",
 NO_STATE = b"Y2FuaW1hZGFt"
 # A real state is about 120 bytes of base64 per node; 1 MiB is thousands of nodes.
 MAX_STATE_BYTES = 1 << 20
-MAX_OPCODES = 200_000
-# A real state nests 9 deep (state -> dict -> heartbeats dict -> datetime -> tzinfo -> timedelta -> ...).
-MAX_DEPTH = 32
 MAX_ADDR_CHARS = 255
 
 _RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
@@ -48,130 +49,10 @@ ALLOWED_GLOBALS = {
     ("datetime", "timedelta"): timedelta,
 }
 
-# Opcodes by their effect on the unpickler's stack, for the structural walk below. Together they are what
-# protocols 4 and 5 produce for a real state, plus the wider forms of the same ints, strings and bytes.
-# Each value is the kind of object the opcode pushes: the walk lets only dicts take items, only sets take
-# members, only instances take BUILD, and only classes be called. BUILD on a class would set attributes on
-# it (a crafted `_NodeDesc.__hash__ = None` breaks every later state until the process restarts).
-_LEAVES = {"NONE": "leaf", "NEWTRUE": "leaf", "NEWFALSE": "leaf", "BININT": "leaf", "BININT1": "leaf",
-           "BININT2": "leaf", "LONG1": "leaf", "SHORT_BINUNICODE": "leaf", "BINUNICODE": "leaf",
-           "SHORT_BINBYTES": "leaf", "BINBYTES": "leaf", "EMPTY_TUPLE": "tuple", "EMPTY_DICT": "dict",
-           "EMPTY_SET": "set"}
-_TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
-_CALLS = {"REDUCE", "NEWOBJ"}  # pop a class and its argument tuple, push an instance
-_NO_STACK = {"PROTO", "FRAME", "STOP"}
-_MEMO_PUT = {"MEMOIZE", "BINPUT", "LONG_BINPUT"}
-_MEMO_GET = {"BINGET", "LONG_BINGET"}
-_MARK = object()
-
-
-class StateError(ValueError):
-    """The bytes under the rendezvous key are not a state this program will touch."""
-
 
 def state_key(run_id: str) -> str:
     # Not prefixed: the agents' backend talks to the raw store (C10dRendezvousBackend._key).
     return "torch.rendezvous." + run_id
-
-
-def _check_structure(data: bytes) -> None:
-    """Walks the pickle's opcodes (no code runs) tracking what each object is and how deep it nests.
-
-    Each stack entry is a [depth, kind] list shared with the memo, so filling an object after it was memoised
-    (dicts are memoised empty, then filled) raises the depth seen through every reference to it, and a class
-    fetched back from the memo is still a class.
-    """
-    stack: list[Any] = []
-    memo: dict[int, list[Any]] = {}
-    try:
-        for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
-            if count >= MAX_OPCODES:
-                raise StateError(f"more than {MAX_OPCODES} pickle opcodes")
-            _step(op.name, arg, stack, memo)
-            if stack and stack[-1] is not _MARK and stack[-1][0] > MAX_DEPTH:
-                raise StateError(f"pickle nests deeper than {MAX_DEPTH} levels")
-    except StateError:
-        raise
-    except Exception as err:  # genops' own complaints about malformed input
-        raise StateError(f"malformed pickle: {err}") from None
-
-
-def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, list[Any]]) -> None:
-    if name in _NO_STACK:
-        return
-    if name in _LEAVES:
-        stack.append([0, _LEAVES[name]])
-    elif name == "MARK":
-        stack.append(_MARK)
-    elif name == "STACK_GLOBAL":
-        _pop(stack, 2)
-        stack.append([0, "class"])
-    elif name in _TUPLES:
-        stack.append([1 + _deepest(_pop(stack, _TUPLES[name])), "tuple"])
-    elif name == "TUPLE":
-        stack.append([1 + _deepest(_pop_to_mark(stack)), "tuple"])
-    elif name in _CALLS:
-        callee, args = _pop(stack, 2)
-        _expect(callee, "class", name)
-        _expect(args, "tuple", name)
-        stack.append([1 + args[0], "instance"])
-    elif name == "SETITEM":
-        items = _pop(stack, 2)
-        _fill(_expect(_top(stack, 0), "dict", name), items)
-    elif name == "BUILD":
-        items = _pop(stack, 1)
-        _fill(_expect(_top(stack, 0), "instance", name), items)
-    elif name in ("SETITEMS", "ADDITEMS"):
-        items = _pop_to_mark(stack)
-        _fill(_expect(_top(stack, 0), "dict" if name == "SETITEMS" else "set", name), items)
-    elif name in _MEMO_PUT:
-        memo[len(memo) if name == "MEMOIZE" else arg] = _top(stack, 0)
-    elif name in _MEMO_GET:
-        if arg not in memo:
-            raise StateError(f"pickle refers to memo entry {arg} that was never stored")
-        stack.append(memo[arg])
-    else:
-        raise StateError(f"pickle opcode {name} never appears in a rendezvous state")
-
-
-def _expect(entry: list[Any], kind: str, op: str) -> list[Any]:
-    if entry[1] != kind:
-        raise StateError(f"pickle applies {op} to a {entry[1]}, which a rendezvous state never does")
-    return entry
-
-
-def _pop(stack: list[Any], n: int) -> list[Any]:
-    if len(stack) < n or any(item is _MARK for item in stack[len(stack) - n:]):
-        raise StateError("malformed pickle: stack underflow")
-    items = stack[len(stack) - n:]
-    del stack[len(stack) - n:]
-    return items
-
-
-def _pop_to_mark(stack: list[Any]) -> list[Any]:
-    items = []
-    while stack and stack[-1] is not _MARK:
-        items.append(stack.pop())
-    if not stack:
-        raise StateError("malformed pickle: no mark")
-    stack.pop()
-    return items
-
-
-def _top(stack: list[Any], below: int) -> list[Any]:
-    # The object `below` entries under the top (before they are popped).
-    if len(stack) <= below or stack[-1 - below] is _MARK:
-        raise StateError("malformed pickle: stack underflow")
-    top: list[Any] = stack[-1 - below]
-    return top
-
-
-def _deepest(items: list[Any]) -> int:
-    return max((item[0] for item in items), default=0)
-
-
-def _fill(target: list[Any], items: list[Any]) -> None:
-    target[0] = max(target[0], 1 + _deepest(items))
 
 
 class _StateUnpickler(pickle.Unpickler):
@@ -179,10 +60,20 @@ class _StateUnpickler(pickle.Unpickler):
         try:
             return ALLOWED_GLOBALS[(module, name)]
         except KeyError:
-            raise StateError(f"pickle names {module}.{name}, which a rendezvous state never contains") from None
+            raise StateError(f"pickle names {_global_name(module, name)}, which a rendezvous state never "
+                             "contains") from None
 
     def persistent_load(self, pid: Any) -> Any:
         raise StateError("pickle uses persistent ids, which a rendezvous state never contains")
+
+
+def _global_name(module: object, name: object) -> str:
+    # What an attacker tried to run is worth a line in the log (the agents log it); the names are theirs, so
+    # only a short dotted identifier is repeated, never arbitrary text.
+    dotted = f"{module}.{name}" if type(module) is str and type(name) is str else ""
+    if len(dotted) <= 100 and all(part.isascii() and part.isidentifier() for part in dotted.split(".")):
+        return dotted
+    return "a global"
 
 
 def decode(raw: bytes) -> RendezvousState | None:
@@ -194,18 +85,22 @@ def decode(raw: bytes) -> RendezvousState | None:
     if len(raw) > MAX_STATE_BYTES:
         raise StateError(f"state is {len(raw)} bytes, more than the {MAX_STATE_BYTES} this program reads")
     try:
-        data = base64.b64decode(raw, validate=True)
-    except binascii.Error as err:
-        raise StateError(f"state is not base64: {err}") from None
-    _check_structure(data)
-    try:
-        state = _StateUnpickler(io.BytesIO(data)).load()
+        state = _load(raw)
     except StateError:
         raise
-    except Exception as err:  # anything the allowed constructors or hashing raise on hostile arguments
-        raise StateError(f"state does not unpickle: {type(err).__name__}: {err}") from None
+    except Exception as err:  # whatever else hostile bytes make the unpickler or hashing raise: refused the same
+        raise StateError(f"state does not unpickle: {type(err).__name__}") from None
     validate(state)
     return cast(RendezvousState, state)
+
+
+def _load(raw: bytes) -> object:
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except binascii.Error as err:
+        raise StateError(f"state is not base64: {err}") from None  # binascii's words name no byte
+    check_structure(data)
+    return _StateUnpickler(io.BytesIO(data)).load()
 
 
 def encode(state: RendezvousState) -> bytes:
@@ -220,35 +115,62 @@ _NODE_FIELDS = {"addr", "pid", "local_id"}
 
 
 def validate(state: object) -> None:
-    """Raises StateError unless `state` has exactly the fields and types torch's _RendezvousState has."""
+    """Raises StateError unless `state` has exactly the fields and types torch's _RendezvousState has.
+
+    Its messages name types, never values: a value is the writer's, and the repr of one (a tuple of 10**10
+    leaves by memo references) ran 67 s into MemoryError."""
+    try:
+        _check_state(state)
+    except StateError:
+        raise
+    except Exception as err:  # a hostile object's own methods (hash, eq) failing: refused like the rest
+        raise StateError(f"state fails its checks with {type(err).__name__}") from None
+
+
+def _check_state(state: object) -> None:
     if type(state) is not RendezvousState:
-        raise StateError(f"state is a {type(state).__name__}, not a _RendezvousState")
+        raise StateError(f"state is {_a(state)}, not a _RendezvousState")
     fields = vars(state)
-    if set(fields) != _STATE_FIELDS:
-        raise StateError(f"state has fields {sorted(fields)}, expected {sorted(_STATE_FIELDS)}")
+    _check_fields("state", fields, _STATE_FIELDS)
     if not _is_int(state.round) or state.round < 0:
-        raise StateError(f"round is {state.round!r}, not a non-negative int")
+        raise StateError(f"round is {_a(state.round)}, not a non-negative int")
     for name in ("complete", "closed"):
         if type(fields[name]) is not bool:
-            raise StateError(f"{name} is {fields[name]!r}, not a bool")
+            raise StateError(f"{name} is {_a(fields[name])}, not a bool")
     if state.deadline is not None:
         _check_time("deadline", state.deadline)
     if type(state.participants) is not dict:
-        raise StateError("participants is not a dict")
+        raise StateError(f"participants is {_a(state.participants)}, not a dict")
     for node, rank in state.participants.items():
         _check_node(node)
         if not _is_int(rank) or rank < 0:
-            raise StateError(f"rank of {node!r} is {rank!r}, not a non-negative int")
+            raise StateError(f"a participant's rank is {_a(rank)}, not a non-negative int")
     for name in ("wait_list", "redundancy_list"):
         if type(fields[name]) is not set:
-            raise StateError(f"{name} is not a set")
+            raise StateError(f"{name} is not a set but {_a(fields[name])}")
         for node in fields[name]:
             _check_node(node)
     if type(state.last_heartbeats) is not dict:
-        raise StateError("last_heartbeats is not a dict")
+        raise StateError(f"last_heartbeats is {_a(state.last_heartbeats)}, not a dict")
     for node, beat in state.last_heartbeats.items():
         _check_node(node)
-        _check_time(f"heartbeat of {node!r}", beat)
+        _check_time("a heartbeat", beat)
+
+
+def _a(value: object) -> str:
+    """What a value is, for a message: its type's name (the allowed globals' or a builtin's, never the
+    writer's), and whether an int is negative."""
+    if type(value) is int and value < 0:
+        return "a negative int"
+    name = type(value).__name__
+    return f"{'an' if name[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {name}"
+
+
+def _check_fields(what: str, fields: dict[Any, Any], expected: set[str]) -> None:
+    if fields.keys() != expected:
+        missing = sorted(expected - fields.keys())
+        unknown = len(fields.keys() - expected)
+        raise StateError(f"{what} has other fields than torch's: missing {missing}, {unknown} unknown")
 
 
 def _is_int(value: object) -> bool:
@@ -257,17 +179,17 @@ def _is_int(value: object) -> bool:
 
 def _check_node(node: object) -> None:
     if type(node) is not NodeDesc:
-        raise StateError(f"node is a {type(node).__name__}, not a _NodeDesc")
-    fields = vars(node)
-    if set(fields) != _NODE_FIELDS:
-        raise StateError(f"node has fields {sorted(fields)}, expected {sorted(_NODE_FIELDS)}")
+        raise StateError(f"node is {_a(node)}, not a _NodeDesc")
+    _check_fields("node", vars(node), _NODE_FIELDS)
     if type(node.addr) is not str or not node.addr or len(node.addr) > MAX_ADDR_CHARS:
         raise StateError("node address is not a short non-empty string")
     if not _is_int(node.pid) or not _is_int(node.local_id):
-        raise StateError(f"node {node.addr} has a pid or local id that is not an int")
+        raise StateError(f"a node's pid or local id is {_a(node.pid)} and {_a(node.local_id)}, not ints")
 
 
 def _check_time(what: str, value: object) -> None:
     # torch writes datetime.now(timezone.utc); a naive datetime would break its comparisons.
-    if type(value) is not datetime or type(value.tzinfo) is not timezone:
-        raise StateError(f"{what} is {value!r}, not a UTC datetime")
+    if type(value) is not datetime:
+        raise StateError(f"{what} is {_a(value)}, not a UTC datetime")
+    if type(value.tzinfo) is not timezone:
+        raise StateError(f"{what} is a datetime with {_a(value.tzinfo)} for its tzinfo, not a UTC datetime")
