@@ -16,7 +16,10 @@ emptyDir is mounted there) every save writes straight to the volume, as torch.sa
 
 State dicts: nested dicts, lists and tuples of dense tensors and plain values, as torch.save takes them and as
 `torch.distributed.checkpoint.state_dict.get_state_dict` returns them for a model that is not sharded. DTensor
-and ShardedTensor are out of scope (TypeError). Values other than tensors are pickled: see layout.py on trust.
+and ShardedTensor are out of scope (TypeError). Values other than tensors are kept in JSON with their types
+(tree.py), never pickled: a value JSON cannot hold is refused at save (TypeError naming its place in the state).
+Nothing in a checkpoint file runs code or sizes a write into memory: a file that does not hold up, or one of the
+old pickled format, is refused at load (CheckpointError); see layout.py on trust.
 
 Depends on torch and the standard library only; runs on the job image's Python (3.9 and up). It never imports
 the operator, and the operator never imports it: the kit copies it into the job's pods (elasticjob_kit).
@@ -28,8 +31,9 @@ import os
 from typing import Any
 
 from .checkpointer import Checkpointer, Loaded
+from .layout import CheckpointError
 
-__all__ = ["Checkpointer", "Loaded", "load", "save"]
+__all__ = ["CheckpointError", "Checkpointer", "Loaded", "load", "save"]
 
 _checkpointers: dict[tuple[str, str | None, str | None], Checkpointer] = {}
 

@@ -12,8 +12,9 @@ from typing import Any, NamedTuple
 
 from . import volume
 from .files import fill, map_tensors, read_tensors
-from .layout import Header, plan, rebuild
+from .layout import Header
 from .memory import Memory
+from .record import plan, rebuild
 
 MEMORY_ENV = "ELASTICJOB_CKPT_MEMORY_DIR"
 DEFAULT_MEMORY = "/dev/shm/elasticjob-ckpt"

@@ -1,25 +1,27 @@
 """One checkpoint as one file: a fixed header, the tensors' bytes, then a metadata record.
 
-    [0, 4096)             header: magic, committed flag, step, sequence, where the metadata is, total length
-    [4096, data_end)      each tensor's bytes, contiguous, at an offset aligned to 64
-    [meta_offset, total)  the metadata: the state dict with every tensor replaced by a TensorRef, and per tensor
-                          its offset, dtype and shape (pickle)
+    [0, 4096)             header: magic, format version, committed flag, step, sequence, where the metadata is,
+                          total length
+    [4096, meta_offset)   each tensor's bytes, contiguous, at an offset aligned to 64 (4096 from 1 MiB up)
+    [meta_offset, total)  the metadata, JSON (record.py): per tensor its offset, dtype name, shape and length;
+                          the state dict with each tensor replaced by its index and every other value tagged
+                          with its type (tree.py); the step and the volume directory
 
 The memory copy and the volume copy are the same bytes, so persisting is a plain file copy. The header is
 written last: a file whose header does not say committed is never read.
 
-The metadata is a pickle, and pickle runs code when loaded. It is written by the training script itself into
-the pod's own memory or the job's own volume, the same trust domain as the script: whoever can write there
-can already change the script. Do not load checkpoints from a source the job does not own.
+Trust: the files sit where others may write (a volume several jobs mount, a /dev/shm every container of the pod
+shares), so nothing in a file can run code or size a write into memory. The metadata is JSON, whose decoder
+builds only plain values and the few types tree.py names; every offset, length, dtype and shape is checked
+against the file before a byte is read (record.py). Version 1 files kept the metadata as a pickle, which runs
+code when loaded: they are refused, never read. Files are created 0600 and directories 0700 (files.py).
 """
 
 from __future__ import annotations
 
-import pickle
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -29,24 +31,27 @@ HEADER_SIZE = 4096  # the data starts on a page of its own
 ALIGN = 64
 PAGE = 4096
 MAP_MIN = 1 << 20  # tensors this big start on a page of their own: a load from memory maps them, copying nothing
-VERSION = 1
+VERSION = 2  # 2: JSON metadata
+PICKLED = 1  # the version whose metadata is a pickle: refused
+
+# The dtypes a tensor's bytes may be stored as, by name: every dense one torch has (the quantized and bit-packed
+# ones are not: a quantized tensor is refused at save, and a bits/intN tensor has no element size to check).
+TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "int64",
+                 "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool", "float8_e4m3fn",
+                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+# Every torch.dtype by its name, read from torch's namespace (not getattr: a name from a file selects nothing else).
+DTYPE_NAMES = {str(dtype).replace("torch.", "", 1): dtype for dtype in vars(torch).values()
+               if isinstance(dtype, torch.dtype)}
+DTYPES = {name: DTYPE_NAMES[name] for name in TENSOR_DTYPES if name in DTYPE_NAMES}  # older torch lacks some
 
 
-class TensorRef:
-    """Where a tensor stood in the state dict: its index in the metadata's tensor list."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self) -> tuple[type[TensorRef], tuple[int]]:
-        return (TensorRef, (self.index,))
+class CheckpointError(ValueError):
+    """A checkpoint file that is not loaded: an old format, or metadata that does not match its file."""
 
 
 class Entry(NamedTuple):
     offset: int
-    dtype: str  # torch.float32 -> "float32"
+    dtype: str  # torch.float32 -> "float32", a key of DTYPES
     shape: tuple[int, ...]
     nbytes: int
     parameter: bool  # an nn.Parameter comes back as one (requires_grad kept)
@@ -61,6 +66,7 @@ class Header:
     meta_offset: int
     meta_len: int
     total: int
+    version: int = VERSION
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, VERSION, int(self.committed), self.step, self.seq, self.meta_offset,
@@ -68,13 +74,14 @@ class Header:
 
     @staticmethod
     def unpack(raw: bytes) -> Header | None:
-        """None for anything that is not a header of ours (an empty or foreign file)."""
+        """None for anything that is not a header of ours (an empty or foreign file). A version 1 header comes
+        back as one, so that the reader can refuse it by name."""
         if len(raw) < HEADER.size:
             return None
         magic, version, committed, step, seq, meta_offset, meta_len, total = HEADER.unpack_from(raw)
-        if magic != MAGIC or version != VERSION:
+        if magic != MAGIC or version not in (PICKLED, VERSION):
             return None
-        return Header(bool(committed), step, seq, meta_offset, meta_len, total)
+        return Header(bool(committed), step, seq, meta_offset, meta_len, total, version)
 
 
 @dataclass
@@ -91,89 +98,22 @@ class Plan:
         return self.meta_offset + len(self.meta)
 
 
-def _check(tensor: torch.Tensor) -> None:
+def check_tensor(tensor: torch.Tensor, path: str) -> None:
+    """A tensor a checkpoint can hold: dense, with data, of a dtype in DTYPES."""
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-        raise TypeError(f"elasticjob_ckpt: a {type(tensor).__name__} is not supported (DTensor, ShardedTensor and "
-                        "other tensor subclasses are out of scope: use torch.distributed.checkpoint for them)")
+        raise TypeError(f"elasticjob_ckpt: {path} is a {type(tensor).__name__}, which is not supported (DTensor, "
+                        "ShardedTensor and other tensor subclasses are out of scope: use torch.distributed.checkpoint "
+                        "for them)")
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
-        raise TypeError(f"elasticjob_ckpt: only dense tensors with data are supported, not {tensor.layout} "
+        raise TypeError(f"elasticjob_ckpt: {path}: only dense tensors with data are supported, not {tensor.layout} "
                         f"{tensor.dtype} on {tensor.device}")
+    if dtype_name(tensor.dtype) not in DTYPES:
+        raise TypeError(f"elasticjob_ckpt: {path}: tensors of {tensor.dtype} are not supported")
 
 
-def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    """The same structure with each tensor replaced by a TensorRef; containers are copied, leaves kept."""
-    if isinstance(obj, torch.Tensor):
-        _check(obj)
-        tensors.append(obj)
-        return TensorRef(len(tensors) - 1)
-    if isinstance(obj, dict):
-        out = obj.copy()  # keeps the type: an OrderedDict, a defaultdict with its factory
-        if hasattr(obj, "__dict__"):  # a module's state_dict() carries _metadata (versions) as an attribute
-            out.__dict__.update(vars(obj))
-        for key, value in obj.items():
-            out[key] = _strip(value, tensors)
-        return out
-    if isinstance(obj, list):
-        return [_strip(item, tensors) for item in obj]
-    if isinstance(obj, tuple):
-        items = [_strip(item, tensors) for item in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
-
-
-def _fill(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, TensorRef):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            obj[key] = _fill(value, tensors)
-        return obj
-    if isinstance(obj, list):
-        return [_fill(item, tensors) for item in obj]
-    if isinstance(obj, tuple):
-        items = [_fill(item, tensors) for item in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
-
-
-def _aligned(offset: int, align: int) -> int:
-    return (offset + align - 1) // align * align
-
-
-def plan(state: Mapping[str, Any] | Any, step: int, directory: str) -> Plan:
-    """Lay a state dict out; the tensors' bytes are not touched here."""
-    tensors: list[torch.Tensor] = []
-    tree = _strip(state, tensors)
-    entries = []
-    offset = HEADER_SIZE
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        offset = _aligned(offset, PAGE if nbytes >= MAP_MIN else ALIGN)
-        entries.append(Entry(offset, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes,
-                             isinstance(tensor, torch.nn.Parameter), tensor.requires_grad))
-        offset += nbytes
-    offset = _aligned(offset, ALIGN)
-    meta = pickle.dumps({"tree": tree, "entries": entries, "step": step, "directory": directory},
-                        protocol=pickle.HIGHEST_PROTOCOL)
-    return Plan(tensors, entries, meta, offset)
-
-
-def decode(meta: bytes) -> dict[str, Any]:
-    """The metadata record; see the module's note on trust."""
-    record: dict[str, Any] = pickle.loads(meta)  # noqa: S301 - the pod's own file, see above
-    record["entries"] = [Entry(*entry) for entry in record["entries"]]
-    return record
-
-
-def rebuild(record: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
-    """The state dict of a decoded record, its TensorRefs replaced by the tensors read back."""
-    for index, entry in enumerate(record["entries"]):
-        if entry.parameter:
-            tensors[index] = torch.nn.Parameter(tensors[index], requires_grad=entry.requires_grad)
-    return _fill(record["tree"], tensors)
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "", 1)
 
 
 def dtype_of(entry: Entry) -> torch.dtype:
-    dtype = getattr(torch, entry.dtype)
-    assert isinstance(dtype, torch.dtype), entry.dtype
-    return dtype
+    return DTYPES[entry.dtype]

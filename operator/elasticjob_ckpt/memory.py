@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from pathlib import Path
 
 import torch
 
-from .files import Found, examine
+from .files import Found, examine, make_dirs, open_private
+from .layout import CheckpointError
 
 SLOTS = 2
 ROUND = 1 << 20  # slots grow in whole MiB, with one spare for the metadata of later saves
@@ -46,7 +48,7 @@ class Slot:
         """Room for `size` bytes, really allocated (tmpfs files are sparse otherwise): OSError (ENOSPC) when the
         directory's filesystem cannot hold it."""
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.fd = open_private(self.path, os.O_RDWR)
             self.capacity = os.fstat(self.fd).st_size
         if self.view is not None and size <= self.capacity:
             return
@@ -77,10 +79,18 @@ class Memory:
         self.slots = [Slot(directory / f"slot-{index}") for index in range(SLOTS)]
 
     def committed(self, volume: str) -> list[tuple[int, Found]]:
-        """The slots that hold a complete checkpoint for this volume directory, newest first."""
+        """The slots that hold a complete checkpoint for this volume directory, newest first. A slot refused
+        (CheckpointError: an old format, a file another container of the pod planted) is passed over, said on
+        stderr, and overwritten by the next save: the volume still holds what was saved, and a slot is only ever
+        a copy of it. Refusing the load instead would fail every rank of the job on a file in the pod's memory."""
         found = []
         for index, slot in enumerate(self.slots):
-            held = examine(slot.path)
+            try:
+                held = examine(slot.path)
+            except CheckpointError as refused:
+                print(f"{refused}; the memory copy is passed over (the volume's is loaded)", file=sys.stderr,
+                      flush=True)
+                continue
             if held is not None and held.record.get("directory") == volume:
                 found.append((index, held))
         return sorted(found, key=lambda item: (item[1].header.step, item[1].header.seq), reverse=True)
@@ -89,7 +99,7 @@ class Memory:
         """The target slot, once both fit: a state that fits once but not twice would fail at the second save
         (OSError ENOSPC, as the allocation's own). `renew`: replace its file by a new one first (the old one is
         lent out). The other slot is allocated by reserve_other, behind."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         if renew:
             self.slots[target].renew()
         missing = sum(max(0, rounded(size) - slot.held()) for slot in self.slots)

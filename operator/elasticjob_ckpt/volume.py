@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .files import Found, examine, fill, fsync_dir
+from .files import Found, examine, fill, fsync_dir, make_dirs, open_private
 from .layout import Header, Plan
 
 SUFFIX = ".ejckpt"
@@ -59,10 +59,10 @@ def _publish(partial: Path, final: Path) -> None:
 
 def persist(source: Path, header: Header, directory: Path, name: str) -> Path:
     """Copy a committed memory slot to the volume."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     final = final_path(directory, name, header.step)
     partial = final.with_name(final.name + PARTIAL)
-    with open(source, "rb") as src, open(partial, "wb") as dst:
+    with open(source, "rb") as src, os.fdopen(open_private(partial, os.O_WRONLY | os.O_TRUNC), "wb") as dst:
         offset = 0
         while offset < header.total:
             sent = copy_chunk(src.fileno(), dst.fileno(), offset, min(CHUNK, header.total - offset))
@@ -76,10 +76,10 @@ def persist(source: Path, header: Header, directory: Path, name: str) -> Path:
 
 def write_direct(plan: Plan, directory: Path, name: str, step: int, seq: int) -> Path:
     """Without a memory copy: the same file, written in the caller's time, as torch.save would."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     final = final_path(directory, name, step)
     partial = final.with_name(final.name + PARTIAL)
-    fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_private(partial, os.O_RDWR | os.O_TRUNC)
     try:
         os.ftruncate(fd, plan.total)
         view = torch.from_file(str(partial), shared=True, size=plan.total, dtype=torch.uint8)
