@@ -5,8 +5,9 @@ The agents keep the whole rendezvous in one key, `torch.rendezvous.<run_id>`, as
 write that key, so a plain `pickle.loads` here would run whatever they wrote inside the pod that holds the
 control token. Decoding therefore (1) caps the size, (2) walks the opcodes without executing them
 (pickle_walk.py), rejecting any opcode a real state does not use and bounding the work what they build would
-take: opcodes, nesting (hashing a tuple nested a million deep overflows the C stack and kills the process) and
-the size it expands to through memo references, (3) unpickles with only the five globals a real state needs,
+take: opcodes, nesting (hashing a tuple nested a million deep overflows the C stack and kills the process),
+the size it expands to through memo references, and keys that could share a hash (each insertion would then
+compare with every key before it), (3) unpickles with only the five globals a real state needs,
 and (4) checks the result's types and shape field by field. Whatever else goes wrong on the way (MemoryError,
 RecursionError, a hostile object's own methods) is a StateError too, and no message quotes the bytes: the
 store refuses, logs and polls again, four times a second.
@@ -27,7 +28,7 @@ from typing import Any, cast
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as NodeDesc
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState as RendezvousState
 
-from elasticjob_store.pickle_walk import StateError, check_structure
+from elasticjob_store.pickle_walk import NODE_GLOBAL, StateError, check_structure
 
 __all__ = ["NodeDesc", "RendezvousState", "StateError", "NO_STATE", "state_key", "decode", "encode", "validate"]
 
@@ -43,7 +44,7 @@ _RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 # opcode; no agent writes them, so they are refused.
 ALLOWED_GLOBALS = {
     (_RDZV_MODULE, "_RendezvousState"): RendezvousState,
-    (_RDZV_MODULE, "_NodeDesc"): NodeDesc,
+    NODE_GLOBAL: NodeDesc,  # the walk checks the kinds of its fields by this name
     ("datetime", "datetime"): datetime,
     ("datetime", "timezone"): timezone,
     ("datetime", "timedelta"): timedelta,
@@ -183,8 +184,9 @@ def _check_node(node: object) -> None:
     _check_fields("node", vars(node), _NODE_FIELDS)
     if type(node.addr) is not str or not node.addr or len(node.addr) > MAX_ADDR_CHARS:
         raise StateError("node address is not a short non-empty string")
-    if not _is_int(node.pid) or not _is_int(node.local_id):
-        raise StateError(f"a node's pid or local id is {_a(node.pid)} and {_a(node.local_id)}, not ints")
+    if not _is_int(node.pid) or not _is_int(node.local_id) or node.pid < 0 or node.local_id < 0:
+        raise StateError(f"a node's pid or local id is {_a(node.pid)} and {_a(node.local_id)}, not non-negative "
+                         "ints")
 
 
 def _check_time(what: str, value: object) -> None:

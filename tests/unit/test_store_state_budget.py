@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import pickletools
 import time
 
 import pytest
@@ -72,6 +73,36 @@ def _refused(raw: bytes, match: str) -> StateError:
     return caught.value
 
 
+def _long1(value: int) -> bytes:
+    encoded = value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)  # as the pickler writes it
+    return b"\x8a" + bytes([len(encoded)]) + encoded
+
+
+def _node(addr: bytes, pid: bytes, local_id: bytes = b"K\x00") -> bytes:
+    """A _NodeDesc as torch's pickler writes it (NEWOBJ, then BUILD with its fields), from its fields' opcodes;
+    _get(0) is the module _state_pickle memoises first."""
+    fields = _unicode(b"addr") + addr + _unicode(b"pid") + pid + _unicode(b"local_id") + local_id
+    return _get(0) + _unicode(b"_NodeDesc") + b"\x93)\x81}(" + fields + b"ub"
+
+
+def _participants(nodes: list[bytes]) -> bytes:
+    return b"}(" + b"".join(node + b"J" + rank.to_bytes(4, "little") for rank, node in enumerate(nodes)) + b"u"
+
+
+def _cancelling_pids(count: int) -> list[tuple[int, int]]:
+    """(pid, local_id) pairs under 2**61 - 1 whose nodes hash alike whatever the address: pid * P2 is t * 2**33,
+    which the tuple hash's rotation moves to the bottom bits untouched, and local_id * P2 takes P1 * t away."""
+    p1, p2, mod = 11400714785074694791, 14029467366897019727, 2**64  # tuple hash primes (Objects/tupleobject.c)
+    over_p2 = pow(p2, -1, mod)
+    pairs, t = [], 0
+    while len(pairs) < count:
+        t += 1
+        pid, local_id = (t << 33) * over_p2 % mod, -p1 * t * over_p2 % mod
+        if max(pid, local_id) < 2**61 - 1:  # below it, an int is its own hash
+            pairs.append((pid, local_id))
+    return pairs
+
+
 def _nodes(subnet: int, count: int) -> list[NodeDesc]:
     return [NodeDesc(f"10.{subnet}.{i // 256}.{i % 256}", 100_000 + i, 0) for i in range(count)]
 
@@ -89,6 +120,61 @@ def test_a_real_state_of_max_nodes_decodes_far_inside_the_budget(participants, w
     assert time.perf_counter() - start < 1.0
 
 
+def test_real_nodes_at_the_edges_of_their_ranges_decode_and_use_only_32_bit_ints():
+    # Linux pids reach 2**22 - 1 at most (PID_MAX_LIMIT); local_id counts handlers made in one process.
+    def nodes(subnet: int) -> list[NodeDesc]:
+        return [NodeDesc(f"worker-{subnet}-{i}.job.ns.svc.cluster.local", 2**22 - 1 - i, i) for i in range(1024)]
+
+    state = make_state(round=2**31 - 1, participants=nodes(1), waiting=nodes(2), redundant=nodes(3))
+    data = pickle.dumps(state)
+    assert {op.name for op, _, _ in pickletools.genops(data)}.isdisjoint({"LONG1", "LONG4"})
+    start = time.perf_counter()
+    assert fields(decode(_b64(data))) == fields(state)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("pairs", [
+    [(k * (2**61 - 1), 0) for k in range(1, 7001)],  # every pid hashes to 0
+    _cancelling_pids(7000),  # pid and local_id cancel in the tuple hash, whatever the address
+], ids=["pids of one hash", "pids and local ids that cancel"])
+def test_nodes_that_share_a_hash_are_refused_before_they_are_hashed(pairs):
+    # Each insertion compared with every node before it: 7,000 took 5.9 s and were accepted.
+    assert len({hash(NodeDesc("10.0.0.1", pid, local_id)) for pid, local_id in pairs[:100]}) == 1
+    nodes = [_node(_unicode(b"10.0.0.1"), _long1(pid), _long1(local_id)) for pid, local_id in pairs]
+    _refused(_b64(_state_pickle(participants=_participants(nodes))), "LONG1")
+
+
+@pytest.mark.parametrize("addr, pid, match", [
+    (b"J\xff\xff\xff\x7f", b"K\x01", "_NodeDesc an int addr"),  # the tuple hash would be the writer's to choose
+    (b"K\x01K\x02\x86", b"K\x01", "_NodeDesc a tuple addr"),
+    (b"N", b"K\x01", "_NodeDesc a constant addr"),
+    (_unicode(b"10.0.0.1"), b"K\x01K\x02\x86", "_NodeDesc a tuple pid"),
+    (_unicode(b"10.0.0.1"), b"J\xff\xff\xff\xff", "pid or local id is a negative int"),  # left to validate
+], ids=["int addr", "tuple addr", "None addr", "tuple pid", "negative pid"])
+def test_node_fields_of_kinds_torch_never_writes_are_refused(addr, pid, match):
+    _refused(_b64(_state_pickle(participants=_participants([_node(addr, pid)]))), match)
+
+
+def test_a_node_made_by_calling_its_class_is_refused():
+    # REDUCE runs __init__ with its arguments, which BUILD's check never sees.
+    node = _get(0) + _unicode(b"_NodeDesc") + b"\x93" + b"J\xff\xff\xff\x7fK\x01K\x00\x87R"
+    _refused(_b64(_state_pickle(participants=_participants([node]))), "by calling it")
+
+
+_TIMEDELTA = b"\x8c\x08datetime\x8c\x09timedelta\x93K\x01K\x02K\x03\x87R"  # timedelta(1, 2, 3)
+
+
+@pytest.mark.parametrize("value, match", [
+    (b"}" + b"K\x01K\x02K\x03\x87" + b"K\x00s", "a tuple a dict key"),
+    (b"\x8f(" + b"K\x01K\x02K\x03\x87" + b"\x90", "a tuple a dict key or set member"),
+    (b"}" + _TIMEDELTA + b"K\x00s", "an instance a dict key"),
+], ids=["tuple key", "tuple member", "timedelta key"])
+def test_keys_whose_hashes_a_writer_could_make_equal_are_refused(value, match):
+    # A tuple's hash, and a datetime's or timedelta's, is computed from ints alone, the same in every process:
+    # keys that share one can be searched for once and sent to every store.
+    _refused(_b64(_state_pickle(round=value)), match)
+
+
 @pytest.mark.parametrize("where", ["participants", "round"])
 def test_memo_references_that_expand_to_a_billion_leaves_are_refused_before_anything_is_built(where):
     # 32 ** 6: 10**9 leaves from 400 bytes. As a dict key the unpickler hashed all of them (8 s measured for
@@ -99,10 +185,11 @@ def test_memo_references_that_expand_to_a_billion_leaves_are_refused_before_anyt
 
 
 def test_the_budget_counts_an_object_again_for_every_place_it_is_put():
-    # One key of 90,000 leaves (300 references to a tuple of 300) in 4,000 dicts, left on the unpickler's stack
-    # under the state (STOP takes only the top): no object is bigger than the budget, but the unpickler hashes
-    # the key into every dict, 3.6 * 10**8 leaves.
-    dicts = (b"}" + _get(2) + b"K\x00s") * 4000  # _get(2): the last tuple _shared_tuples(300, 2, 0) memoises
+    # One value of 90,000 leaves (300 references to a tuple of 300) in 4,000 dicts, left on the unpickler's stack
+    # under the state (STOP takes only the top): no object is bigger than the budget, but the 4,000 places hold
+    # 3.6 * 10**8 leaves to check or compare. (As a key the unpickler hashed them all; tuple keys are refused
+    # now, see test_keys_whose_hashes_a_writer_could_make_equal_are_refused.)
+    dicts = (b"}K\x00" + _get(2) + b"s") * 4000  # _get(2): the last tuple _shared_tuples(300, 2, 0) memoises
     under = b"\x80\x04" + _shared_tuples(300, 2, first=0) + dicts
     _refused(_b64(under + _state_pickle()[2:]), "expands to more than")
 
@@ -140,7 +227,7 @@ def test_messages_never_quote_what_was_written(data, match):
 
 def test_a_node_whose_fields_are_wrong_is_named_by_types():
     node = NodeDesc("10.0.0.1", "x" * 100_000, 0)
-    error = _refused(_b64(pickle.dumps(make_state(participants=[node]))), "pid or local id is a str")
+    error = _refused(_b64(pickle.dumps(make_state(participants=[node]))), "_NodeDesc a str pid")
     assert "xxxx" not in str(error) and "10.0.0.1" not in str(error)
 
 
