@@ -10,10 +10,11 @@ through a planned stop, uncharged, at most once per window of the job's own spec
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from typing import Any
+
+from elasticjob_store.progress import versioned
 
 # elasticjob_progress.pace.KEY_PREFIX (a unit test keeps the two equal).
 KEY_PREFIX = "elasticjob.pace."
@@ -38,13 +39,8 @@ def key(rank: int) -> str:
 
 def check(raw: bytes) -> dict[str, Any] | None:
     """The report in `raw`, every field checked; None when any is wrong (a pace without its pod says nothing)."""
-    if not raw or len(raw) > MAX_BYTES:
-        return None
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(body, dict) or body.get("v") != 1:
+    body = versioned(raw, MAX_BYTES)
+    if body is None:
         return None
     pod, rank, world = body.get("pod"), body.get("rank"), body.get("world")
     seconds: Any = body.get("seconds")

@@ -51,16 +51,23 @@ def _mark(value: Any) -> dict[str, Any] | None:
     return None if step is None or at is None else {"step": step, "at": at}
 
 
-def check(raw: bytes) -> dict[str, Any] | None:
-    """The report in `raw`, every field checked (a bad field is dropped, not the report); None when it is no
-    report at all: too large, not JSON, not an object, or of another version."""
-    if len(raw) > MAX_BYTES:
+def versioned(raw: bytes, max_bytes: int) -> dict[str, Any] | None:
+    """The JSON object of version 1 in `raw`, of at most `max_bytes`; None for anything else. What a training's
+    report under a key of the store is, before its fields are checked (here, and pace.py)."""
+    if len(raw) > max_bytes:
         return None
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(body, dict) or body.get("v") != 1:
+    return body if isinstance(body, dict) and body.get("v") == 1 else None
+
+
+def check(raw: bytes) -> dict[str, Any] | None:
+    """The report in `raw`, every field checked (a bad field is dropped, not the report); None when it is no
+    report at all: too large, not JSON, not an object, or of another version."""
+    body = versioned(raw, MAX_BYTES)
+    if body is None:
         return None
     pod = body.get("pod")
     seconds = _time(body.get("stepSeconds"))
