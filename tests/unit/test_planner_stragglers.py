@@ -139,3 +139,21 @@ def test_the_slowest_of_two_is_compared_with_the_other():
     result = planner.plan(job(running_status()), observed([rdzv(), worker(0), worker(1)],
                                                           store=store(pace=paces(0.02, 0.05))), NOW)
     assert result.status.straggler.pod == "train-worker-1"
+
+
+def test_a_pod_slower_than_the_store_looks_for_but_under_the_factor_is_looked_at_again_soon():
+    """The store's long-poll answers when which pod is 1.5 times slower changes, not when its factor passes 2: a
+    pod slow at its start, noted, caught up to 1.6 times, then slowed again, must be seen without a new answer."""
+    near = planner.plan(job(running_status(), **spec3()), seen(paces(0.032, 0.02, 0.021)), NOW)
+    assert near.status.straggler is None and near.requeue_after <= 4
+    far = planner.plan(job(running_status(), **spec3()), seen(paces(0.022, 0.02, 0.021)), NOW)
+    assert far.requeue_after > 4, "nothing near slow: no extra look"
+
+
+def test_the_planner_and_the_store_look_from_the_same_factor():
+    from elasticjob.models import StragglerSpec
+    from elasticjob.planner import stragglers
+    from elasticjob_store import pace
+
+    assert stragglers.LOOK_FACTOR == pace.LOOK_FACTOR == StragglerSpec.model_fields["factor"].metadata[0].ge
+    assert stragglers.LOOK_AGAIN == 2 * pace.READ_EVERY
