@@ -14,7 +14,7 @@ from pathlib import Path
 
 from elasticjob import crd
 from elasticjob.controller.loops import CONCURRENT_RECONCILES
-from elasticjob.convert import ConversionError, convert_text
+from elasticjob.convert import ConversionError, InputError, convert_text
 from elasticjob.domain import Settings
 from elasticjob.lease import Where
 from elasticjob.rendezvous_client import check_key
@@ -151,7 +151,10 @@ def run_operator(args: argparse.Namespace) -> None:
 def convert_file(path: str) -> int:
     try:
         result = convert_text(sys.stdin.read() if path == "-" else Path(path).read_text())
-    except (ConversionError, OSError) as error:
+    except InputError as error:  # no PyTorchJob as its API defines it (a type, an alias, its size): a usage error
+        print(f"elasticjob convert: {path}: {error}", file=sys.stderr)
+        return 2
+    except (ConversionError, OSError) as error:  # a job this operator would run differently: said, not changed
         print(f"elasticjob convert: {path}: {error}", file=sys.stderr)
         return 1
     for warning in result.warnings:

@@ -8,7 +8,10 @@ The rules are client-go's (k8s.io/client-go/tools/leaderelection), which every k
   before any candidate's `duration` can have run out, because that candidate saw the renewal no sooner;
 - every write carries the resourceVersion it was decided from, so of two candidates racing for one Lease the
   API server accepts one and answers 409 to the other;
-- a leader that stops cleanly empties holderIdentity: a candidate takes an empty Lease at once.
+- a leader that stops cleanly empties holderIdentity: a candidate takes an empty Lease at once;
+- unlike client-go, the holder's leaseDurationSeconds is trusted only up to `TRUST_FACTOR` times our own, and
+  renewTime is never read as a time (only compared, as part of the record): anyone who can write the Lease
+  could otherwise set a duration of years and keep every replica from taking over after that holder is gone.
 The I/O loop around these is controller/leader.py.
 """
 
@@ -22,6 +25,11 @@ from typing import Any
 
 API_VERSION = "coordination.k8s.io/v1"
 PLURAL = "leases"
+# How much longer than our own duration another holder's written duration is waited for. Above 1 so that a
+# replica configured longer than us (a rollout that changes the timing) is still waited for; bounded so that
+# a stray or hostile writer delays a takeover by at most this factor (60 s with the default 10 s). A replica
+# configured more than this much longer than us could be taken over while it still acts: keep timings close.
+TRUST_FACTOR = 6.0
 
 
 @dataclass(frozen=True)
@@ -78,9 +86,19 @@ def decide(lease: dict[str, Any] | None, identity: str, seen: Seen | None, now: 
         return Verdict.RENEW, seen
     if not owner:
         return Verdict.TAKE, seen
-    # The holder's own duration, as it wrote it: a leader configured longer than us is waited for that long.
-    duration = float((lease.get("spec") or {}).get("leaseDurationSeconds") or timing.duration)
+    duration = _held_duration((lease.get("spec") or {}).get("leaseDurationSeconds"), timing)
     return (Verdict.TAKE if now - seen.at >= duration else Verdict.WAIT), seen
+
+
+def _held_duration(written: Any, timing: Timing) -> float:
+    """How long to wait out the holder's record: its own leaseDurationSeconds, capped at TRUST_FACTOR times ours.
+
+    A value that is not a positive finite number (absent, zero, negative, a string, NaN) counts as ours: taking
+    at once on a negative duration would let a writer hand leadership around, and a ValueError would stop the
+    election loop (controller/leader.py)."""
+    if isinstance(written, bool) or not isinstance(written, int | float) or not 0 < written < float("inf"):
+        return timing.duration
+    return min(float(written), TRUST_FACTOR * timing.duration)
 
 
 def still_leading(renewed_at: float, now: float, timing: Timing) -> bool:

@@ -276,7 +276,8 @@ def test_a_file_without_a_pytorchjob_is_refused():
 
 def test_the_command_prints_the_elasticjob_and_warns_on_stderr(tmp_path, capsys):
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(pytorchjob(workers=(1, PYTHON_DDP), master=PYTHON_DDP)))
+    # Two copies: safe_dump writes one object used twice as an anchor and an alias, which convert refuses.
+    path.write_text(yaml.safe_dump(pytorchjob(workers=(1, PYTHON_DDP), master=copy.deepcopy(PYTHON_DDP))))
     assert main(["convert", str(path)]) == 0
     out, err = capsys.readouterr()
     (document,) = yaml.safe_load_all(out)

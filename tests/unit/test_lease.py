@@ -7,7 +7,18 @@ from datetime import UTC, datetime
 
 import pytest
 
-from elasticjob.lease import Seen, Timing, Verdict, Where, claim, decide, micro_time, released, still_leading
+from elasticjob.lease import (
+    TRUST_FACTOR,
+    Seen,
+    Timing,
+    Verdict,
+    Where,
+    claim,
+    decide,
+    micro_time,
+    released,
+    still_leading,
+)
 
 T = Timing(duration=10, renew_every=2, retry_every=1, renew_deadline=8)
 ME, OTHER = "me", "other"
@@ -92,3 +103,30 @@ def test_released_empties_the_holder_of_our_lease_only():
     assert decide(body, OTHER, None, 0.0, T)[0] is Verdict.TAKE
     assert released(lease(OTHER), ME, NOW) is None
     assert released(None, ME, NOW) is None
+
+
+def test_a_huge_written_duration_is_waited_for_only_up_to_the_cap():
+    """Another writer's leaseDurationSeconds of 10**9 must not keep us from ever taking over (issue 52)."""
+    huge = lease(OTHER, duration=10**9)
+    first = seen_at(huge, 100.0)
+    cap = TRUST_FACTOR * T.duration
+    assert decide(huge, ME, first, 100.0 + cap - 0.1, T)[0] is Verdict.WAIT
+    assert decide(huge, ME, first, 100.0 + cap, T)[0] is Verdict.TAKE
+
+
+@pytest.mark.parametrize("written", [0, -5, -10**9, "forever", "30", None, True, float("nan"), float("inf"),
+                                     [30], {"s": 30}])
+def test_a_written_duration_that_is_no_positive_number_counts_as_ours(written):
+    bad = lease(OTHER, duration=written)
+    first = seen_at(bad, 100.0)
+    assert decide(bad, ME, first, 100.0 + T.duration - 0.1, T)[0] is Verdict.WAIT
+    assert decide(bad, ME, first, 100.0 + T.duration, T)[0] is Verdict.TAKE
+
+
+@pytest.mark.parametrize("renew", ["9999-12-31T23:59:59.999999Z", "-0001-01-01T00:00:00Z", "", "soon", -1,
+                                   10**18, None])
+def test_a_written_renew_time_is_only_compared_never_trusted(renew):
+    odd = lease(OTHER, renew=renew)
+    first = seen_at(odd, 100.0)
+    assert decide(odd, ME, first, 100.0 + T.duration - 0.1, T)[0] is Verdict.WAIT
+    assert decide(odd, ME, first, 100.0 + T.duration, T)[0] is Verdict.TAKE

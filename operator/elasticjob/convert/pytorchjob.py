@@ -73,8 +73,8 @@ def _replicas(specs: Any) -> tuple[dict[str, Any], int, str]:
     if unknown:
         raise ConversionError(f"replica types {', '.join(unknown)} are not Master or Worker")
     master, worker = specs.get("Master"), specs.get("Worker")
-    if master is not None and master.get("replicas", 1) != 1:
-        raise ConversionError(f"Master has {master.get('replicas')} replicas: a PyTorchJob has one Master")
+    if master is not None and _count(master) != 1:
+        raise ConversionError(f"Master has {_count(master)} replicas: a PyTorchJob has one Master")
     if master is not None and worker is not None:
         differences = _differences(master.get("template") or {}, worker.get("template") or {})
         if differences:
@@ -84,12 +84,18 @@ def _replicas(specs: Any) -> tuple[dict[str, Any], int, str]:
                                   "runs one template for every pod (rank 0 is whichever joins first): make them "
                                   "the same")
     present = [s for s in (master, worker) if s is not None]
-    total = sum(int(s.get("replicas", 1)) for s in present)
+    total = sum(_count(s) for s in present)
     if total < 1:
         raise ConversionError("Master and Worker have 0 replicas in all: nothing to run")
     policies = {s.get("restartPolicy") or "OnFailure" for s in present}  # OnFailure: the PyTorchJob default
     restart = next((p for p in ("Never", "ExitCode") if p in policies), policies.pop())
     return (worker or master or {}).get("template") or {}, total, restart
+
+
+def _count(replica: dict[str, Any]) -> int:
+    """A replica spec's replicas; unset or null is 1, as the training operator defaults it."""
+    replicas = replica.get("replicas")
+    return 1 if replicas is None else int(replicas)
 
 
 def _differences(master: Any, worker: Any, path: str = "") -> list[str]:
@@ -134,7 +140,7 @@ def _nproc(spec: dict[str, Any], elastic: dict[str, Any], worker: launch.Launch,
                          "the operator's auto starts one per GPU the container requests, else 1: set nprocPerNode "
                          "to a number for more")
         return None
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ConversionError(f"nprocPerNode {text!r} has no equivalent: use a whole number of processes per pod, "
                               "or auto (one per GPU the container requests, else 1)")
     return int(text)
@@ -156,10 +162,16 @@ def _max_restarts(elastic: dict[str, Any], run_policy: dict[str, Any], restart: 
     if backoff is not None:
         return int(backoff)
     if "max-restarts" in flags:
-        return int(flags["max-restarts"])
+        return _whole_flag("max-restarts", flags["max-restarts"])
     notes.append("no runPolicy.backoffLimit: the PyTorchJob restarted failed pods without limit; maxRestarts "
                  "stays at its default 3")
     return None
+
+
+def _whole_flag(name: str, value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise ConversionError(f"the command's --{name} {value!r} is not a whole number")
+    return int(value)
 
 
 def _rendezvous(elastic: dict[str, Any], notes: list[str]) -> dict[str, Any]:
