@@ -66,7 +66,20 @@ def test_a_pod_three_times_slower_is_noted_then_replaced_after_the_window_and_it
     assert (stop.name, stop.grace_seconds, stop.event.reason) == ("train-worker-0", None, "StragglerReplaced")
     avoided, = done.status.avoided_nodes
     assert (avoided.node, avoided.reason) == (SLOW_NODE, "SlowNode")
-    assert (done.status.restarts, done.status.straggler) == (0, None)
+    assert done.status.restarts == 0 and done.status.straggler.replaced
+
+
+def test_after_the_replacement_the_old_pod_is_not_noted_again_and_its_successor_is_judged_afresh():
+    pace = paces(0.06, 0.02, 0.021)
+    done = watch(pace, [10, 15])
+    cache_late = planner.plan(again(done, **spec3()), seen(pace), NOW + timedelta(seconds=16))
+    assert deletes(cache_late) == [] and "SlowWorker" not in reasons(cache_late), "the deletion not seen yet"
+    successor = [rdzv(), worker(0, node="node-9", uid="uid-w0-new"), worker(1, node="node-1"),
+                 worker(2, node="node-2")]
+    gone = planner.plan(again(cache_late, **spec3()), observed(successor, store=store(nodes=3, pace=pace)),
+                        NOW + timedelta(seconds=30))
+    assert gone.status.straggler.uid == "uid-w0-new" and "SlowWorker" in reasons(gone), "a new pod, a new window"
+    assert deletes(gone) == []
 
 
 def test_the_same_answer_twice_does_not_restart_the_window_nor_repeat_the_event():

@@ -83,6 +83,8 @@ class Straggler(Model):
                           "when last seen.")
     seconds: float = Field(description="Its forward time (the slowest of its ranks), in seconds, when last seen.")
     since: str = Field(description="Since when it has been that slow (RFC 3339, UTC).")
+    uid: str | None = Field(None, description="The pod's uid.")
+    replaced: bool = Field(False, description="The pod was deleted for it; kept until that pod is gone.")
 
 
 class RendezvousStatus(Model):

@@ -65,6 +65,8 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
     if not spec.enabled:
         status.straggler = None
         return
+    if replaced_and_still_seen(plan, observed):
+        return
     if observed.store is None or not calm(plan, observed):
         # Held, not forgotten: a slow rank stalls the training now and then itself (seen on real nodes: a CPU at a
         # tenth of a core made the step stall past the store's limit, which restarted the window twice).
@@ -80,9 +82,9 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
         return
     pod, pace, factor = found
     known = status.straggler
-    if known is None or known.pod != pod.name:
+    if known is None or known.pod != pod.name or known.uid not in (None, pod.uid):
         status.straggler = Straggler(pod=pod.name, node=pod.node, factor=round(factor, 2), seconds=pace.seconds,
-                                     since=stamp(now))
+                                     since=stamp(now), uid=pod.uid)
         plan.warn("SlowWorker", f"pod {pod.name} (node {pod.node}) takes {pace.seconds:.3g}s per forward, "
                   f"{factor:.1f} times the median of the other workers': it is replaced if it stays so for "
                   f"{spec.window_seconds}s (spec.stragglers)")
@@ -96,6 +98,18 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
     replace(plan, job, pod, known, now)
 
 
+def replaced_and_still_seen(plan: Plan, observed: Observed) -> bool:
+    """The straggler was deleted and its pod is still seen: nothing is noted (seen on real nodes: the next plan,
+    before the cache showed the deletion, noted the same pod slow again). Forgotten once the pod is gone."""
+    known = plan.status.straggler
+    if known is None or not known.replaced:
+        return False
+    if any(p.uid == known.uid for p in observed.workers):
+        return True
+    plan.status.straggler = None
+    return False
+
+
 def replace(plan: Plan, job: Job, pod: PodView, known: Straggler, now: datetime) -> None:
     why = (f"pod {pod.name} stayed {known.factor:.1f} times slower than the other workers for "
            f"{job.ref.spec.stragglers.window_seconds}s or more ({known.seconds:.3g}s per forward)")
@@ -103,7 +117,7 @@ def replace(plan: Plan, job: Job, pod: PodView, known: Straggler, now: datetime)
     plan.act(DeletePod(pod.name, pod.uid, event=Event(
         "Warning", "StragglerReplaced", f"{why}: deleting it (a training that asks should_stop() saves a step "
         f"first); its replacement avoids node {pod.node}")))
-    plan.status.straggler = None
+    known.replaced, known.uid = True, pod.uid
 
 
 def recovered(plan: Plan, observed: Observed, found: Found | None) -> None:
