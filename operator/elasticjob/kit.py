@@ -46,11 +46,11 @@ HEALTH_PORT = 29409
 HEALTH_ENV = "ELASTICJOB_HEALTH_PORT"
 HEALTH_PATH = "/healthz"
 # A cut-off agent answers 503 within 2.5 s of its last store answer (health.py: two keep-alives, then a connect
-# that gets no answer); one failed probe then makes the pod not Ready, about 3 s after the cut. One is enough:
-# the endpoint's verdict already spans seconds of silence, and a pod not Ready is stopped only when the store
-# too says its agent is silent (planner/recovery.py).
+# that gets no answer); two failed probes a second apart then make the pod not Ready, about 4 s after the cut.
+# Not one: a pod whose CPU is throttled answers a probe late now and then, and its agent, late with a heartbeat
+# too, was taken out of the round for it (seen on real nodes with a worker at a tenth of a core).
 HEALTH_PROBE = {"httpGet": {"path": HEALTH_PATH, "port": HEALTH_PORT}, "periodSeconds": 1, "timeoutSeconds": 1,
-                "failureThreshold": 1, "successThreshold": 1}
+                "failureThreshold": 2, "successThreshold": 1}
 COMMAND_REASONS = ("NoCommand", "CommandNotTorchrun", "TorchrunRunsCold")
 
 

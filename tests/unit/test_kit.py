@@ -79,7 +79,7 @@ def test_a_warm_worker_is_ready_while_its_agent_hears_from_the_store_unless_its_
     pod = builders.worker_pod(ref(), 0, "10.96.0.1:29400", kit_image=IMAGE)
     (worker_,) = pod["spec"]["containers"]
     assert worker_["readinessProbe"] == {"httpGet": {"path": "/healthz", "port": kit.HEALTH_PORT},
-                                         "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 1,
+                                         "periodSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2,
                                          "successThreshold": 1}
     assert {"name": "ELASTICJOB_HEALTH_PORT", "value": str(kit.HEALTH_PORT)} in worker_["env"]
     own = {"exec": {"command": ["true"]}}
