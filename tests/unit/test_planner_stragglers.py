@@ -170,3 +170,9 @@ def test_the_planner_and_the_store_look_from_the_same_factor():
 
     assert stragglers.LOOK_FACTOR == pace.LOOK_FACTOR == StragglerSpec.model_fields["factor"].metadata[0].ge
     assert stragglers.LOOK_AGAIN == 2 * pace.READ_EVERY
+
+
+def test_while_the_job_is_not_calm_a_slow_pod_is_looked_at_again_soon():
+    result = planner.plan(job(running_status(), **spec3()),
+                          seen(paces(0.06, 0.02, 0.021), progress=ProgressView(step=5, stalled=True)), NOW)
+    assert result.status.straggler is None and result.requeue_after <= 4

@@ -67,18 +67,18 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
         return
     if replaced_and_still_seen(plan, observed):
         return
-    if observed.store is None or not calm(plan, observed):
+    found = slowest(observed.store.pace, observed.workers, status.desired_replicas) if observed.store else None
+    if found is not None and found[2] >= LOOK_FACTOR:
+        # The store wakes the operator when which pod is LOOK_FACTOR slower changes, not when its factor passes the
+        # spec's, nor when the job turns calm again: looked at every two reads of the paces meanwhile (seen on real
+        # nodes: a pod slow from its start, or held while the job was not calm, was looked at again 25 s late).
+        plan.soon(LOOK_AGAIN)
+    if not calm(plan, observed):
         # Held, not forgotten: a slow rank stalls the training now and then itself (seen on real nodes: a CPU at a
         # tenth of a core made the step stall past the store's limit, which restarted the window twice).
         return
-    found = slowest(observed.store.pace, observed.workers, status.desired_replicas)
     if found is None or found[2] < spec.factor:
         recovered(plan, observed, found)
-        if found is not None and found[2] >= LOOK_FACTOR:
-            # The store wakes the operator when which pod is LOOK_FACTOR slower changes, not when that pod's
-            # factor passes the spec's (the store does not know it): seen on real nodes, a pod slow at its start,
-            # noted and recovered, then throttled, was never looked at again. Looked at every two reads meanwhile.
-            plan.soon(LOOK_AGAIN)
         return
     pod, pace, factor = found
     known = status.straggler
