@@ -245,12 +245,13 @@ class Control:
         with self.lock:
             if not self.pace.due(now) and not force:
                 return
-        for _ in range(2):  # a first read learns the world size from rank 0, a second reads the rest
+        done = 0
+        for _ in range(2):  # a first read learns the world size from rank 0, a second reads the ranks past it
             with self.lock:
                 ranks = self.pace.ranks()
             with self._store_lock:
                 found = [(r, self._store.get(pace.key(r)) if self._store.check([pace.key(r)]) else b"")
-                         for r in ranks]
+                         for r in ranks[done:]]
             with self.lock:
                 for rank, raw in found:
                     self.pace.take(rank, raw, now)
@@ -258,6 +259,7 @@ class Control:
                 self.pace.forget_stale(now, began)
                 if self.pace.ranks() == ranks:
                     return
+            done = len(ranks)
 
     def poll(self) -> None:
         """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
