@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,9 +56,13 @@ STORE_TIMEOUT = 5.0
 # At the interpreter's exit, the last report is given this long to go out.
 EXIT_TIMEOUT = 1.0
 # After stopped(), the process waits this long for the operator to end it (it removes the pods or restarts the
-# group as soon as every rank stopped), then leaves with exit code 1: the group restarts from the checkpoint. An
-# exit 0 would not do: torchrun's agents take it for the training's end and close the rendezvous.
+# group as soon as every rank stopped), then leaves with exit code STOP_EXPIRED_EXIT and one line on stderr: the
+# group restarts from the checkpoint. An exit 0 would not do: torchrun's agents take it for the training's end and
+# close the rendezvous. The code is the operator's sign (elasticjob/observe.py keeps the same number) that the
+# training did nothing wrong: the stop it saved was not followed up (a stop written by someone who reached the
+# store, or the operator's own, left unfinished), which it books StopExpired, not charged.
 HOLD = 600.0
+STOP_EXPIRED_EXIT = 85
 
 
 def reporting_rank(environ: Mapping[str, str]) -> bool:
@@ -182,8 +187,8 @@ class Progress:
     def stopped(self, n: int) -> None:
         """Every rank, after saving step `n` of a planned stop: tells the store this rank is done (rank 0 reports
         the stop once every rank is), then holds the process until the operator ends it. At most `hold`
-        seconds: then the process leaves with exit code 1 and the group restarts from the checkpoint. Returns at
-        once where no stop applies."""
+        seconds: then the process leaves with exit code STOP_EXPIRED_EXIT and the group restarts from the
+        checkpoint (closed meanwhile: exit code 1). Returns at once where no stop applies."""
         agreed = self.stop_step()
         latest = self._listener.latest if self._listener is not None else None
         if agreed is None or latest is None or self._listen_to is None:
@@ -199,8 +204,13 @@ class Progress:
             pass
         else:
             self._event(lambda now: self._report.stopped_at(int(n), now), urgent=True)
-        self._stop.wait(max(0.0, deadline - time.monotonic()))
-        self._leave(1)
+        if self._stop.wait(max(0.0, deadline - time.monotonic())):
+            self._leave(1)
+            return
+        # The step, not the stop's id: the id is whatever the store held, and a line of it could read as another's.
+        print(f"elasticjob_progress: the planned stop after step {int(n)} was not ended within {self._hold:g}s: "
+              f"leaving with exit code {STOP_EXPIRED_EXIT} (StopExpired, not charged)", file=sys.stderr, flush=True)
+        self._leave(STOP_EXPIRED_EXIT)
 
     def close(self, timeout: float = STORE_TIMEOUT) -> None:
         """Writes what is left and stops the threads. Called at the interpreter's exit too; a script that leaves

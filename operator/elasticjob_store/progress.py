@@ -58,7 +58,7 @@ def versioned(raw: bytes, max_bytes: int) -> dict[str, Any] | None:
         return None
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - not JSON, or JSON nested too deep for the parser (RecursionError): none
         return None
     return body if isinstance(body, dict) and body.get("v") == 1 else None
 

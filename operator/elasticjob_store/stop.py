@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-# How many stops this store has written: stop n is under STOP_PREFIX + n. A rank waits for the next one's key.
+# How many stops this store has written: stop n is under STOP_PREFIX + n. A rank reads the latest count's key.
 COUNT_KEY = "elasticjob.stops"
 STOP_PREFIX = "elasticjob.stop."
 # Every rank adds 1 under this prefix + the stop's id once it saved; rank 0 reports the stop when all did.
@@ -29,6 +30,10 @@ REQUEST_KEY = "elasticjob.stop-requests"
 # The margin of a worker's request: the operator's own (elasticjob/planner/planned_stop.py MARGIN_SECONDS).
 REQUEST_MARGIN = 2.0
 MAX_AGE = 10.0
+# A count as the TCPStore's add writes it: a decimal 64-bit integer.
+_COUNT = re.compile(rb"-?[0-9]{1,19}")
+# How often next_number tries again when another writer changed the count between its read and its write.
+NUMBER_TRIES = 8
 
 
 def stop_key(n: int) -> str:
@@ -68,3 +73,35 @@ def record(requested_at: float, step: int, now: float) -> bytes:
     """What the ranks read under the stop's key."""
     return json.dumps({"v": 1, "id": stop_id(requested_at), "step": step, "at": round(now, 3)},
                       separators=(",", ":")).encode()
+
+
+def parse_count(raw: bytes) -> int | None:
+    """The count in `raw` as the TCPStore's add writes it; None for anything else."""
+    if not _COUNT.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def count(store: Any, key: str) -> int | None:
+    """The count under `key` (0 where there is none), read with check and get, never add: a TCPStore server
+    answers an add to a value that is not a 64-bit integer by closing the client's connection (its stoll throws),
+    and a client never reconnects. Measured: one set of b"x" under REQUEST_KEY by anyone on the store's port, and
+    every poll of the store's Control raised DistNetworkError after it, until the pod restarted. None: the value
+    is no count."""
+    return parse_count(store.get(key)) if store.check([key]) else 0
+
+
+def next_number(store: Any) -> int:
+    """The number the next stop is written under, counted under COUNT_KEY with compare_set, never add (see
+    count()): one more than the count there, and 1 where the value is no count (replaced, so that the ranks'
+    adds work again). Raises RuntimeError when other writers changed the count NUMBER_TRIES times in a row."""
+    for _ in range(NUMBER_TRIES):
+        raw = store.get(COUNT_KEY) if store.check([COUNT_KEY]) else b""
+        n = (parse_count(raw) or 0) + 1 if raw else 1
+        if n >= 2**63:
+            n = 1
+        wanted = str(n).encode()
+        if store.compare_set(COUNT_KEY, raw, wanted) == wanted:
+            return n
+    raise RuntimeError(f"the count under {COUNT_KEY} changed {NUMBER_TRIES} times while a stop was written")

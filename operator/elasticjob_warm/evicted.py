@@ -81,7 +81,7 @@ def first_look(report: dict[str, Any] | None, latest: Stop | None, grace: float)
 def parse_stop(raw: bytes) -> Stop | None:
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - not JSON, or nested too deep for the parser (RecursionError): no stop
         return None
     if not isinstance(body, dict) or not isinstance(body.get("id"), str) or type(body.get("step")) is not int:
         return None
@@ -91,7 +91,7 @@ def parse_stop(raw: bytes) -> Stop | None:
 def parse_report(raw: bytes) -> dict[str, Any] | None:
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - as parse_stop
         return None
     return body if isinstance(body, dict) else None
 

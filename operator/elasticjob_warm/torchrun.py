@@ -10,7 +10,8 @@ nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an 
 training save at an agreed step before torchrun stops the workers (evicted.py). With ELASTICJOB_HEALTH_PORT it
 answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on. With
 ELASTICJOB_NODE_CHECK=1 it checks its node while the server imports, and a node that fails joins no round
-(nodecheck.py).
+(nodecheck.py). An agent that its rendezvous ends (a closed round, a state refused, no store) with no worker of it
+failed exits RENDEZVOUS_EXIT after one line, not torchrun's 1 (rdzvexit.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,19 @@ import sys
 import time
 from typing import Any
 
-from elasticjob_warm import client, compat, evicted, health, nodecheck, notice, outage, polling, protocol, statecheck
+from elasticjob_warm import (
+    client,
+    compat,
+    evicted,
+    health,
+    nodecheck,
+    notice,
+    outage,
+    polling,
+    protocol,
+    rdzvexit,
+    statecheck,
+)
 
 # The longest the agent waits for its server's imports before it joins the rendezvous regardless (a preload
 # that hangs would hang the workers as well; this only bounds the agent's part).
@@ -69,7 +82,12 @@ def main(argv: list[str]) -> int:
         return nodecheck.NODE_CHECK_EXIT
     if server is not None and not cold:
         join_when_warm(server, started)
-    record(run.run)(args)
+    try:
+        record(run.run)(args)
+    except Exception as error:
+        if rdzvexit.exit_code(error) is None:
+            raise  # torchrun's own exit: a worker failed (ChildFailedError), or an error that is not the rendezvous'
+        return rdzvexit.leave(error)
     return 0
 
 
@@ -94,6 +112,9 @@ def patch_rendezvous(ready: health.Health | None, args: Any) -> None:
     if not outage.apply():
         print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
               "the agent, as in torchrun", file=sys.stderr, flush=True)
+    if not rdzvexit.apply():
+        print("elasticjob_warm.torchrun: this torch's agent is not the one known; an agent its rendezvous ends "
+              "exits 1, as in torchrun", file=sys.stderr, flush=True)
 
 
 def plain(argv: list[str], why: str, ready: health.Health | None = None) -> int:

@@ -150,6 +150,7 @@ def test_a_report_that_never_named_a_step_is_no_stall(tcp_store):
 
 @pytest.mark.parametrize(("raw", "expected"), [
     (b"x" * 3000, None),  # too large: not read
+    (b"[" * 2000, None),  # nested deeper than the parser goes (RecursionError): not read, nothing raised
     (b"not json", None),
     (b"[1, 2]", None),
     (json.dumps({"v": 2, "step": 1}).encode(), None),  # another version

@@ -3,7 +3,8 @@
 The operator alone enforces maxRestarts. torchrun spends its own budget on membership changes too (a peer
 that leaves breaks the survivors' collective, which torch counts as a failure), so agents get a budget they
 never reach, and the operator charges:
-- a worker pod that failed (not an eviction, preemption, lost node or lost store), once per incident;
+- a worker pod that failed (not an eviction, preemption, lost node or lost store, nor NOT_THE_TRAINING's: an
+  expired hold after a planned stop, an agent its rendezvous ended), once per incident;
 - a round that the same nodes re-formed (torchrun restarted its workers in place after a failure), as the
   store reports it, once a worker's agent logged the failure behind it. Rounds in which nodes joined or left
   are membership changes and cost nothing, and so does the first such round after a pod ended: its
@@ -18,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elasticjob.models import MAX_FAILURES_KEPT, ElasticJobStatus, FailureRecord, Phase
-from elasticjob.observe import PodView
+from elasticjob.observe import STOP_EXPIRED_EXIT, PodView
 from elasticjob.planner import nodes
 from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure, enter_phase, since, stamp
 
@@ -39,6 +40,14 @@ STORE_EVIDENCE_WAIT = timedelta(seconds=5)
 # Charged failures that say nothing of the node they ran on: the job itself ended them (its fatal codes, its
 # memory limit, torchrun's own budget). Every other charged failure makes the job avoid the node (nodes.py).
 NOT_THE_NODE = ("FatalExitCode", "MaxRestartsExceeded", "OOMKilled")
+# Failures that are neither the training's doing nor the cluster's nor the node's: never charged (whatever
+# countInfrastructureFailures says), no node avoided, booked and shown. A rank held after a planned stop that nobody
+# ended left with STOP_EXPIRED_EXIT (a stop written by someone who reached the store, or the operator's own left
+# unfinished); the kit's agent left because of its rendezvous (closed, its state refused, no store, no round in
+# time) with no worker of it failed (observe.RENDEZVOUS_EXIT).
+STOP_EXPIRED = "StopExpired"
+RENDEZVOUS_FAILED = "RendezvousFailed"
+NOT_THE_TRAINING = (STOP_EXPIRED, RENDEZVOUS_FAILED)
 
 
 def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime,
@@ -52,6 +61,10 @@ def classify(pod: PodView, job: Job, status: ElasticJobStatus, now: datetime,
         return "NodeCheckFailed", policy.count_infrastructure_failures
     if rendezvous_just_lost(pod, status, now) or store_restarted_near(pod, store, now):
         return "RendezvousLost", False
+    if pod.rendezvous_failed is not None:  # the kit's agent: its rendezvous ended it, no worker of it failed
+        return RENDEZVOUS_FAILED, False
+    if pod.stop_expired:  # the code is the progress API's own, not the training's: before its fatal codes
+        return STOP_EXPIRED, False
     if pod.worker_exit_code in policy.fatal_exit_codes:
         return "FatalExitCode", True
     if pod.agent_gave_up:
@@ -152,9 +165,22 @@ def record_pod_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged:
         record_failure(plan, job, pod, reason, charged, now, why)
         nodes.avoid(plan, job, pod.node, reason, f"{describe(pod)}: {pod.node_check_failed}", finished)
         return
+    if reason in NOT_THE_TRAINING:
+        record_failure(plan, job, pod, reason, False, now, not_the_training(reason, pod.rendezvous_failed))
+        return
     record_failure(plan, job, pod, reason, charged, now)
     if charged and reason not in NOT_THE_NODE and pod.reason not in NOT_THE_NODE:
         nodes.avoid(plan, job, pod.node, nodes.WORKER_FAILED, describe(pod), finished)
+
+
+def not_the_training(reason: str, error: str | None = None) -> str:
+    """Why a failure of NOT_THE_TRAINING costs nothing, in words."""
+    if reason == RENDEZVOUS_FAILED:
+        return (f"its agent left on the rendezvous' {error}, with no worker of it failed (a closed round, a state "
+                f"refused, no store, or no round in time): not the training's doing, not charged to maxRestarts")
+    return (f"a rank held after a planned stop that nobody ended and left with exit code {STOP_EXPIRED_EXIT} (a stop "
+            f"not written by the operator, or one left unfinished): not the training's doing, not charged to "
+            f"maxRestarts")
 
 
 def record_failure(plan: Plan, job: Job, pod: PodView, reason: str, charged: bool, now: datetime,
@@ -234,6 +260,13 @@ def account_round_failures(plan: Plan, job: Job, observed: Observed, now: dateti
     uid = f"{store.epoch}/{store.failure_rounds}"
     if cause is None and lost is None:
         unconfirmed(plan, job, uid, reported, when, now)
+        return
+    if stop_expired(observed.round_failures):
+        text = f"{round_text(cause, 1)}; {not_the_training(STOP_EXPIRED)}"
+        book(plan, job, FailureRecord(pod=cause.pod if cause else "", uid=uid, exit_code=STOP_EXPIRED_EXIT,
+                                      reason=STOP_EXPIRED, message=text[-1024:], charged=False, time=stamp(when)),
+             when, text, now, 0)
+        plan.warn(STOP_EXPIRED, text)
         return
     failed = nodes.blamed(observed.round_failures, cause, observed.workers)
     if failed is not None and nodes.already_avoided(plan.status, failed.node, when):
@@ -322,6 +355,13 @@ def is_round_record(record: FailureRecord) -> bool:
 
 
 AGENT_SIGTERM = nodes.AGENT_SIGTERM
+
+
+def stop_expired(failures: list[RoundFailure]) -> bool:
+    """The workers that failed left with STOP_EXPIRED_EXIT (their holds after a planned stop ran out together),
+    or were their own agents' SIGTERM after it; any other code is a failure of the training's, charged as ever."""
+    codes = {f.exit_code for f in failures}
+    return STOP_EXPIRED_EXIT in codes and codes <= {STOP_EXPIRED_EXIT, AGENT_SIGTERM}
 
 
 def root_cause(failures: list[RoundFailure], fatal_codes: list[int]) -> RoundFailure | None:
