@@ -184,10 +184,11 @@ def token_digest(token: str) -> str:
 
 
 def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str = "",
-                   kit_image: str | None = None, pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+                   kit_image: str | None = None, pull_secrets: tuple[str, ...] = (),
+                   peer_check: bool = True) -> dict[str, Any]:
     """The c10d store and its control endpoint (elasticjob_store), fit for a namespace that enforces
     Pod Security "restricted", scheduled like the workers. Without a token its control endpoint refuses
-    every request."""
+    every request. `peer_check`: its port answers only the job's pods (elasticjob_store/gate.py)."""
     template_spec = job.spec.template.get("spec") or {}
     container = worker_container(job.spec.template) or {}
     rdzv, name = job.spec.rendezvous, naming.rendezvous_name(job.name)
@@ -213,11 +214,15 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
                     # One missed keep-alive: the store reports the agent stale and wakes the operator.
                     {"name": "ELASTICJOB_RDZV_STALE_MS",
                      "value": str(int(rdzv.keep_alive_interval_seconds * torchrun.STALE_FACTOR * 1000))},
+                    {"name": "ELASTICJOB_RDZV_PEER_CHECK", "value": "1" if peer_check else "0"},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
                       {"name": "control", "containerPort": control_port(rdzv.port), "protocol": "TCP"}],
-            # Every second: the job is Running, and recovers from a lost store, once this passes.
-            "readinessProbe": {"tcpSocket": {"port": rdzv.port}, "periodSeconds": 1},
+            # Every second: the job is Running, and recovers from a lost store, once this passes. The control
+            # port listens once the store's port does (elasticjob_store/main.py). Not the store's port itself:
+            # the kubelet dials from the node, a stranger to the store's gate, refused every second. A connect,
+            # not GET /healthz: the kernel completes it whatever the control server's connection caps.
+            "readinessProbe": {"tcpSocket": {"port": control_port(rdzv.port)}, "periodSeconds": 1},
             # Measured with `python -m elasticjob_store` and 4 real torchrun agents training, 24 control
             # connections held open and 50 state reads: 221 MiB RSS, peak 222 MiB (torch 2.13 CPU; importing
             # torch is nearly all of it). A CUDA build maps larger libraries: 1 GiB leaves room for that. Past

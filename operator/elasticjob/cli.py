@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--no-rendezvous-nudges", action="store_true",
                      help="never remove dead agents, end the last call or restart survivors: recovery at torch's "
                      "own pace (for comparisons)")
+    run.add_argument("--no-store-peer-check", action="store_true",
+                     help="let each job's store answer every peer that reaches its port, as torch's TCPStore does "
+                     "(only where the network rewrites the pods' source addresses; the store otherwise answers "
+                     "its job's pods alone)")
     run.add_argument("--no-network-policy", action="store_true",
                      help="do not create the NetworkPolicy around each namespace's rendezvous stores")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
@@ -128,7 +132,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                              "--operator-namespace or POD_NAMESPACE")
         leader = Where(args.leader_lease_name, args.operator_namespace, identity)
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
-    settings = Settings(network_policy=not args.no_network_policy, operator_namespace=args.operator_namespace,
+    settings = Settings(network_policy=not args.no_network_policy, store_peer_check=not args.no_store_peer_check,
+                        operator_namespace=args.operator_namespace,
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
                         kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
                         require_queue_name=args.require_queue_name,

@@ -14,6 +14,9 @@ class Settings:
     """How this operator installation builds objects (from its command line)."""
 
     network_policy: bool = True
+    # Each store's port answers only its job's pods (elasticjob_store/gate.py); off where the network rewrites
+    # the pods' source addresses (--no-store-peer-check).
+    store_peer_check: bool = True
     # Drive each job's rendezvous on evidence (planner/recovery.py); off: torch's own timing alone.
     nudges: bool = True
     # Who may reach the store's control port besides the job's pods: the operator's pods.

@@ -37,6 +37,14 @@ _STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError")
 # The kit's check of its node before the agent joins (elasticjob_warm/nodecheck.py): this exit code and this line.
 NODE_CHECK_EXIT = 86
 _NODE_CHECK_FAILED = "elasticjob_warm.torchrun: node check failed: "
+# A rank held after a planned stop that nobody ended leaves with this code (elasticjob_progress STOP_EXPIRED_EXIT):
+# the worker's exit code, as its agent reports it (its Root Cause block, or its "failed (exitcode: N)" line).
+STOP_EXPIRED_EXIT = 85
+# The kit's agent when the rendezvous, not a worker, ended it (elasticjob_warm/rdzvexit.py): this exit code and
+# this line, naming the error's type.
+RENDEZVOUS_EXIT = 87
+_RENDEZVOUS_ENDED = "elasticjob_warm.torchrun: the rendezvous ended this agent: "
+_ERROR_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,9 @@ class PodView:
     agent_gave_up: bool = False
     says_store_lost: bool = False  # its log's tail says so: see _STORE_LOST
     node_check_failed: str | None = None  # why the kit's node check failed (NODE_CHECK_EXIT and its line); None: not
+    # The type of the rendezvous error that ended the kit's agent, no worker of it failed (RENDEZVOUS_EXIT and its
+    # line); None: not
+    rendezvous_failed: str | None = None
     reason: str | None = None
     message: str = ""
     disruption: str | None = None
@@ -76,6 +87,11 @@ class PodView:
     started: bool = False
     serial: int | None = None  # which making of its name, and the operator's signature of it
     mark: str = ""
+
+    @property
+    def stop_expired(self) -> bool:
+        """A worker of it held after a planned stop that nobody ended, and left with STOP_EXPIRED_EXIT."""
+        return self.worker_exit_code == STOP_EXPIRED_EXIT
 
     @property
     def serving(self) -> bool:
@@ -148,6 +164,17 @@ class PaceView:
     ranks: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class PeersView:
+    """The store's gate (elasticjob_store/gate.py): the addresses it lets through, whether the operator has named
+    any since the store started, and the connections it refused (the last addresses among them)."""
+
+    told: bool
+    allowed: tuple[str, ...]
+    refused: int = 0
+    last_refused: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class StoreView:
     """torch's rendezvous as the job's store reports it (validated by the client; never unpickled here)."""
@@ -171,6 +198,7 @@ class StoreView:
     round_completed_at: datetime | None = None  # when the store saw the current round complete (its clock)
     last_round_nodes: tuple[str, ...] = ()  # the addresses of the latest round the store saw complete
     pace: tuple[PaceView, ...] = ()  # each pod's forward time, where the script watches its model
+    peers: PeersView | None = None  # the store's gate; None: the store answers every peer
 
     @property
     def nodes(self) -> int:
@@ -268,6 +296,14 @@ def node_check_failure(message: str) -> str | None:
     return found[-1][:512] if found else None
 
 
+def rendezvous_failure(message: str) -> str | None:
+    """The type of the rendezvous error that ended the kit's agent, from its last lines: the agent exits
+    RENDEZVOUS_EXIT right after its line, and only where no worker of it failed."""
+    found = [line.strip()[len(_RENDEZVOUS_ENDED):] for line in message.splitlines()
+             if line.strip().startswith(_RENDEZVOUS_ENDED)]
+    return found[-1] if found and _ERROR_TYPE.match(found[-1]) else None
+
+
 def observe_pod(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
@@ -303,6 +339,7 @@ def observe_pod(body: Mapping[str, Any]) -> PodView:
         agent_gave_up=gave_up,
         says_store_lost=verdict and any(marker in message for marker in _STORE_LOST),
         node_check_failed=node_check_failure(message) if terminated.get("exitCode") == NODE_CHECK_EXIT else None,
+        rendezvous_failed=rendezvous_failure(message) if terminated.get("exitCode") == RENDEZVOUS_EXIT else None,
         reason=terminated.get("reason") or status.get("reason"),
         message=message or status.get("message") or "",
         disruption=_disruption(status),

@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from elasticjob import backoff
-from elasticjob.observe import PaceView, ProgressView, StoreNode, StoreView
+from elasticjob.observe import PaceView, PeersView, ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
@@ -136,6 +136,21 @@ class _Pace(_Strict):
     ranks: int = Field(ge=1, le=1 << 20)
 
 
+class _Peers(_Strict):
+    """The store's gate (elasticjob_store/gate.py Gate.report): whom its port answers, whom it refused."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+    told: bool = False
+    allowed: list[str] = Field(default_factory=list, max_length=protocol.MAX_PEERS)
+    refused: int = Field(0, ge=0, le=1 << 62)
+    last_refused: list[str] = Field(default_factory=list, alias="lastRefused", max_length=64)
+
+    @field_validator("allowed", "last_refused")
+    @classmethod
+    def _ips(cls, value: list[str]) -> list[str]:
+        return [str(ipaddress.ip_address(addr)) for addr in value]  # anything else is no reply
+
+
 class _State(_Strict):
     epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     round: int | None = Field(None, ge=0, le=1 << 40)
@@ -152,6 +167,7 @@ class _State(_Strict):
     stop: _Stop | None = None
     rounds: list[_Round] = Field(default_factory=list, max_length=64)  # the store keeps its last 10
     pace: list[Any] = Field(default_factory=list, max_length=256)  # each checked on its own
+    peers: _Peers | None = None  # absent where the store has no gate
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -179,7 +195,14 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
-        pace=parse_pace(state.pace), received_at=received_at or datetime.now(UTC))
+        pace=parse_pace(state.pace), peers=_peers(state.peers), received_at=received_at or datetime.now(UTC))
+
+
+def _peers(peers: _Peers | None) -> PeersView | None:
+    if peers is None:
+        return None
+    return PeersView(told=peers.told, allowed=tuple(sorted(set(peers.allowed))), refused=peers.refused,
+                     last_refused=tuple(peers.last_refused))
 
 
 def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:

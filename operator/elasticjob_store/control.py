@@ -50,8 +50,11 @@ class Control:
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
-                 connections: Callable[[], set[str] | None] | None = None) -> None:
+                 connections: Callable[[], set[str] | None] | None = None,
+                 gate: Callable[[], dict[str, Any]] | None = None) -> None:
         self.run_id = run_id
+        # The gate's report (gate.py): a change of whom it answers or refuses wakes the operator like a round's.
+        self.gate = gate
         # Off on a torch the nudges were not proven on (compat.py): every nudge is then refused unread.
         self.verdict = verdict or compat.Verdict("", True, "not checked")
         self.stale_after = stale_after
@@ -208,7 +211,7 @@ class Control:
             return StopReply(False, "no step and step time reported yet: no step to agree on")
         body = stop.record(requested_at, step, self.now())
         with self._store_lock:
-            n = self._store.add(stop.COUNT_KEY, 1)
+            n = stop.next_number(self._store)
             self._store.set(stop.stop_key(n), body)
         with self.lock:
             self.stop_record = {"id": name, "step": step, "at": self.now()}
@@ -219,8 +222,11 @@ class Control:
         """A worker's agent asked for a stop (stop.REQUEST_KEY grew: its pod is evicted or its node drained): the
         training stops and saves as for the operator's stop, unless the latest stop still applies to it."""
         with self._store_lock:
-            count = int(self._store.add(stop.REQUEST_KEY, 0))
-        if count <= self._requests_seen:
+            count = stop.count(self._store, stop.REQUEST_KEY)
+            if count is None:  # not a count: the agents' adds fail on it too; put back the last one taken
+                self._store.set(stop.REQUEST_KEY, str(self._requests_seen).encode())
+        # Any change is a request: a count moved back by a forged write must not hide the requests after it.
+        if count is None or count == self._requests_seen:
             return
         self._requests_seen = count
         with self.lock:
@@ -275,7 +281,7 @@ class Control:
         self.read_pace(now, force=completed is not None)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
-                    self.pace.landmark(now))
+                    self.pace.landmark(now), self._gate_landmark())
         if seen != self._summary:
             self._summary = seen
             with self.changed:
@@ -290,6 +296,12 @@ class Control:
                                  if self._waiter_finished(current, now) else Outcome(None, False, "still needed"))
             if outcome.done:
                 self.log(f"waiter removed (round now {state.round if state else None})")
+
+    def _gate_landmark(self) -> tuple[Any, ...]:
+        if self.gate is None:
+            return ()
+        report = self.gate()
+        return report["told"], tuple(report["allowed"]), report["refused"]
 
     def remove_departed(self, state: RendezvousState | None, now: float) -> None:
         """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove

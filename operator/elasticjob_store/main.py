@@ -12,6 +12,8 @@ Environment (set by the operator on the pod):
   ELASTICJOB_RDZV_TOKEN_FILE     or a file holding the token itself (neither: every control request is refused)
   ELASTICJOB_RDZV_STALE_MS       a heartbeat older than this is reported stale (one missed keep-alive; default
                                  never)
+  ELASTICJOB_RDZV_PEER_CHECK     1 (default): the store's port answers only the addresses the operator names
+                                 (gate.py); 0: every peer, as torch's TCPStore does
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
         max_nodes = _int_env("ELASTICJOB_RDZV_MAX_NODES", NO_LIMIT, min_nodes)
         read_timeout = _int_env("ELASTICJOB_RDZV_READ_TIMEOUT", 60, 1)
         stale_ms = _int_env("ELASTICJOB_RDZV_STALE_MS", NO_LIMIT, 1)
+        peer_check = bool(_int_env("ELASTICJOB_RDZV_PEER_CHECK", 1, 0, 1))
     except ConfigError as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -67,17 +70,26 @@ def main() -> None:
 
     dist: Any = torch.distributed  # TCPStore is not in its stubs
 
-    from elasticjob_store import compat, wire
+    from elasticjob_store import compat, gate, wire
     from elasticjob_store.auth import TOKEN_MIN_BYTES, Credential
     from elasticjob_store.protocol import control_port
 
     verdict = compat.probe()
     print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
-    # Listens on every address whatever the host; the host is where the store's own client connects.
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    fence: gate.Gate | None = None
     # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
-    store = wire.listen_or_exit(PROGRAM, port, lambda: dist.TCPStore(
-        "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-        timeout=timedelta(seconds=read_timeout)))
+    if peer_check:  # the TCPStore on the loopback alone, the gate on the store's port in front of it
+        inner = gate.inner_socket()
+        inner_port = inner.getsockname()[1]
+        store = dist.TCPStore("127.0.0.1", inner_port, is_master=True, wait_for_workers=False, multi_tenant=True,
+                              timeout=timedelta(seconds=read_timeout), master_listen_fd=inner.fileno())
+        fence = gate.Gate(port, inner_port, log=log)
+        wire.listen_or_exit(PROGRAM, port, fence.start)
+    else:  # listens on every address whatever the host; the host is where the store's own client connects
+        store = wire.listen_or_exit(PROGRAM, port, lambda: dist.TCPStore(
+            "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
+            timeout=timedelta(seconds=read_timeout)))
     credential = Credential.from_env()
     control_at = control_port(port)
     try:
@@ -87,19 +99,22 @@ def main() -> None:
         from elasticjob_store.plain import make_plain_server
         if verdict.nudges:
             verdict = compat.Verdict(verdict.torch, False, str(err))
-        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_plain_server(verdict, "", control_at,
-                                                                                    credential))
+        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_plain_server(
+            verdict, "", control_at, credential, gate.peers_route(fence), fence.report if fence else None))
     else:
         from elasticjob_store import peers
 
-        control = Control(store, run_id, min_nodes, max_nodes, log=lambda line: print(line, flush=True),
-                          stale_after=stale_ms / 1000, verdict=verdict, connections=lambda: peers.connected(port))
-        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential))
+        control = Control(store, run_id, min_nodes, max_nodes, log=log, stale_after=stale_ms / 1000,
+                          verdict=verdict, connections=lambda: peers.connected(port),
+                          gate=fence.report if fence else None)
+        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential,
+                                                                              fence))
         start_poller(control, threading.Event())
     threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
     auth = "token required" if credential.configured() else \
         f"no token configured (or one shorter than {TOKEN_MIN_BYTES} bytes): control requests refused"
-    print(f"elasticjob rendezvous store listening on port {port}, control on {control_at} ({auth}); "
+    peers_said = "the job's pods only" if fence else "every peer"
+    print(f"elasticjob rendezvous store listening on port {port} ({peers_said}), control on {control_at} ({auth}); "
           f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
     signal.sigwait(STOP_SIGNALS)
     print("elasticjob rendezvous store stopping", flush=True)

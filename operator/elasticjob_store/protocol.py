@@ -13,6 +13,8 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
     POST /v1/complete                     Complete -> CompleteReply
     POST /v1/restart                      Restart  -> RestartReply
     POST /v1/stop                         Stop     -> StopReply (a planned stop: the training saves at a step)
+    POST /v1/peers                        Peers    -> PeersReply (the job's pods: the only peers the store's
+                                          port answers, gate.py)
     any refusal                           ErrorReply, with a status other than 200
 
 Request bodies are checked strictly (a field the store does not know is refused: a nudge must not be taken
@@ -355,9 +357,52 @@ class Stop:
         return StopReply.from_wire(body)
 
 
-Request = Union[Remove, Complete, Restart, Stop]  # not `|`: the store runs on Python 3.9 too
-REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop], ...] = (Remove, Complete, Restart,
-                                                                                   Stop)
+# The most addresses one job's pods may have: every worker (the operator's own cap on replicas) and then some.
+MAX_PEERS = 4096
+
+
+def addresses(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_PEERS:
+        raise Invalid(f"{name} must be a list of at most {MAX_PEERS} addresses")
+    return tuple(sorted({ip(name, item) for item in value}))
+
+
+@dataclass(frozen=True)
+class PeersReply(ActionReply):
+    allowed: int = 0  # how many addresses the gate lets through now
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, **super().to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> PeersReply:
+        changed, reason = cls._common(body)
+        return cls(changed, reason, allowed=_get(body, "allowed", (int,), 0))
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The job's pods are at `addresses` (every worker pod with an IP, until it is gone): the store's port
+    answers them and its own loopback, and closes every other peer (gate.py). Sent whole each time."""
+
+    KIND: ClassVar[str] = "peers"
+    addresses: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"addresses": list(self.addresses)}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Peers:
+        return cls(fields(body, {"addresses": addresses})["addresses"])
+
+    @staticmethod
+    def reply(body: Any) -> PeersReply:
+        return PeersReply.from_wire(body)
+
+
+Request = Union[Remove, Complete, Restart, Stop, Peers]  # not `|`: the store runs on Python 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop] | type[Peers], ...] = (
+    Remove, Complete, Restart, Stop, Peers)
 
 
 def path(request: Request | type[Request]) -> str:

@@ -41,14 +41,15 @@ def node_ref(node: NodeDesc) -> dict[str, Any]:
 def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float, epoch: str, run_id: str,
              min_nodes: int, max_nodes: int, version: int = 0, stale_after: float = 1e9,
              torch: dict[str, Any] | None = None, progress: dict[str, Any] | None = None,
-             stop: dict[str, Any] | None = None, pace: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+             stop: dict[str, Any] | None = None, pace: list[dict[str, Any]] | None = None,
+             peers: dict[str, Any] | None = None) -> dict[str, Any]:
     """`epoch` changes when the store process restarts: the operator then knows the counts started over.
     `version` counts changes of the summary within the epoch. `torch`: compat.Verdict.report(), whether the
     store accepts nudges on this torch. `progress`: the training's latest report (progress.py), the tenant's
     word. `stop`: the planned stop last asked (its id, step and time), if any. `pace`: each pod's forward time
-    (pace.py), the tenant's word too."""
+    (pace.py), the tenant's word too. `peers`: the gate's report (gate.py); None where no gate runs."""
     body: dict[str, Any] = {
-        "torch": torch, "progress": progress, "stop": stop, "pace": pace or [],
+        "torch": torch, "progress": progress, "stop": stop, "pace": pace or [], "peers": peers,
         "epoch": epoch, "version": version, "runId": run_id, "now": now, "minNodes": min_nodes,
         "maxNodes": max_nodes, "staleAfter": stale_after,
         "round": None, "complete": False, "closed": False, "deadlineIn": None,

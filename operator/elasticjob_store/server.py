@@ -17,6 +17,7 @@ from elasticjob_store import protocol, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.control import ConflictError, Control, wait_for_change
+from elasticjob_store.gate import Gate, peers_route
 from elasticjob_store.report import describe
 from elasticjob_store.state import StateError
 
@@ -27,7 +28,8 @@ ERRORS: tuple[wire.ErrorAnswer, ...] = (
 )
 
 
-def make_server(control: Control, host: str, port: int, credential: Credential) -> CappedHTTPServer:
+def make_server(control: Control, host: str, port: int, credential: Credential,
+                gate: Gate | None = None) -> CappedHTTPServer:
     epoch = secrets.token_hex(8)  # per process start: tells the operator that counts and history restarted
 
     def state_view(_body: Any, query: wire.Query) -> dict[str, Any]:
@@ -44,7 +46,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
                             stale_after=control.stale_after, torch=control.torch_report(),
                             progress=control.progress.describe(now), stop=control.stop_record,
-                            pace=control.pace.by_pod(now))
+                            pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None)
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)
@@ -71,6 +73,8 @@ def make_server(control: Control, host: str, port: int, credential: Credential) 
         ("POST", protocol.path(protocol.Complete)): complete,
         ("POST", protocol.path(protocol.Restart)): restart,
         ("POST", protocol.path(protocol.Stop)): stop,
+        ("POST", protocol.path(protocol.Peers)): peers_route(gate),
     }
     return wire.make_server(routes, host, port, credential, ERRORS,
                             log=lambda line: control.log(f"refusing the stored state: {line}"))
+

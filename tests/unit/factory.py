@@ -58,7 +58,7 @@ def failed(index: int, exit_code: int = 1, ago: float = 1.0, **fields: Any) -> P
 
 def rdzv(ready: bool = True, phase: str = "Running", **fields: Any) -> PodView:
     return PodView(**{**dict(name="train-rdzv", uid="uid-r", role=naming.ROLE_RENDEZVOUS, index=None,
-                             phase=phase, ready=ready, owner_uid=UID, started=True), **fields})
+                             phase=phase, ready=ready, owner_uid=UID, started=True, ip="10.244.0.5"), **fields})
 
 
 def store(epoch: str = "e1", round: int = 1, failure_rounds: int = 0, nodes: int = 2, **fields: Any) -> StoreView:

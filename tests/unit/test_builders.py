@@ -94,7 +94,7 @@ def test_rendezvous_pod_runs_the_store_module_in_the_worker_image():
     container = pod["spec"]["containers"][0]
     assert container["image"] == "trainer:1"
     assert container["command"] == ["python", "-m", "elasticjob_store"]
-    assert container["readinessProbe"]["tcpSocket"]["port"] == 29500
+    assert container["readinessProbe"]["tcpSocket"]["port"] == 29501  # the control port: the gate's is fenced
     assert [p["containerPort"] for p in container["ports"]] == [29500, 29501]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["ELASTICJOB_RDZV_RUN_ID"] == UID

@@ -25,15 +25,17 @@ from kubernetes.client import ApiClient, Configuration
 
 from elasticjob import k8s, planner
 from elasticjob.controller.apply import nudge
-from elasticjob.controller.context import Context, Gate
+from elasticjob.controller.context import Context
+from elasticjob.controller.context import Gate as ApiGate
 from elasticjob.controller.mirror import Mirror
 from elasticjob.domain import Settings
-from elasticjob.observe import ProgressView, StoreNode, StoreView
+from elasticjob.observe import PeersView, ProgressView, StoreNode, StoreView
 from elasticjob.rendezvous_client import StoreClient, derive_token
 from elasticjob_store import protocol
 from elasticjob_store.auth import Credential
 from elasticjob_store.compat import Verdict
 from elasticjob_store.control import Control
+from elasticjob_store.gate import Gate
 from elasticjob_store.plain import make_plain_server
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.server import make_server
@@ -53,9 +55,11 @@ class Store:
     def __init__(self) -> None:
         self.tcp = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
                                  timeout=timedelta(seconds=10))
-        self.control = Control(self.tcp, JOB.ref.uid, 2, 3, clock=NOW.timestamp, log=lambda _: None)
+        self.gate = Gate(0, 0)  # not listening: what it is told is what counts here (test_store_gate.py for the rest)
+        self.control = Control(self.tcp, JOB.ref.uid, 2, 3, clock=NOW.timestamp, log=lambda _: None,
+                               gate=self.gate.report)
         digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-        self.server = make_server(self.control, "127.0.0.1", 0, Credential(digest=digest))
+        self.server = make_server(self.control, "127.0.0.1", 0, Credential(digest=digest), self.gate)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -117,6 +121,9 @@ SCENARIOS = {
     "the last call ends with every live agent in": (
         [worker(0), worker(1), worker(2, "Failed", exit_code=1, finished_at=NOW)],
         view(0.2, 0.2, complete=False), rendezvous(0.2, 0.2, complete=False, deadline_in=20)),
+    "a new store's gate is told the job's pods": (
+        [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, 0.2), peers=PeersView(False, ())),
+        rendezvous(0.2, 0.2, 0.2)),
 }
 
 
@@ -128,7 +135,7 @@ def nudges(scenario: str) -> list[planner.StoreAction]:
 
 def context() -> Context:
     return Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=Mirror(), stores=StoreClient(KEY),
-                   settings=Settings(), logger=logging.getLogger("test"), instance="t", gate=Gate())
+                   settings=Settings(), logger=logging.getLogger("test"), instance="t", gate=ApiGate())
 
 
 def test_the_scenarios_make_every_request_the_protocol_has():
@@ -308,3 +315,21 @@ def test_the_operators_long_poll_is_one_every_store_accepts():
     path = protocol.StateQuery(7, "ab", rendezvous_client.LONG_POLL_SECONDS).path()
     asked = protocol.StateQuery.from_query(parse_qs(urlsplit(path).query))
     assert asked.wait == rendezvous_client.LONG_POLL_SECONDS <= protocol.MAX_WAIT
+
+
+def test_the_gates_list_and_refusals_read_back_into_the_operators_view(store):
+    """What the gate holds, as GET /v1/state says it and the operator reads it (rendezvous_client)."""
+    client = StoreClient(KEY)
+
+    async def scenario() -> tuple[StoreView | None, StoreView | None]:
+        try:
+            before = await client.state("127.0.0.1", store.port, JOB.ref.uid)
+            await client.act("127.0.0.1", store.port, JOB.ref.uid, protocol.Peers((IP[1], IP[0])))
+            store.gate._refuse("10.9.9.9")
+            return before, await client.state("127.0.0.1", store.port, JOB.ref.uid)
+        finally:
+            await client.close()
+
+    before, after = asyncio.run(scenario())
+    assert before is not None and before.peers == PeersView(False, ())
+    assert after is not None and after.peers == PeersView(True, (IP[0], IP[1]), 1, ("10.9.9.9",))

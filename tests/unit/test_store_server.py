@@ -389,7 +389,7 @@ def test_python_m_elasticjob_store_as_the_pod_runs_it(tmp_path):
             proc.wait(timeout=30)
     output = log.read_text()
     assert proc.returncode == 0, output
-    assert f"listening on port {port}, control on {control_port(port)}" in output
+    assert f"listening on port {port} (the job's pods only), control on {control_port(port)}" in output
     assert "rendezvous store stopping" in output
 
 

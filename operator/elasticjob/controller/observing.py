@@ -55,15 +55,16 @@ async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None
 
 
 def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: ServiceView | None) -> StoreView | None:
-    """The store's latest state from its long-poll; the watch starts when the store serves, stops when not."""
+    """The store's latest state from its long-poll; the watch starts when the store serves, stops when not. It
+    dials the store pod's own IP (the pod the operator made), not the Service: the token goes nowhere else."""
     key = naming.job_key(job.ref.namespace, job.ref.name)
-    serving = any(p.role == naming.ROLE_RENDEZVOUS and p.serving for p in pods)
+    store = next((p for p in pods if p.role == naming.ROLE_RENDEZVOUS and p.serving and p.ip), None)
     if ctx.watches is None:
         return None
-    if service is None or not service.cluster_ip or not serving or job.status.phase.finished:
+    if service is None or store is None or store.ip is None or job.status.phase.finished:
         ctx.watches.stop(key)
         return None
-    return ctx.watches.view(key, job.ref.uid, service.cluster_ip, control_port(job.ref.spec.rendezvous.port),
+    return ctx.watches.view(key, job.ref.uid, store.ip, control_port(job.ref.spec.rendezvous.port),
                             job.ref.spec.max_replicas)
 
 

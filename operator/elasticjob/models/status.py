@@ -113,6 +113,9 @@ class RendezvousStatus(Model):
                                 "took out of the rendezvous for its silence and left running (the store's word "
                                 "alone): a round that forms does not wait for them, until their agent is in the "
                                 "store again or the pod is gone.")
+    refused_peers: int = Field(0, description="Connections the store's port refused since it started, as last "
+                               "counted: peers that are not the job's pods (the store answers only the "
+                               "addresses the operator names; a Warning Event StorePeerRefused names them).")
 
 
 class OwnedPod(Model):

@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, nodes, ownership, planned_stop, stragglers
+from elasticjob.planner import ledger, nodes, ownership, peers, planned_stop, stragglers
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -104,6 +104,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     force_delete_stuck(plan, observed, now)
     show_warm_starts(plan, job, settings.kit_image, now)
     ensure_rendezvous(plan, job, observed, settings, token, now, allowed.store)
+    peers.tell_store(plan, job, observed)  # the store answers the job's pods alone, nudges or not
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
     # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py; one a
     # worker's agent asked on SIGTERM is taken as the operator's).

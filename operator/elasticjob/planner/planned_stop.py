@@ -75,7 +75,7 @@ def hold(plan: Plan, job: Job, observed: Observed, reason: str, now: datetime) -
     """Whether the pods the operator wants gone stay for now: a planned stop is asked for or under way. False:
     they go (no stop asked, the training stopped and saved, or the grace passed)."""
     status, grace = plan.status, job.ref.spec.run_policy.stop_grace_seconds
-    endpoint = control_endpoint(plan, job)
+    endpoint = control_endpoint(observed, job)
     pending = status.planned_stop
     if pending is not None and advance(pending, observed.store, now):
         plan.normal("StoppedAndSaved", f"every rank saved step {pending.step}: {describe(pending.reason)} goes on")
@@ -149,7 +149,7 @@ def settle(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime
     if found == Next.WAIT:
         plan.soon(1)
         return  # the stop the store already told the ranks runs its course, whatever asked it
-    store, endpoint = observed.store, control_endpoint(plan, job)
+    store, endpoint = observed.store, control_endpoint(observed, job)
     reformed = store is not None and store.round is not None and store.round != pending.round
     if leaving(observed, desired) or (replacing(pending, now) and not reformed):
         plan.soon(1)

@@ -67,7 +67,7 @@ WARM = "WarmStarts"
 
 def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     store = observed.store
-    endpoint = control_endpoint(plan, job)
+    endpoint = control_endpoint(observed, job)
     if store is not None:
         show_nudges(plan, job, store, now)
         show_plain_torchrun(plan, job, store, now)
@@ -120,11 +120,13 @@ def show_plain_torchrun(plan: Plan, job: Job, store: StoreView, now: datetime) -
     set_condition(plan.status, WARM, False, "PlainTorchrun", store.plain_torchrun, now, job.generation)
 
 
-def control_endpoint(plan: Plan, job: Job) -> str | None:
-    endpoint = plan.status.rendezvous.endpoint
-    if not endpoint:
+def control_endpoint(observed: Observed, job: Job) -> str | None:
+    """The store pod's own address and control port: the token goes to the pod the operator made, never to
+    whatever the Service's endpoints say (anyone who may write an EndpointSlice could stand behind it)."""
+    store = observed.store_pod
+    if store is None or not store.ip:
         return None
-    return f"{endpoint.rsplit(':', 1)[0]}:{control_port(job.ref.spec.rendezvous.port)}"
+    return f"{store.ip}:{control_port(job.ref.spec.rendezvous.port)}"
 
 
 def by_address(observed: Observed) -> dict[str, list[PodView]]:

@@ -35,7 +35,7 @@ def ensure_rendezvous(plan: Plan, job: Job, observed: Observed, settings: Settin
     evict_foreign_endpoints(plan, job, observed, service)
     if store is None:
         store_manifest = builders.rendezvous_pod(job.ref, placement, token, settings.kit_image,
-                                                 settings.image_pull_secrets)
+                                                 settings.image_pull_secrets, settings.store_peer_check)
         store_manifest["metadata"]["name"] = status.pod
         plan.act(CreateObject(ownership.sign(store_manifest, plan.status, token)))
     elif store.phase in ("Failed", "Succeeded") and not store.deleting:
