@@ -23,7 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from helpers import OPERATOR_LOG_FAILURES, wait_for
 
 # The operator's command-line flags the e2e tests pass, as chart values.
-VALUES_OF_ARGS: dict[str, dict[str, Any]] = {"--kueue": {"kueue": {"mode": "on"}}}
+VALUES_OF_ARGS: dict[str, dict[str, Any]] = {"--kueue": {"kueue": {"mode": "on"}},
+                                             "--no-network-policy": {"networkPolicy": {"enabled": False}}}
 
 
 def chart_values(namespaces: Sequence[str], extra_args: Sequence[str]) -> dict[str, Any]:

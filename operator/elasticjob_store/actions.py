@@ -160,3 +160,23 @@ def remove_waiter(state: RendezvousState | None) -> Outcome:
 
 def has_waiter(state: RendezvousState | None) -> bool:
     return state is not None and WAITER in state.wait_list
+
+
+def reopen(state: RendezvousState | None, round_seen: int) -> Outcome:
+    """A clean rendezvous after `round_seen`, where that round is closed while the job still trains. torch's
+    agents close the rendezvous only when the job is over: the operator asks this only once an agent left on the
+    closed round with no worker of it failed and no worker finished (planner/recovery.py), so the closure was
+    written by something else, and every agent and replacement would meet it. Agents then join the next round
+    as at a first start."""
+    if state is None or not state.closed:
+        return Outcome(None, False, "the rendezvous is not closed")
+    if state.round != round_seen:
+        return Outcome(None, False, f"the round is {state.round}, not {round_seen}")
+    return Outcome(clean(state.round + 1), True, f"round {state.round} was closed: round {state.round + 1} opened")
+
+
+def clean(round_number: int) -> RendezvousState:
+    """An open rendezvous that no node has joined, at `round_number`."""
+    fresh = RendezvousState()
+    fresh.round = round_number
+    return fresh

@@ -23,7 +23,7 @@ from elasticjob_store.progress import ProgressReader
 from elasticjob_store.protocol import StopReply
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
-from elasticjob_store.state import RendezvousState, decode, encode, state_key
+from elasticjob_store.state import RendezvousState, StateError, decode, encode, state_key
 
 WRITE_ATTEMPTS = 8
 POLL_INTERVAL = 0.25
@@ -96,10 +96,13 @@ class Control:
 
     def read(self) -> tuple[bytes, RendezvousState | None]:
         """The raw bytes under the key and the state they hold. Raises StateError for a state we refuse."""
+        raw = self.read_raw()
+        return raw, self._decode(raw)
+
+    def read_raw(self) -> bytes:
         with self._store_lock:
             # get() would block until the key exists; the agents create it when their backend starts.
-            raw = self._store.get(self.key) if self._store.check([self.key]) else b""
-        return raw, self._decode(raw)
+            return self._store.get(self.key) if self._store.check([self.key]) else b""
 
     def _decode(self, raw: bytes) -> RendezvousState | None:
         # The poller reads four times a second and the state rarely changes: decode each value once.
@@ -198,6 +201,26 @@ class Control:
         self.log(f"restart round={round_seen}: {outcome.reason}")
         return outcome
 
+    def reopen(self, round_seen: int) -> Outcome:
+        if refused := self._refused(f"reopen round={round_seen}"):
+            return refused
+        outcome = self.apply(lambda state: actions.reopen(state, round_seen))
+        self.log(f"reopen round={round_seen}: {outcome.reason}")
+        return outcome
+
+    def replace_refused(self, raw: bytes) -> bool:
+        """Writes a clean round over a state the decoder refused (only where the decoder is proven on this torch:
+        the agents' own writes always decode, so a refused value is a stranger's or a bug's, and every agent that
+        syncs would fail on it). Fenced by the bytes read; True when written."""
+        with self.lock:
+            last = max((r.round for r in self.tracker.rounds), default=0)
+        fresh = encode(actions.clean(last + 1))
+        with self._store_lock:
+            written = self._store.compare_set(self.key, raw, fresh) == fresh
+        if written:
+            self.log(f"the rendezvous state could not be read: replaced with an open round {last + 1}")
+        return written
+
     def stop(self, requested_at: float, margin: float) -> StopReply:
         """Writes a planned stop for the training's ranks (stop.py's rule picks the step); asked again with the
         same `requested_at`, answers with the step it picked then, unchanged."""
@@ -272,7 +295,13 @@ class Control:
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
         self.read_progress()
         self.take_requests()
-        _, state = self.read()
+        try:
+            _, state = self.read()
+        except StateError:
+            raw = self.read_raw()
+            if self.verdict.nudges and raw and self.replace_refused(raw):
+                return
+            raise
         now = self.now()
         self.remove_departed(state, now)
         with self.lock:

@@ -13,6 +13,7 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
     POST /v1/complete                     Complete -> CompleteReply
     POST /v1/restart                      Restart  -> RestartReply
     POST /v1/stop                         Stop     -> StopReply (a planned stop: the training saves at a step)
+    POST /v1/reopen                       Reopen   -> RestartReply (a closed round the job did not close)
     POST /v1/peers                        Peers    -> PeersReply (the job's pods: the only peers the store's
                                           port answers, gate.py)
     any refusal                           ErrorReply, with a status other than 200
@@ -357,6 +358,26 @@ class Stop:
         return StopReply.from_wire(body)
 
 
+@dataclass(frozen=True)
+class Reopen:
+    """`round` is closed while the job trains (an agent left on it, no worker failed or finished): write an open
+    round after it (fenced: another round is left alone)."""
+
+    KIND: ClassVar[str] = "reopen"
+    round: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"round": self.round}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Reopen:
+        return cls(fields(body, {"round": integer(0, MAX_INT)})["round"])
+
+    @staticmethod
+    def reply(body: Any) -> RestartReply:
+        return RestartReply.from_wire(body)
+
+
 # The most addresses one job's pods may have: every worker (the operator's own cap on replicas) and then some.
 MAX_PEERS = 4096
 
@@ -400,9 +421,9 @@ class Peers:
         return PeersReply.from_wire(body)
 
 
-Request = Union[Remove, Complete, Restart, Stop, Peers]  # not `|`: the store runs on Python 3.9 too
-REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop] | type[Peers], ...] = (
-    Remove, Complete, Restart, Stop, Peers)
+Request = Union[Remove, Complete, Restart, Stop, Peers, Reopen]  # not `|`: the store runs on Python 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop] | type[Peers] | type[Reopen], ...] = (
+    Remove, Complete, Restart, Stop, Peers, Reopen)
 
 
 def path(request: Request | type[Request]) -> str:

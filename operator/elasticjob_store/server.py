@@ -63,6 +63,10 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         outcome = control.restart(protocol.Restart.from_wire(body).round)
         return protocol.RestartReply(outcome.state is not None, outcome.reason, restarting=outcome.done).to_wire()
 
+    def reopen(body: Any, _query: wire.Query) -> dict[str, Any]:
+        outcome = control.reopen(protocol.Reopen.from_wire(body).round)
+        return protocol.RestartReply(outcome.state is not None, outcome.reason, restarting=outcome.done).to_wire()
+
     def stop(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Stop.from_wire(body)
         return control.stop(asked.requested_at, asked.margin_seconds).to_wire()
@@ -73,6 +77,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         ("POST", protocol.path(protocol.Complete)): complete,
         ("POST", protocol.path(protocol.Restart)): restart,
         ("POST", protocol.path(protocol.Stop)): stop,
+        ("POST", protocol.path(protocol.Reopen)): reopen,
         ("POST", protocol.path(protocol.Peers)): peers_route(gate),
     }
     return wire.make_server(routes, host, port, credential, ERRORS,

@@ -99,6 +99,11 @@ def rendezvous(*ages: float, round: int = 4, complete: bool = True, deadline_in:
     return state
 
 
+def closed(state: RendezvousState) -> RendezvousState:
+    state.closed = True
+    return state
+
+
 def view(*ages: float, complete: bool = True) -> StoreView:
     """What the operator last read from that store."""
     return StoreView(epoch="e1", round=4, complete=complete, received_at=NOW,
@@ -121,6 +126,10 @@ SCENARIOS = {
     "the last call ends with every live agent in": (
         [worker(0), worker(1), worker(2, "Failed", exit_code=1, finished_at=NOW)],
         view(0.2, 0.2, complete=False), rendezvous(0.2, 0.2, complete=False, deadline_in=20)),
+    "a round closed while no worker finished is opened again": (
+        [worker(0), worker(1, "Failed", exit_code=87, rendezvous_failed="RendezvousClosedError",
+                        finished_at=NOW - timedelta(seconds=0.5)), worker(2)],
+        dataclasses.replace(view(0.2, 0.2, 0.2), closed=True), closed(rendezvous(0.2, 0.2, 0.2))),
     "a new store's gate is told the job's pods": (
         [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, 0.2), peers=PeersView(False, ())),
         rendezvous(0.2, 0.2, 0.2)),

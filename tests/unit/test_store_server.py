@@ -30,7 +30,7 @@ from elasticjob_store.capped import MAX_CONNECTIONS, MAX_PER_PEER
 from elasticjob_store.control import Control
 from elasticjob_store.protocol import control_port
 from elasticjob_store.server import make_server
-from elasticjob_store.state import StateError, decode, state_key
+from elasticjob_store.state import decode, state_key
 from elasticjob_store.wire import REQUEST_DEADLINE
 from helpers import wait_for
 from store_process import start_store_process
@@ -345,8 +345,8 @@ def test_a_hostile_state_is_reported_not_run(harness, tmp_path):
     status, body = harness.call("GET", "/v1/state")
     assert status == 500 and "rendezvous state refused" in body["error"] and "posix.system" in body["error"]
     assert harness.call("POST", "/v1/complete", {"liveNodes": 2})[0] == 500
-    with pytest.raises(StateError):
-        harness.control.poll()
+    harness.control.poll()  # replaced by an open round: every agent that synced would fail on it
+    assert harness.call("GET", "/v1/state")[0] == 200 and not (tmp_path / "pwned").exists()
     assert harness.call("GET", "/healthz", token=None) == (200, "ok")
     assert not (tmp_path / "pwned").exists()
 

@@ -33,6 +33,7 @@ from elasticjob.planner.leftovers import collect_leftovers
 from elasticjob.planner.phase import complete, count_workers, derive_running_phase, show_refusal
 from elasticjob.planner.recovery import drive_rendezvous, show_warm_starts
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
+from elasticjob.planner.reopen import reopen_closed
 from elasticjob.planner.run_policy import deadline_passed, finish, suspend
 from elasticjob.planner.scaling import force_delete_stuck, scale
 
@@ -115,6 +116,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
         if settings.nudges:
+            reopen_closed(plan, job, observed)  # a closure the job did not make
             drive_rendezvous(plan, job, observed, now)
             count_workers(plan, observed.workers)  # READY leaves out the agents it took out of the round
     if plan.status.phase.finished:
