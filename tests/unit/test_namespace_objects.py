@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -103,3 +104,48 @@ def test_a_failed_deletion_does_not_stop_the_next_create():
         objects.retire("ml", delete)
         assert await objects.create(POLICY, create) == POLICY
     asyncio.run(scenario())
+
+
+def test_a_policy_deleted_by_someone_is_created_again_by_a_reconcile_after_the_recheck():
+    async def scenario():
+        now = [0.0]
+        objects, server = NamespaceObjects(clock=lambda: now[0]), Server()
+        server.release.set()
+        assert await objects.create(POLICY, server.create) == POLICY
+        now[0] = NamespaceObjects.RECHECK - 1
+        assert await objects.create(POLICY, server.create) is None and server.calls == 1  # within: no request
+        now[0] = NamespaceObjects.RECHECK
+        await objects.create(POLICY, server.create)
+        assert server.calls == 2  # asked again: made anew where someone deleted it, a 409 where it stands
+    asyncio.run(scenario())
+
+
+def test_the_policies_go_only_once_the_jobs_pods_are_gone_and_stay_when_a_job_comes_back(monkeypatch):
+    from elasticjob.controller import namespace_cleanup
+
+    class Kube:
+        def __init__(self) -> None:
+            self.deleted: list[str] = []
+
+        async def get_object(self, *_args):
+            labels = dict(namespace_cleanup.builders.MANAGED_BY)
+            return {"metadata": {"labels": labels, "uid": "u", "resourceVersion": "1"}}
+
+        async def delete_object(self, _api, _plural, _namespace, name, *_args):
+            self.deleted.append(name)
+            return True
+
+    async def scenario(jobs_back: bool) -> list[str]:
+        kube, pods = Kube(), {"left": True}
+        task = asyncio.create_task(namespace_cleanup.delete_policies(
+            kube, "ml", logging.getLogger("test"), pods_left=lambda: pods["left"], jobs_back=lambda: jobs_back))
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert kube.deleted == [] or jobs_back
+        pods["left"] = False
+        await asyncio.wait_for(task, 5)
+        return kube.deleted
+
+    monkeypatch.setattr(namespace_cleanup, "LOOK_EVERY", 0.01)
+    assert asyncio.run(scenario(False)) == list(namespace_cleanup.POLICIES)
+    assert asyncio.run(scenario(True)) == []

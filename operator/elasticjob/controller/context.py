@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -64,16 +65,22 @@ class JobMemory:
 
 
 class NamespaceObjects:
-    """Objects a namespace's jobs share (the NetworkPolicy around its stores): created once per namespace, by
-    one request however many reconciles ask at once. Retired when the namespace's last job leaves the mirror
+    """Objects a namespace's jobs share (the NetworkPolicy around its stores): created per namespace by one
+    request however many reconciles ask at once, and created again (a 409 where it stands) by the first
+    reconcile RECHECK seconds after: a policy someone deleted comes back within that, not at the operator's next
+    start. Retired when the namespace's last job leaves the mirror
     (the job watch delivers a namespace's deletions before a recreated namespace's new jobs): forgotten, so a
     namespace deleted and made again gets its objects again, and deleted, so that nothing the operator made
     outlives the jobs it was for. A create in that namespace waits for the deletion first: a new job's store is
     never left outside its policy by a deletion that lands after the create."""
 
-    def __init__(self) -> None:
+    RECHECK = 30.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._creates: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self._created_at: dict[tuple[str, str], float] = {}
         self._retiring: dict[str, asyncio.Task[Any]] = {}
+        self._clock = clock
 
     async def create(self, manifest: dict[str, Any],
                      create: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
@@ -83,15 +90,18 @@ class NamespaceObjects:
         if (retiring := self._retiring.get(key[0])) is not None:
             await asyncio.wait([retiring])  # its failure is its own (logged there); the create goes on
         task = self._creates.get(key)
-        if task is not None and not (task.done() and (task.cancelled() or task.exception())):
+        stale = task is not None and task.done() and self._clock() - self._created_at[key] >= self.RECHECK
+        if task is not None and not stale and not (task.done() and (task.cancelled() or task.exception())):
             await asyncio.shield(task)
             return None
         task = self._creates[key] = asyncio.ensure_future(create(manifest))
+        self._created_at[key] = self._clock()
         return await asyncio.shield(task)  # a failure leaves a done task with its error: the next call retries
 
     def forget(self, namespace: str) -> None:
         for key in [k for k in self._creates if k[0] == namespace]:
             del self._creates[key]
+            self._created_at.pop(key, None)
 
     def retire(self, namespace: str, delete: Callable[[str], Awaitable[None]]) -> None:
         """Forget the namespace's objects and delete them (`delete(namespace)`), after any earlier deletion."""

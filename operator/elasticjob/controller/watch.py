@@ -93,5 +93,8 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             telemetry.forget(key)
             # A replica that is not the leader writes nothing, deletions included.
             if ctx.gate.active and not ctx.mirror.has_jobs_in(key[0]):
-                ctx.namespace_objects.retire(key[0], functools.partial(namespace_cleanup.delete_policies,
-                                                                       ctx.kube, logger=ctx.logger))
+                namespace = key[0]
+                ctx.namespace_objects.retire(namespace, functools.partial(
+                    namespace_cleanup.delete_policies, ctx.kube, logger=ctx.logger,
+                    pods_left=functools.partial(ctx.mirror.pods.any_in, namespace),
+                    jobs_back=functools.partial(ctx.mirror.has_jobs_in, namespace)))
