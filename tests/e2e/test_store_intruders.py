@@ -1,6 +1,6 @@
 """Strangers at a training job's rendezvous store, on real nodes: a pod in the job's own namespace wearing the
-job's labels (no admission policy stops it here: the operator runs from this checkout, not from the chart), and a
-pod of another namespace wearing them too, each dial the store (by its Service's ClusterIP and by its pod's IP)
+job's labels (where the chart's jobLabelPolicy refuses it that, as it does when the operator is installed by the
+chart, the same pod without them), and a pod of another namespace wearing them, each dial the store (by its Service's ClusterIP and by its pod's IP)
 and write what failed or held jobs before (tests/e2e/intruder.py): torch's state closed with a waiter, a forged
 stop, a stop count jumped, a decoder bomb, deep JSON. None of it lands; the job trains on to Succeeded with no
 restart charged, no failure and no incident, and no step waits more than a second longer than usual.
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from e2e_support import JOB_NAME, PULL_SECRETS, WORKER_IMAGE, job_manifest, train_args
@@ -35,20 +36,37 @@ STEPS = 240  # 60 s of training: the strangers' writes (15 s each, in parallel) 
 STALL = 1.0
 
 
-def stranger(name: str) -> dict:
-    """A pod wearing the job's labels, idle until the test runs the intruder in it."""
+def stranger(name: str, labelled: bool = True) -> dict:
+    """A pod wearing the job's labels (or none), idle until the test runs the intruder in it."""
+    labels = {"elasticjob.dev/job-name": JOB_NAME, "elasticjob.dev/role": "worker"} if labelled else {}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name,
-                         "labels": {"elasticjob.dev/job-name": JOB_NAME, "elasticjob.dev/role": "worker"}},
+            "metadata": {"name": name, "labels": labels},
             "spec": {"terminationGracePeriodSeconds": 0, "imagePullSecrets": PULL_SECRETS,
                      "containers": [{"name": "probe", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
                                      "command": ["python", "-c", "import time; time.sleep(10**9)"]}]}}
 
 
-def intrude(core: client.CoreV1Api, namespace: str, pod: str, host: str, port: int, run_id: str) -> dict[str, str]:
-    out = stream(core.connect_get_namespaced_pod_exec, pod, namespace,
-                 command=["python", "-c", SOURCE, host, str(port), run_id],
-                 stderr=False, stdin=False, stdout=True, tty=False)
+def place(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    """Creates the stranger wearing the job's labels; where the chart's jobLabelPolicy refuses that (the job's own
+    namespace, with the operator installed by the chart), without them. True: it wears them."""
+    try:
+        core.create_namespaced_pod(namespace, stranger(name))
+        return True
+    except ApiException as error:
+        if error.status != 403 or "job-labels-reserved" not in str(error.body):
+            raise
+    core.create_namespaced_pod(namespace, stranger(name, labelled=False))
+    return False
+
+
+def intrude(configuration: client.Configuration, namespace: str, pod: str, host: str, port: int,
+            run_id: str) -> dict[str, str]:
+    """Runs the intruder in `pod`. A client of its own: stream() swaps its client's request function while it
+    runs, and the test's shared client, used by other threads meanwhile, would be left speaking websocket."""
+    with client.ApiClient(configuration) as api:
+        out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace,
+                     command=["python", "-c", SOURCE, host, str(port), run_id],
+                     stderr=False, stdin=False, stdout=True, tty=False)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -67,8 +85,8 @@ def test_strangers_write_nothing_into_the_store_and_the_job_trains_on(
     operator_factory(extra_args=["--no-network-policy"] if policies == "absent" else [])
     core = jobs.core
     strangers = [(jobs.namespace, "neighbour"), (intruders, "outsider")]
-    for namespace, name in strangers:
-        core.create_namespaced_pod(namespace, stranger(name))
+    labelled = {name: place(core, namespace, name) for namespace, name in strangers}
+    assert labelled["outsider"], "the policy binds the watched namespaces only"
     before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(STEPS, step_seconds=STEP_SECONDS)),
                    world_size=2)
     for namespace, name in strangers:
@@ -82,7 +100,8 @@ def test_strangers_write_nothing_into_the_store_and_the_job_trains_on(
 
     began = time.time()
     with ThreadPoolExecutor(len(attempts)) as pool:
-        seen = list(pool.map(lambda a: intrude(core, a[0], a[1], a[2], port, run_id), attempts))
+        seen = list(pool.map(lambda a: intrude(jobs.api_client.configuration, a[0], a[1], a[2], port, run_id),
+                             attempts))
     ended = time.time()
     for (namespace, name, host), results in zip(attempts, seen):
         landed = [write for write, result in results.items() if not result.startswith("refused")]

@@ -87,7 +87,7 @@ def relabel(core: client.CoreV1Api, namespace: str, name: str, labels: dict[str,
 
 
 def refused_for(exc: client.ApiException | None, label: str, operator: str) -> bool:
-    return (exc is not None and exc.status == 403 and f"the pod label {label} is reserved" in exc.body
+    return (exc is not None and exc.status == 403 and f"the pod label(s) {label} are reserved" in exc.body
             and f"only the elasticjob operator ({operator}) may set" in exc.body)
 
 
