@@ -318,7 +318,7 @@ def stop_cut_off(plan: Plan, job: Job, pod: PodView, why: str, now: datetime) ->
     book(plan, job, FailureRecord(pod=pod.name, uid=pod.uid, replica_index=pod.index, reason="Partitioned",
                                   message=why, charged=charged, time=stamp(now)), now, text, now)
     nodes.avoid(plan, job, pod.node, nodes.PARTITIONED, text, now)
-    plan.act(DeletePod(pod.name, pod.uid, grace_seconds=nodes.BAD_POD_GRACE, event=Event(
+    plan.act(DeletePod(pod.name, pod.uid, grace_seconds=nodes.CUT_OFF_GRACE, event=Event(
         "Warning", "Partitioned", f"{text}; removed from the rendezvous and stopped, a replacement takes its "
         f"place")))
 
