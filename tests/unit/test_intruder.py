@@ -51,3 +51,11 @@ def test_the_decoder_refuses_the_bomb_and_reads_the_closed_state():
         decode(intruder.memo_bomb())
     state = decode(intruder.closed_state())
     assert state is not None and state.closed and len(state.wait_list) == 1
+
+
+def test_the_program_prints_every_writes_outcome_as_one_json_line(capsys):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    intruder.main(["127.0.0.1", str(store.port), RUN_ID])
+    import json
+
+    assert json.loads(capsys.readouterr().out) == dict.fromkeys(intruder.writes(RUN_ID), "written")
