@@ -160,10 +160,11 @@ class Gate:
     async def _admit(self, address: str) -> bool:
         if self.allowed(address):
             return True
-        held = sum(self._held.values())
-        if held >= MAX_HELD or self._held.get(address, 0) >= MAX_HELD_PER_ADDRESS:
-            return False
-        self._held[address] = self._held.get(address, 0) + 1
+        with self._lock:  # report() reads the counts from another thread
+            held = sum(self._held.values())
+            if held >= MAX_HELD or self._held.get(address, 0) >= MAX_HELD_PER_ADDRESS:
+                return False
+            self._held[address] = self._held.get(address, 0) + 1
         assert self._changed is not None
         try:
             async with self._changed:
@@ -171,9 +172,10 @@ class Gate:
         except asyncio.TimeoutError:
             return False
         finally:
-            self._held[address] -= 1
-            if not self._held[address]:
-                del self._held[address]
+            with self._lock:
+                self._held[address] -= 1
+                if not self._held[address]:
+                    del self._held[address]
 
     def _refuse(self, address: str) -> None:
         with self._lock:
