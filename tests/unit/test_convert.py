@@ -77,44 +77,47 @@ def check_runs(document):
     return spec, container
 
 
+NONE = {"runPolicy": {"cleanPodPolicy": "None"}}  # Kubeflow's default, written out where a job sets none
+
 # (case, input, the spec's fields expected besides the template, the worker's command, args)
 CASES = [
     ("plain DDP: Master and one Worker, python -> torchrun, fixed size",
      pytorchjob(workers=(1, PYTHON_DDP), master=PYTHON_DDP),
-     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 1},
+     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 1, **NONE},
      ["torchrun", "/workspace/mnist.py", "--epochs=1"], None),
     ("Workers only, python -u with the script in args",
      pytorchjob(workers=(3, pod(["python", "-u"], args=["train.py", "--lr", "0.1"])),
                 run_policy={"backoffLimit": 5}),
-     {"minReplicas": 3, "maxReplicas": 3, "nprocPerNode": 1, "maxRestarts": 5},
+     {"minReplicas": 3, "maxReplicas": 3, "nprocPerNode": 1, "maxRestarts": 5, **NONE},
      ["torchrun"], ["train.py", "--lr", "0.1"]),
     ("python -m a module",
      pytorchjob(workers=(2, pod(["python", "-m", "trainer.main"]))),
-     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 1},
+     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 1, **NONE},
      ["torchrun", "-m", "trainer.main"], None),
     ("elastic: min/max from elasticPolicy, replicas from the Workers, maxRestarts over backoffLimit",
      pytorchjob(workers=(2, pod(["python", "-m", "torch.distributed.run", "/workspace/imagenet.py"])),
                 elastic={"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": 3, "maxRestarts": 100},
                 run_policy={"backoffLimit": 7}),
-     {"minReplicas": 1, "maxReplicas": 3, "replicas": 2, "maxRestarts": 100},
+     {"minReplicas": 1, "maxReplicas": 3, "replicas": 2, "maxRestarts": 100, **NONE},
      ["python", "-m", "torch.distributed.run", "/workspace/imagenet.py"], None),
     ("elastic at its maximum: replicas left to default",
      pytorchjob(workers=(4, TORCHRUN), elastic={"minReplicas": 2, "maxReplicas": 4}, nproc="2"),
-     {"minReplicas": 2, "maxReplicas": 4, "nprocPerNode": 2},
+     {"minReplicas": 2, "maxReplicas": 4, "nprocPerNode": 2, **NONE},
      ["torchrun", "/workspace/train.py"], ["--steps", "60"]),
     ("torchrun flags the operator sets are taken off command and args; nproc and restarts kept from them",
      pytorchjob(workers=(2, pod(["torchrun", "--nnodes=1:2", "--rdzv_backend", "c10d"],
                                 args=["--nproc_per_node=2", "--max-restarts", "4", "--standalone",
                                       "--log-dir", "/logs", "train.py", "--nnodes", "9"], gpus=2))),
-     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 2, "maxRestarts": 4},
+     {"minReplicas": 2, "maxReplicas": 2, "nprocPerNode": 2, "maxRestarts": 4, **NONE},
      ["torchrun"], ["--log-dir", "/logs", "train.py", "--nnodes", "9"]),
-    ("rendezvous: port and the c10d timeouts carry over",
+    ("rendezvous: the c10d store's port and timeouts carry over",
      pytorchjob(workers=(2, TORCHRUN), elastic={
-         "minReplicas": 1, "maxReplicas": 2, "rdzvBackend": "etcd-v2", "rdzvPort": 29500, "rdzvHost": "etcd",
+         "minReplicas": 1, "maxReplicas": 2, "rdzvBackend": "c10d", "rdzvPort": 29500,
          "rdzvConf": [{"key": "join_timeout", "value": "900"}, {"key": "last_call_timeout", "value": "5"},
                       {"key": "keep_alive_interval", "value": "3"}, {"key": "is_host", "value": "true"}]}),
      {"minReplicas": 1, "maxReplicas": 2, "rendezvous": {"port": 29500, "joinTimeoutSeconds": 900,
-                                                         "lastCallTimeoutSeconds": 5, "keepAliveIntervalSeconds": 3}},
+                                                         "lastCallTimeoutSeconds": 5, "keepAliveIntervalSeconds": 3},
+      **NONE},
      ["torchrun", "/workspace/train.py"], ["--steps", "60"]),
     ("run policy: suspend, deadlines, TTL, clean-up; queue and priority",
      pytorchjob(workers=(2, TORCHRUN), run_policy={
@@ -129,9 +132,9 @@ CASES = [
      {**pytorchjob(workers=(2, TORCHRUN), run_policy={"backoffLimit": 3}),
       "spec": {"runPolicy": {"backoffLimit": 3}, "pytorchReplicaSpecs": {
           "Worker": {"replicas": 2, "restartPolicy": "Never", "template": TORCHRUN}}}},
-     {"minReplicas": 2, "maxReplicas": 2, "maxRestarts": 0},
+     {"minReplicas": 2, "maxReplicas": 2, "maxRestarts": 0, **NONE},
      ["torchrun", "/workspace/train.py"], ["--steps", "60"]),
-    ("a Master alone", pytorchjob(master=PYTHON_DDP), {"minReplicas": 1, "maxReplicas": 1, "nprocPerNode": 1},
+    ("a Master alone", pytorchjob(master=PYTHON_DDP), {"minReplicas": 1, "maxReplicas": 1, "nprocPerNode": 1, **NONE},
      ["torchrun", "/workspace/mnist.py", "--epochs=1"], None),
 ]
 
@@ -192,7 +195,7 @@ def test_elastic_metrics_become_a_horizontal_pod_autoscaler_on_the_elasticjob():
         "minReplicas": 1, "maxReplicas": 4, "metrics": metrics})])
     job, hpa = result.documents
     assert hpa == {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-                   "metadata": {"name": "train", "namespace": "ml"},
+                   "metadata": {"name": "train-elasticjob", "namespace": "ml"},
                    "spec": {"scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": "train"},
                             "minReplicas": 1, "maxReplicas": 4, "metrics": metrics}}
 

@@ -141,6 +141,14 @@ def every_field(node, path=()):
 def rich_job():
     """A PyTorchJob that sets every field the converter reads."""
     template = pod(["python", "-u", "t.py"], args=["--lr", "0.1"], gpus=1, env=[{"name": "NCCL_DEBUG", "value": "1"}])
+    kubeflow = {"labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": "train"}, "matchExpressions": [
+        {"key": "training.kubeflow.org/replica-type", "operator": "In", "values": ["worker"]}]},
+        "matchLabelKeys": ["job-name"], "mismatchLabelKeys": ["group-name"], "topologyKey": "kubernetes.io/hostname"}
+    template["spec"]["affinity"] = {kind: {
+        "requiredDuringSchedulingIgnoredDuringExecution": [copy.deepcopy(kubeflow)],
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": copy.deepcopy(kubeflow)}]}
+        for kind in ("podAffinity", "podAntiAffinity")}
+    template["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, **copy.deepcopy(kubeflow)}]
     job = pytorchjob(workers=(2, template), master=copy.deepcopy(template), nproc="1", labels={"team": "a"},
                      annotations={"owner": "me"}, generateName="t-", elastic={
                          "minReplicas": 1, "maxReplicas": 3, "maxRestarts": 2, "nProcPerNode": 1, "rdzvBackend": "c10d",
@@ -151,6 +159,8 @@ def rich_job():
                                  "ttlSecondsAfterFinished": 60, "cleanPodPolicy": "All", "managedBy": "x",
                                  "schedulingPolicy": {"queue": "q", "priorityClass": "p", "minAvailable": 1,
                                                       "scheduleTimeoutSeconds": 9, "minResources": {"cpu": 1}}})
+    job["spec"].update({"cleanPodPolicy": "All", "backoffLimit": 3, "activeDeadlineSeconds": 60,
+                        "ttlSecondsAfterFinished": 60})  # where the pytorch-operator's kubeflow.org/v1 had them
     convert_documents([copy.deepcopy(job)])  # it converts as it is
     return job
 

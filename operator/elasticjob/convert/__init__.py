@@ -6,6 +6,7 @@ raises InputError; a job understood but not convertible, ConversionError. Both s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from elasticjob.convert.errors import ConversionError, InputError
 __all__ = ["ConversionError", "Converted", "InputError", "convert_documents", "convert_text"]
 
 KUBEFLOW_GROUP = "kubeflow.org/"
+LIST_KIND = "List"
 
 
 @dataclass(frozen=True)
@@ -31,17 +33,14 @@ def convert_text(text: str) -> Converted:
 
 
 def convert_documents(documents: list[Any]) -> Converted:
-    """Each PyTorchJob converted; any other object (a ConfigMap the job mounts, say) passed through unchanged."""
+    """Each PyTorchJob converted; any other object (a ConfigMap the job mounts, say) passed through unchanged. The
+    items of a List (what `kubectl get -o yaml` prints for many objects) come out as documents of their own."""
     out: list[dict[str, Any]] = []
     warnings: list[str] = []
-    for index, document in enumerate(documents):
-        if document is None:
-            continue
-        if not isinstance(document, dict):
-            raise InputError(f"document {index + 1} is not a Kubernetes object")
-        _checked(document, shape.OBJECT, f"document {index + 1}")
+    for where, document in _objects(documents):
+        _checked(document, shape.OBJECT, where)
         kind, api = document.get("kind"), str(document.get("apiVersion", ""))
-        name = (document.get("metadata") or {}).get("name") or f"(document {index + 1})"
+        name = (document.get("metadata") or {}).get("name") or f"({where})"
         if kind == "PyTorchJob" and api.startswith(KUBEFLOW_GROUP):
             _checked(document, shape.PYTORCHJOB, f"PyTorchJob {name}")
             converted, notes = _converted(document, name)
@@ -53,8 +52,35 @@ def convert_documents(documents: list[Any]) -> Converted:
             out.append(document)
             warnings.append(f"{kind} {name}: not a PyTorchJob, passed through unchanged")
     if not any(d.get("kind") == "ElasticJob" for d in out):
-        raise ConversionError("no PyTorchJob found")
+        empty = any(isinstance(d, dict) and _is_list(d) and not d.get("items") for d in documents)
+        raise ConversionError("no PyTorchJob found" + (" (the input holds an empty List)" if empty else ""))
     return Converted(out, warnings)
+
+
+def _objects(documents: list[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each object, with where it is for messages: the documents, and the items of each List in their place."""
+    for index, document in enumerate(documents):
+        if document is not None:
+            yield from _flattened(document, f"document {index + 1}")
+
+
+def _flattened(document: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    if not isinstance(document, dict):
+        raise InputError(f"{where} is not a Kubernetes object")
+    if not _is_list(document):
+        yield where, document
+        return
+    _checked(document, shape.LIST_OBJECT, where)
+    kind = str(document["kind"])
+    for index, item in enumerate(document.get("items") or []):
+        if kind != LIST_KIND:  # a typed list (the API's PyTorchJobList) leaves its items' kind out
+            item = {"apiVersion": document.get("apiVersion"), "kind": kind.removesuffix(LIST_KIND), **item}
+        yield from _flattened(item, f"{where} items[{index}]")
+
+
+def _is_list(document: dict[str, Any]) -> bool:
+    kind = document.get("kind")
+    return kind == LIST_KIND or isinstance(kind, str) and kind.endswith(LIST_KIND) and "items" in document
 
 
 def _checked(document: dict[str, Any], fields: list[tuple[tuple[str, ...], shape.Expect]], what: str) -> None:

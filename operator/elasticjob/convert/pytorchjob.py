@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from elasticjob import torchrun
-from elasticjob.convert import launch
+from elasticjob.convert import launch, selectors
 from elasticjob.convert.errors import ConversionError
 from elasticjob.domain import JobRef
 from elasticjob.models import API_VERSION, KIND, ElasticJobSpec
@@ -27,6 +27,13 @@ RDZV_CONF = {"join_timeout": "joinTimeoutSeconds", "last_call_timeout": "lastCal
              "close_timeout": "closeTimeoutSeconds", "keep_alive_interval": "keepAliveIntervalSeconds",
              "keep_alive_max_attempt": "keepAliveMaxAttempts", "read_timeout": "readTimeoutSeconds"}
 RUN_POLICY_FIELDS = ("suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy")
+# Fields the pytorch-operator's kubeflow.org/v1 kept in spec itself, which the training operator moved to runPolicy.
+SPEC_RUN_POLICY = ("cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+SPEC_FIELDS = frozenset({"pytorchReplicaSpecs", "elasticPolicy", "runPolicy", "nprocPerNode", *SPEC_RUN_POLICY})
+# The training operator names its HorizontalPodAutoscaler as the PyTorchJob (pytorch/hpa.go), and the ElasticJob
+# keeps that name: a suffix keeps the two apart while both exist.
+AUTOSCALER_SUFFIX = "-elasticjob"
+NAME_LIMIT = 253  # an object's name: a DNS subdomain
 KUBEFLOW_MANAGER = "kubeflow.org/training-operator"
 DIFFERENCES_SHOWN = 5
 
@@ -35,11 +42,9 @@ def convert(job: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """The ElasticJob (and a HorizontalPodAutoscaler where the PyTorchJob had metrics), and the warnings."""
     spec = job.get("spec") or {}
     elastic = spec.get("elasticPolicy") or {}
-    run_policy = spec.get("runPolicy") or {}
     notes: list[str] = []
-    template, total, restart = _replicas(spec.get("pytorchReplicaSpecs"))
-    template, worker = launch.worker_container(template)
-    notes += worker.warnings
+    run_policy = _run_policy_of(spec, notes)
+    template, total, restart, worker = _pod_template(job, notes)
     out: dict[str, Any] = _size(elastic, total)
     nproc = _nproc(spec, elastic, worker, notes)
     if nproc is not None:
@@ -59,19 +64,46 @@ def convert(job: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     _validate(out)
     documents = [{"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": out}]
     if elastic.get("metrics"):
-        documents.append(_autoscaler(metadata, out, elastic["metrics"]))
-        notes.append("elasticPolicy.metrics: written as a HorizontalPodAutoscaler on the ElasticJob's scale "
-                     "subresource, as the training operator made one on the PyTorchJob")
+        documents.append(_autoscaler(metadata, out, elastic["metrics"], notes))
     return documents, notes
+
+
+def _pod_template(job: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], int, str, launch.Launch]:
+    """The template every pod runs, as this operator runs it (its worker container, the selectors of its pods);
+    the number of pods, the restart policy and the worker container's launch."""
+    template, total, restart = _replicas((job.get("spec") or {}).get("pytorchReplicaSpecs"))
+    template, worker = launch.worker_container(template)
+    notes += worker.warnings
+    notes += selectors.rewrite(template.setdefault("spec", {}), (job.get("metadata") or {}).get("name"))
+    if (template.get("metadata") or {}).get("creationTimestamp", "") is None:
+        del template["metadata"]["creationTimestamp"]  # what `kubectl get -o yaml` prints in a template: no intent
+    return template, total, restart, worker
+
+
+def _run_policy_of(spec: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """runPolicy, with what the pytorch-operator's kubeflow.org/v1 kept in spec (the training operator prunes it,
+    so runPolicy's own wins); any other field of spec the converter does not read is named."""
+    run_policy = dict(spec.get("runPolicy") or {})
+    for key in SPEC_RUN_POLICY:
+        if spec.get(key) is None:
+            continue
+        if run_policy.get(key) is not None:
+            notes.append(f"spec.{key} {spec[key]} dropped: runPolicy.{key} {run_policy[key]} is the field of the "
+                         "training operator's kubeflow.org/v1")
+        else:
+            run_policy[key] = spec[key]
+            notes.append(f"spec.{key} read as runPolicy.{key} (the pytorch-operator's kubeflow.org/v1 kept it in "
+                         "spec)")
+    for key in sorted(k for k, v in spec.items() if k not in SPEC_FIELDS and v is not None):
+        notes.append(f"spec.{key} ignored: not a field of the PyTorchJob API (kubeflow.org/v1) the converter knows")
+    return run_policy
 
 
 def _replicas(specs: Any) -> tuple[dict[str, Any], int, str]:
     """The one pod template, the number of pods (Master and Workers) and the restart policy."""
     if not specs:
         raise ConversionError("spec.pytorchReplicaSpecs is empty: nothing to run")
-    unknown = sorted(set(specs) - set(REPLICA_TYPES))
-    if unknown:
-        raise ConversionError(f"replica types {', '.join(unknown)} are not Master or Worker")
+    specs = _by_type(specs)
     master, worker = specs.get("Master"), specs.get("Worker")
     if master is not None and _count(master) != 1:
         raise ConversionError(f"Master has {_count(master)} replicas: a PyTorchJob has one Master")
@@ -90,6 +122,25 @@ def _replicas(specs: Any) -> tuple[dict[str, Any], int, str]:
     policies = {s.get("restartPolicy") or "OnFailure" for s in present}  # OnFailure: the PyTorchJob default
     restart = next((p for p in ("Never", "ExitCode") if p in policies), policies.pop())
     return (worker or master or {}).get("template") or {}, total, restart
+
+
+def _by_type(specs: dict[str, Any]) -> dict[str, Any]:
+    """The replica specs under Kubeflow's names: the training operator reads a replica type in any case
+    (setTypeNamesToCamelCase), so `master:` and `WORKER:` are Master and Worker."""
+    unknown = sorted(k for k in specs if k.lower() not in {t.lower() for t in REPLICA_TYPES})
+    if unknown:
+        raise ConversionError(f"replica types {', '.join(unknown)} are not Master or Worker")
+    out: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, replica in specs.items():
+        kind = next((t for t in REPLICA_TYPES if t.lower() == key.lower()), None)
+        if replica is None or kind is None:
+            continue
+        if kind in out:
+            raise ConversionError(f"replica types {written[kind]} and {key} are both {kind} (Kubeflow reads a "
+                                  "replica type in any case): keep one")
+        out[kind], written[kind] = replica, key
+    return out
 
 
 def _count(replica: dict[str, Any]) -> int:
@@ -157,6 +208,9 @@ def _max_restarts(elastic: dict[str, Any], run_policy: dict[str, Any], restart: 
             notes.append(f"runPolicy.backoffLimit {backoff} dropped: elasticPolicy.maxRestarts is maxRestarts")
         return int(elastic["maxRestarts"])
     if restart == "Never":
+        if backoff is not None:
+            notes.append(f"runPolicy.backoffLimit {backoff} dropped: the training operator counts it only for "
+                         "OnFailure and Always replicas; under restartPolicy Never the first failure failed the job")
         notes.append("restartPolicy Never: the job fails at the first failure (maxRestarts 0)")
         return 0
     if backoff is not None:
@@ -179,8 +233,7 @@ def _rendezvous(elastic: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     backend = elastic.get("rdzvBackend")
     if backend not in (None, "c10d"):
         notes.append(f"rdzvBackend {backend}: replaced by the operator's c10d store (a pod per job)")
-    if elastic.get("rdzvPort") is not None:
-        rendezvous["port"] = int(elastic["rdzvPort"])
+    _port(elastic, rendezvous, notes)
     for key in ("rdzvHost", "rdzvId", "standalone"):
         if elastic.get(key) not in (None, False):
             notes.append(f"elasticPolicy.{key} dropped: the operator runs the store, names it and uses the job's "
@@ -199,8 +252,27 @@ def _rendezvous(elastic: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return rendezvous
 
 
+def _port(elastic: dict[str, Any], rendezvous: dict[str, Any], notes: list[str]) -> None:
+    """rdzvPort is the port of the job's own c10d store (on worker 0) only where no other host or backend is
+    named; otherwise it is the port of that host or etcd server, which the job's store replaces."""
+    port, host, backend = elastic.get("rdzvPort"), elastic.get("rdzvHost"), elastic.get("rdzvBackend")
+    if port is None:
+        return
+    if host is None and backend in (None, "c10d"):
+        rendezvous["port"] = int(port)
+        return
+    server = f"the {backend} server" if backend not in (None, "c10d") else "the rendezvous host"
+    notes.append(f"elasticPolicy.rdzvPort {port} dropped: the port of {server}{f' {host}' if host else ''}, "
+                 "which the job's own store replaces; that store listens on spec.rendezvous.port (default 29400)")
+
+
 def _run_policy(run_policy: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     policy = {key: run_policy[key] for key in RUN_POLICY_FIELDS if run_policy.get(key) is not None}
+    if "cleanPodPolicy" not in policy:
+        policy["cleanPodPolicy"] = "None"
+        notes.append("runPolicy.cleanPodPolicy unset: written as None, Kubeflow's default (every pod kept when the "
+                     "job finishes, here the job's store pod too, until the job is deleted); this operator's "
+                     "default, Running, deletes the pods still running and the store")
     manager = run_policy.get("managedBy")
     if manager not in (None, KUBEFLOW_MANAGER):
         notes.append(f"runPolicy.managedBy {manager} dropped: this operator manages every ElasticJob")
@@ -248,10 +320,13 @@ def _metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _autoscaler(metadata: dict[str, Any], spec: dict[str, Any], metrics: list[Any]) -> dict[str, Any]:
+def _autoscaler(metadata: dict[str, Any], spec: dict[str, Any], metrics: list[Any], notes: list[str]) -> dict[str, Any]:
     if not metadata.get("name"):
         raise ConversionError("elasticPolicy.metrics needs metadata.name: the HorizontalPodAutoscaler names its job")
-    meta = {key: metadata[key] for key in ("name", "namespace") if key in metadata}
+    name = metadata["name"][:NAME_LIMIT - len(AUTOSCALER_SUFFIX)].rstrip("-.") + AUTOSCALER_SUFFIX
+    notes.append(f"elasticPolicy.metrics: written as the HorizontalPodAutoscaler {name} on the ElasticJob's scale "
+                 "subresource (the training operator's own, named as the job, goes with the PyTorchJob)")
+    meta = {"name": name, **({"namespace": metadata["namespace"]} if "namespace" in metadata else {})}
     return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
             "spec": {"scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": metadata.get("name")},
                      "minReplicas": spec["minReplicas"], "maxReplicas": spec["maxReplicas"],

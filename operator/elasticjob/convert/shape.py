@@ -36,6 +36,8 @@ WHOLE_OR_STRING = Expect("a whole number or a string", lambda v: _whole(v) or is
 GPU_COUNT = Expect("a whole number of GPUs", lambda v: _whole(v) or isinstance(v, str) and v.isascii() and v.isdigit())
 
 OBJECT = [(("apiVersion",), STRING), (("kind",), STRING), (("metadata",), MAPPING), (("metadata", "name"), STRING)]
+# A List (kubectl's, or the API's own PyTorchJobList): its items are objects, each checked as one.
+LIST_OBJECT = [(("apiVersion",), STRING), (("kind",), STRING), (("items",), LIST), (("items", EACH_ITEM), MAPPING)]
 
 _METADATA = [(("metadata", key), expect) for key, expect in [
     ("namespace", STRING), ("generateName", STRING), ("labels", MAPPING), ("annotations", MAPPING)]]
@@ -47,6 +49,29 @@ _CONTAINER: list[tuple[tuple[str, ...], Expect]] = [
     *[(("resources", section, gpu), GPU_COUNT) for section in ("limits", "requests")
       for gpu in torchrun.GPU_RESOURCES],
 ]
+# A pod affinity term or a topology spread constraint: the pod label selector and the keys that convert rewrites.
+_SELECTOR_TERM: list[tuple[tuple[str, ...], Expect]] = [
+    ((), MAPPING), (("labelSelector",), MAPPING), (("labelSelector", "matchLabels"), MAPPING),
+    (("labelSelector", "matchLabels", EACH_KEY), STRING), (("labelSelector", "matchExpressions"), LIST),
+    *[(("labelSelector", "matchExpressions", EACH_ITEM, *path), expect) for path, expect in [
+        ((), MAPPING), (("key",), STRING), (("operator",), STRING), (("values",), LIST),
+        (("values", EACH_ITEM), STRING)]],
+    *[(path, expect) for keys in ("matchLabelKeys", "mismatchLabelKeys")
+      for path, expect in [((keys,), LIST), ((keys, EACH_ITEM), STRING)]],
+]
+_PLACEMENT: list[tuple[tuple[str, ...], Expect]] = [
+    (("affinity",), MAPPING),
+    *[(path, expect) for kind in ("podAffinity", "podAntiAffinity") for path, expect in [
+        (("affinity", kind), MAPPING), (("affinity", kind, "requiredDuringSchedulingIgnoredDuringExecution"), LIST),
+        *[(("affinity", kind, "requiredDuringSchedulingIgnoredDuringExecution", EACH_ITEM, *p), e)
+          for p, e in _SELECTOR_TERM],
+        (("affinity", kind, "preferredDuringSchedulingIgnoredDuringExecution"), LIST),
+        (("affinity", kind, "preferredDuringSchedulingIgnoredDuringExecution", EACH_ITEM), MAPPING),
+        *[(("affinity", kind, "preferredDuringSchedulingIgnoredDuringExecution", EACH_ITEM, "podAffinityTerm", *p), e)
+          for p, e in _SELECTOR_TERM]]],
+    (("topologySpreadConstraints",), LIST),
+    *[(("topologySpreadConstraints", EACH_ITEM, *path), expect) for path, expect in _SELECTOR_TERM],
+]
 _REPLICA = ("spec", "pytorchReplicaSpecs", EACH_KEY)
 _TEMPLATE = (*_REPLICA, "template")
 _REPLICAS = [
@@ -54,6 +79,7 @@ _REPLICAS = [
     ((*_REPLICA, "restartPolicy"), STRING), (_TEMPLATE, MAPPING), ((*_TEMPLATE, "spec"), MAPPING),
     ((*_TEMPLATE, "spec", "containers"), LIST),
     *[((*_TEMPLATE, "spec", "containers", EACH_ITEM, *path), expect) for path, expect in _CONTAINER],
+    *[((*_TEMPLATE, "spec", *path), expect) for path, expect in _PLACEMENT],
 ]
 _ELASTIC = [(("spec", "elasticPolicy", *path), expect) for path, expect in [
     ((), MAPPING), (("minReplicas",), WHOLE), (("maxReplicas",), WHOLE), (("maxRestarts",), WHOLE),
@@ -68,8 +94,12 @@ _RUN_POLICY = [(("spec", "runPolicy", *path), expect) for path, expect in [
     (("schedulingPolicy", "priorityClass"), STRING), (("schedulingPolicy", "minAvailable"), WHOLE),
     (("schedulingPolicy", "scheduleTimeoutSeconds"), WHOLE), (("schedulingPolicy", "minResources"), MAPPING)]]
 # Parents before their fields: a parent of the wrong type is the one reported.
+# Where the pytorch-operator's kubeflow.org/v1 kept what the training operator's keeps in runPolicy.
+_SPEC_RUN_POLICY = [(("spec", key), expect) for key, expect in [
+    ("cleanPodPolicy", STRING), ("backoffLimit", WHOLE), ("activeDeadlineSeconds", WHOLE),
+    ("ttlSecondsAfterFinished", WHOLE)]]
 PYTORCHJOB = [*_METADATA, (("spec",), MAPPING), *_REPLICAS, (("spec", "nprocPerNode"), WHOLE_OR_STRING),
-              *_ELASTIC, *_RUN_POLICY]
+              *_ELASTIC, *_RUN_POLICY, *_SPEC_RUN_POLICY]
 
 
 def check(document: dict[str, Any], fields: list[tuple[tuple[str, ...], Expect]]) -> None:
