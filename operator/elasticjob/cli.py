@@ -87,6 +87,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                      help="a Secret (in the job's namespace) every job pod gets in imagePullSecrets, for the kit's "
                      "and the workers' images; repeatable (the chart's jobImagePullSecrets)")
+    run.add_argument("--taint-bad-nodes", action="store_true",
+                     help="a node a job avoids for a reason of the node's own (a worker failed there, its node check "
+                     "failed, a pod cut off there, a slow node) is also tainted elasticjob.dev/unhealthy:NoSchedule "
+                     "for every pod until the last such avoidance ends (needs patch and list on nodes: the chart's "
+                     "badNodes.taint); default: off, each job avoids the node for its own pods alone")
     run.add_argument("--operator-selector", default="app.kubernetes.io/name=elasticjob-operator",
                      help="labels of the operator's pods (k=v,...), which the NetworkPolicies admit")
     run.add_argument("--concurrent-reconciles", type=at_least_one, default=CONCURRENT_RECONCILES, metavar="N",
@@ -95,8 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("crd", help="print the ElasticJob CustomResourceDefinition (YAML)")
     convert = commands.add_parser("convert", help="print a Kubeflow PyTorchJob (kubeflow.org/v1) as an ElasticJob; "
                                   "what does not carry over is said on stderr (docs/migrating.md)")
-    convert.add_argument("file", metavar="FILE", help="YAML of one or more documents (other objects pass through "
-                         "unchanged); - reads standard input")
+    convert.add_argument("file", metavar="FILE", help="YAML of one or more documents, or a List (kubectl get -o "
+                         "yaml), each item printed as a document; other objects pass through unchanged; - reads "
+                         "standard input")
     return parser.parse_args(argv)
 
 
@@ -137,7 +143,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                         operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
                         kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
                         require_queue_name=args.require_queue_name,
-                        image_pull_secrets=tuple(args.image_pull_secret))
+                        image_pull_secrets=tuple(args.image_pull_secret), taint_bad_nodes=args.taint_bad_nodes)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, leader, args.concurrent_reconciles)
 

@@ -38,6 +38,9 @@ class Settings:
     # Secrets (names, in the job's namespace) every job pod gets in imagePullSecrets besides its template's: the
     # kit's image (the operator's) and the workers' may need credentials the job's author does not hold.
     image_pull_secrets: tuple[str, ...] = ()
+    # A node a job avoids for a reason of the node's own is also tainted for every pod (elasticjob.dev/unhealthy,
+    # NoSchedule) until the last such avoidance ends (--taint-bad-nodes; needs patch and list on nodes).
+    taint_bad_nodes: bool = False
 
 
 @dataclass(frozen=True)

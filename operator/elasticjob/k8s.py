@@ -209,6 +209,24 @@ class Kube:
         conditions = (body.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        """The node as stored now; None when there is none."""
+        try:
+            return await self._get(rest.resource("v1", None, "nodes", name))
+        except NotFound:
+            return None
+
+    async def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        """The nodes with these labels (the operator's tainted ones, --taint-bad-nodes)."""
+        found = await self._get(rest.resource("v1", None, "nodes"), query={"labelSelector": label_selector})
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items
+
+    async def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a node (its metadata.resourceVersion in the patch makes it conditional: Conflict)."""
+        return _json(await self._send("PATCH", rest.resource("v1", None, "nodes", name), body=patch,
+                                      content_type=rest.MERGE_PATCH))
+
     # --- objects of other APIs (PodGroups, Kueue) ----------------------------------------------------------
 
     async def get_object(self, api_version: str, plural: str, namespace: str | None,

@@ -16,6 +16,10 @@ RESTART_GENERATION_ANNOTATION = f"{GROUP}/restart-generation"
 # Which making of a pod's name it is, and the operator's HMAC over job, name and that number (planner/ownership.py).
 SERIAL_ANNOTATION = f"{GROUP}/serial"
 MARK_ANNOTATION = f"{GROUP}/mark"
+# A node tainted for every pod (--taint-bad-nodes): the taint's key, which is also the label the operator finds its
+# tainted nodes by, and the annotation that says until when (elasticjob/taints.py).
+UNHEALTHY_TAINT = f"{GROUP}/unhealthy"
+UNHEALTHY_UNTIL_ANNOTATION = f"{GROUP}/unhealthy-until"
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
 WORKER_CONTAINER = "worker"

@@ -44,6 +44,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kit-image": {"kit": {"image": "mirror.example/elasticjob-operator:0.1.0"}},
     "pull-secrets": {"imagePullSecrets": [{"name": "regcred"}],
                      "jobImagePullSecrets": [{"name": "regcred"}, {"name": "team"}]},
+    "taint-bad-nodes": {"badNodes": {"taint": True}},
 }
 
 # What the reconciler and kopf call, per namespace it watches: (apiGroup, resource) -> verbs.
@@ -59,6 +60,8 @@ NAMESPACED_GRANTS = {
     ("", "events"): {"create"},
 }
 NODES_GRANT = {("", "nodes"): {"get"}}  # nothing for kopf: its scanning is off
+# Only with badNodes.taint: the taint written (patch) and the sweep of the operator's tainted nodes (list).
+TAINT_GRANT = {("", "nodes"): {"get", "list", "patch"}}
 # Only with gangScheduling.workloadAPI / gangScheduling.coscheduling; Kueue's unless kueue.mode is off.
 WORKLOAD_API_GRANTS = {("scheduling.k8s.io", "podgroups"): {"get", "create", "delete"}}
 COSCHEDULING_GRANTS = {("scheduling.x-k8s.io", "podgroups"): {"get", "create", "patch"}}
@@ -237,6 +240,9 @@ LEADER = ["--leader-elect", "--leader-lease-name", FULLNAME]
     ("kit-image", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090", *LEADER,
                    "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", "--kit-image",
                    "mirror.example/elasticjob-operator:0.1.0", "--operator-selector", SELECTOR]),
+    ("taint-bad-nodes", ["--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz", "--metrics-port", "9090",
+                         *LEADER, "--rendezvous-key-file", "/etc/elasticjob/rendezvous/key", *KIT, "--taint-bad-nodes",
+                         "--operator-selector", SELECTOR]),
 ])
 def test_operator_arguments(variant: str, expected_args: list[str]) -> None:
     (container,) = deployment(render(VARIANTS[variant]))["spec"]["template"]["spec"]["containers"]
@@ -399,6 +405,16 @@ def test_rbac_kueue_grants_workloads_per_namespace_and_flavors_cluster_wide() ->
     (role,) = watch_roles(namespaced)
     assert grants([role]) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS}
     assert grants(by_kind(namespaced, "ClusterRole")) == {**NODES_GRANT, **KUEUE_CLUSTER_GRANTS}
+
+
+def test_rbac_nodes_may_be_tainted_only_with_the_value() -> None:
+    cluster = render(VARIANTS["taint-bad-nodes"])
+    assert grants(by_kind(cluster, "ClusterRole")) == {**NAMESPACED_GRANTS, **KUEUE_GRANTS, **KUEUE_CLUSTER_GRANTS,
+                                                       **TAINT_GRANT}
+    namespaced = render({**VARIANTS["taint-bad-nodes"], **VARIANTS["namespaced"]})
+    assert grants(by_kind(namespaced, "ClusterRole")) == {**KUEUE_CLUSTER_GRANTS, **TAINT_GRANT}
+    assert all(("", "nodes") not in grants([role]) for role in watch_roles(namespaced))
+    assert grants(by_kind(render(), "ClusterRole"))[("", "nodes")] == {"get"}
 
 
 def test_rbac_kueue_off_grants_nothing_of_kueue() -> None:

@@ -43,3 +43,11 @@ def test_leader_election_without_the_operators_namespace_stops_at_start(tmp_path
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     with pytest.raises(SystemExit, match="--leader-elect needs the operator's namespace"):
         cli.run_config(parse_args(["run", "--leader-elect"]))
+
+
+def test_tainting_bad_nodes_is_off_unless_asked_for(tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 48)
+    common = ["run", "--rendezvous-key-file", str(key)]
+    assert cli.run_config(parse_args(common)).settings.taint_bad_nodes is False
+    assert cli.run_config(parse_args([*common, "--taint-bad-nodes"])).settings.taint_bad_nodes is True

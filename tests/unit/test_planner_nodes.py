@@ -220,7 +220,7 @@ def test_a_cut_off_pod_left_running_on_the_stores_word_is_replaced_once_its_kube
     replaced = planner.plan(again(left, replicas=3), observed(three(ready1=False), store=view(
         fresh(0), fresh(2), round=5)), later)
     stop, = deletes(replaced)
-    assert (stop.name, stop.grace_seconds, stop.event.reason) == ("train-worker-1", 1, "Partitioned")
+    assert (stop.name, stop.grace_seconds, stop.event.reason) == ("train-worker-1", 0, "Partitioned")  # nodes.CUT_OFF_GRACE
     record = replaced.status.last_failures[-1]
     assert (record.reason, record.charged, replaced.status.restarts) == ("Partitioned", False, 0)
     assert [(n.node, n.reason) for n in replaced.status.avoided_nodes] == [("node-2", "Partitioned")]
@@ -234,7 +234,7 @@ def test_a_cut_off_pod_whose_kubelet_already_says_not_ready_is_fenced_and_its_no
     result = planner.plan(job(running_status(), replicas=3), observed(three(ready1=False), store=view(
         fresh(0), silent(1, age=3.0), fresh(2))), NOW)
     stop, = deletes(result)
-    assert (stop.name, stop.grace_seconds) == ("train-worker-1", 1)
+    assert (stop.name, stop.grace_seconds) == ("train-worker-1", 0)
     assert [n.node for n in result.status.avoided_nodes] == ["node-2"]
 
 

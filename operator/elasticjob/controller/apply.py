@@ -1,7 +1,8 @@
 """Carry out a plan's actions: objects before the pods that need them, concurrently within each wave.
 
 A refusal (403: Pod Security, an exhausted ResourceQuota, RBAC, a webhook) is returned, in the API server's
-words, for the job to show; 422 (an object the API server finds invalid) is raised as the spec's fault.
+words, for the job to show; 422 (an object the API server finds invalid) is raised as the spec's fault. A node's
+taint refused (no RBAC over nodes) is returned apart: the job says so once and goes on avoiding the node itself.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from elasticjob import k8s, metrics, naming, planner
-from elasticjob.controller.context import Context
+from elasticjob.controller import node_taints
+from elasticjob.controller.context import Context, JobMemory
 from elasticjob.domain import JobRef
 from elasticjob.models import API_VERSION, KIND
 from elasticjob_store.protocol import ActionReply, ErrorReply
@@ -33,6 +36,7 @@ class Applied:
     refusal: str | None = None  # the API server's words when it refused to create something
     created: list[str] = field(default_factory=list)  # kinds of the objects created (all in the mirror now)
     taken: list[planner.NameTaken] = field(default_factory=list)  # names another object held (409)
+    taint_refused: str | None = None  # the API server's words when it refused to taint a node (403: no RBAC)
 
 
 async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox: list[planner.Event],
@@ -45,7 +49,9 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox
     for wave in waves(actions):
         results = await asyncio.gather(*(apply_one(ctx, ref, a, log) for a in wave), return_exceptions=True)
         for action, result in zip(wave, results):
-            if isinstance(result, k8s.Forbidden):
+            if isinstance(result, k8s.Forbidden) and isinstance(action, (planner.TaintNode, planner.UntaintNode)):
+                applied.taint_refused = applied.taint_refused or result.message
+            elif isinstance(result, k8s.Forbidden):
                 applied.refusal = applied.refusal or result.message
             elif isinstance(result, BaseException):
                 errors.append(result)
@@ -68,9 +74,12 @@ async def apply(ctx: Context, ref: JobRef, actions: list[planner.Action], outbox
 
 
 def unapplied(applied: dict[tuple[str, str], dict[str, Any]], actions: list[planner.Action]) -> list[planner.Action]:
-    """The plan less the objects to apply that are as this operator last applied them; an empty EndpointSlice is
-    never the first thing written (nothing to take back: the Service has routed nowhere yet)."""
+    """The plan less the objects to apply that are as this operator last applied them, and the nodes' taints as
+    this job last sent them (each plan asks for them all); an empty EndpointSlice is never the first thing written
+    (nothing to take back: the Service has routed nowhere yet)."""
     def needed(action: planner.Action) -> bool:
+        if isinstance(action, planner.TaintNode):
+            return applied.get(("Node", action.node)) != taint_sent(action)
         if not isinstance(action, planner.ApplyObject):
             return True
         manifest = action.manifest
@@ -83,6 +92,25 @@ def remember_applied(applied: dict[tuple[str, str], dict[str, Any]], actions: li
     for action in actions:
         if isinstance(action, planner.ApplyObject):
             applied[(action.manifest["kind"], action.manifest["metadata"]["name"])] = action.manifest
+        elif isinstance(action, planner.TaintNode):
+            applied[("Node", action.node)] = taint_sent(action)
+        elif isinstance(action, planner.UntaintNode):
+            applied.pop(("Node", action.node), None)
+
+
+def taint_sent(action: planner.TaintNode) -> dict[str, Any]:
+    return {k: v for k, v in asdict(action).items() if k != "event"}
+
+
+def refused_taints(memory: JobMemory, applied: Applied) -> list[planner.Event]:
+    """The first time the job's taint of a node was refused (403: the operator may not patch nodes), a Warning
+    Event; the job goes on avoiding its nodes by itself, and is not told again."""
+    if applied.taint_refused is None or memory.taint_refused:
+        return []
+    memory.taint_refused = True
+    return [planner.Event("Warning", "NodeTaintRefused", f"the operator may not taint the nodes this job avoids "
+                          f"(--taint-bad-nodes without the chart's badNodes.taint RBAC?): {applied.taint_refused}; "
+                          f"the job's own pods keep off them all the same")]
 
 
 def merged(events: list[planner.Event]) -> list[planner.Event]:
@@ -121,6 +149,10 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logg
         return await kube.delete_pod(ref.namespace, action.name, action.uid, action.grace_seconds) or None
     if isinstance(action, planner.CollectLeftover):
         return await collect(ctx, ref, action) or None
+    if isinstance(action, planner.TaintNode):
+        return await node_taints.taint(kube, action) or None
+    if isinstance(action, planner.UntaintNode):
+        return await node_taints.untaint(kube, action.node, datetime.now(UTC)) or None
     if isinstance(action, planner.DeleteService):
         await kube.delete_service(ref.namespace, action.name, action.uid or None)
     elif isinstance(action, planner.DeleteJob):

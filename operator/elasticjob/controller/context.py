@@ -62,6 +62,8 @@ class JobMemory:
     squatted: dict[tuple[str, str], NameTaken] = field(default_factory=dict)
     # What this operator last applied, per kind and name (the rendezvous EndpointSlice): sent again only changed.
     applied: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # A node's taint was refused (403) and the job said so (NodeTaintRefused): once per job.
+    taint_refused: bool = False
 
 
 class NamespaceObjects:

@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from elasticjob import k8s, metrics
-from elasticjob.controller import watch
+from elasticjob.controller import node_taints, watch
 from elasticjob.controller.context import Context
 from elasticjob.controller.leader import Elector
 from elasticjob.controller.loops import JobLoops
@@ -60,6 +60,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
         background += [(integration.name, coro) for coro in started]
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
     memo.tasks += [asyncio.create_task(coro, name=f"{name} background") for name, coro in background]
+    if ctx.settings.taint_bad_nodes:  # the leader's sweep (the gate) of the taints no job's plan removed
+        memo.tasks.append(asyncio.create_task(node_taints.sweep_forever(ctx), name="node taints"))
     metrics.LEADER.set(1)
     if config.leader is not None:
         # The watches run in every replica, so that a new leader reconciles from a warm mirror at once.

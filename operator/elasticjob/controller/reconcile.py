@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from elasticjob import backoff, k8s, metrics, planner
 from elasticjob.controller import observing, telemetry, unparsable
-from elasticjob.controller.apply import apply, remember_applied, unapplied
+from elasticjob.controller.apply import apply, refused_taints, remember_applied, unapplied
 from elasticjob.controller.context import EVENT_BURST, EVENT_EVERY, Context, JobMemory, Refusal, job_logger, newest
 from elasticjob.controller.loops import Failed, JobLoop
 from elasticjob.controller.mirror import JobKey, without_managed_fields
@@ -118,6 +118,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     outbox = list(plan.events)  # posted once, after the status write and the actions, whatever happens
     try:
         applied = await apply(ctx, ref, actions, outbox, log)
+        outbox += refused_taints(memory, applied)
         if applied.refusal is None:
             remember_applied(memory.applied, actions)
         memory.squatted |= {(t.kind, t.name): t for t in applied.taken}

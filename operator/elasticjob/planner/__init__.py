@@ -32,6 +32,8 @@ from elasticjob.planner.base import (
     RoundFailure,
     SetSuspend,
     StoreAction,
+    TaintNode,
+    UntaintNode,
     spec_changes,
 )
 from elasticjob.planner.lifecycle import plan, reject, validate
@@ -43,6 +45,6 @@ __all__ = [
     "RESYNC_SECONDS", "UNGATED", "Action", "Allowance", "ApplyObject", "CollectLeftover", "CreateObject",
     "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Integration",
     "IntegrationAction", "Job", "Leftover", "NameTaken", "Observed", "PatchObject", "Plan", "RoundFailure",
-    "SetSuspend", "StoreAction",
+    "SetSuspend", "StoreAction", "TaintNode", "UntaintNode",
     "admit", "plan", "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

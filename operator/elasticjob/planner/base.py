@@ -150,8 +150,29 @@ class ApplyObject:
     manifest: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class TaintNode:
+    """A node the job avoids for a reason of the node's own, tainted for every pod (--taint-bad-nodes, planner/
+    nodes.py taint): idempotent, as the planner cannot see the node (the controller writes the taint and its end
+    together and only ever moves the end later, elasticjob/taints.py)."""
+
+    node: str
+    reason: str  # the avoidance's, one CamelCase word: the taint's value
+    until: str  # RFC 3339: when the job's avoidance ends
+    event: Event | None = None  # posted only when the node was really changed
+
+
+@dataclass(frozen=True)
+class UntaintNode:
+    """The job's avoidance of the node ended: its taint goes unless a later end is written on the node (another
+    job's, or one this job wrote before its avoidNodeSeconds was lowered)."""
+
+    node: str
+    event: Event | None = None  # posted only when the taint was really removed
+
+
 Action = (CreateObject | DeletePod | DeleteService | DefaultReplicas | DeleteJob | StoreAction | DeleteObject
-          | PatchObject | SetSuspend | IntegrationAction | CollectLeftover | ApplyObject)
+          | PatchObject | SetSuspend | IntegrationAction | CollectLeftover | ApplyObject | TaintNode | UntaintNode)
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict[str, Any], list[Event]]:

@@ -64,6 +64,8 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
         finish(result, job, observed, now)
         for integration in observed.integrations:
             integration.finish(result, job, observed, settings, now)
+    # 4.5 With --taint-bad-nodes, the nodes the job avoids for their own sake are tainted for every pod.
+    nodes.taint(result, job, settings, now)
     # 5. The downtime ledger: what this reconcile booked opens an incident, what it saw advances or closes one.
     ledger.track(result, job, observed, now)
     return result

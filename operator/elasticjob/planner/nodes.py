@@ -9,8 +9,10 @@ cost no restart. The evidence is the operator's own: a pod whose phase the kubel
 log line read from an admitted pod (failures.py), a pod the kubelet reports not Ready while the agent is silent
 (recovery.py). Nothing a pod writes into the store makes a node avoided.
 
-The avoidance is the job's alone (a cluster-wide taint needs rights over nodes the operator does not ask for),
-counted from the first failure and ended by lowering avoidNodeSeconds. Where every node is avoided the job's new
+The avoidance is the job's, counted from the first failure and ended by lowering avoidNodeSeconds. With
+--taint-bad-nodes (off by default: it needs rights over nodes) a node avoided for a reason of its own is also
+tainted for every pod until the last job's avoidance of it ends (taint below; the node's side is
+elasticjob/taints.py). Where every node is avoided the job's new
 pods stay Pending and the job says why (phase.py); it is not failed.
 """
 
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from elasticjob.domain import Placement
+from elasticjob.domain import Placement, Settings
 from elasticjob.models import AvoidedNode, ElasticJobStatus
+from elasticjob.naming import UNHEALTHY_TAINT as TAINT_KEY
 from elasticjob.observe import PodView
-from elasticjob.planner.base import DeletePod, Event, Job, Plan, RoundFailure, since, stamp
+from elasticjob.planner.base import DeletePod, Event, Job, Plan, RoundFailure, TaintNode, UntaintNode, since, stamp
 
 # Kept in status at most; the oldest goes first (each expires anyway).
 MAX_AVOIDED = 16
@@ -41,6 +44,10 @@ AGENT_SIGTERM = -15
 # SIGKILL, in place: the kernel's OOM killer among others (the job's memory, which any node runs out of alike).
 KILLED = -9
 PARTITIONED = "Partitioned"
+# The reasons that are the node's own (its GPU, its network, its speed), for which --taint-bad-nodes taints it for
+# every pod; a reason added later taints only once it is added here. "SlowNode" is stragglers.SLOW_NODE (that
+# module imports this one).
+SICK = frozenset({WORKER_FAILED, "NodeCheckFailed", PARTITIONED, "SlowNode"})
 
 
 def avoid_seconds(job: Job) -> int:
@@ -64,6 +71,28 @@ def expire(plan: Plan, job: Job, now: datetime) -> None:
             plan.soon((limit - age).total_seconds())
         kept.append(entry)
     plan.status.avoided_nodes = kept
+
+
+def taint(plan: Plan, job: Job, settings: Settings, now: datetime) -> None:
+    """With --taint-bad-nodes, each node the job avoids for a reason of its own (SICK) is tainted until its
+    avoidance ends, asked for at every plan (the planner cannot see the node; the controller sends what changed),
+    and each such avoidance that ended since the stored status is untainted (the taint goes only where no later end
+    is written on the node). Never without the setting."""
+    if not settings.taint_bad_nodes:
+        return
+    for entry in plan.status.avoided_nodes:
+        past_end = since(entry.until, now)  # negative while the avoidance runs
+        if entry.reason in SICK and past_end is not None and past_end < timedelta(0):
+            plan.act(TaintNode(entry.node, entry.reason, entry.until, event=Event(
+                "Normal", "NodeTainted", f"node {entry.node} tainted {TAINT_KEY}={entry.reason}:NoSchedule until "
+                f"{entry.until} (--taint-bad-nodes): no new pod of any job that does not tolerate it lands there; "
+                f"running pods stay")))
+    kept = set(avoided(plan.status))
+    for entry in job.status.avoided_nodes:
+        if entry.reason in SICK and entry.node not in kept:
+            plan.act(UntaintNode(entry.node, event=Event(
+                "Normal", "NodeUntainted", f"node {entry.node} untainted ({TAINT_KEY}): the job no longer avoids "
+                f"it and no later end of another job's avoidance is written on it")))
 
 
 def avoided(status: ElasticJobStatus) -> tuple[str, ...]:
