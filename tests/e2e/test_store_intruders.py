@@ -27,13 +27,15 @@ from kubernetes.stream import stream
 from e2e_support import JOB_NAME, PULL_SECRETS, WORKER_IMAGE, job_manifest, train_args
 from helpers import wait_for
 from test_network_policies import intruders, pod_state  # noqa: F401 - intruders is a fixture
-from test_training import STORE_POD, finish, start
+from test_training import STORE_POD, finish, ledger_story, rejoin_story, start
 
 SOURCE = (Path(__file__).parent / "intruder.py").read_text()
 STEP_SECONDS = 0.25
-# 2 minutes of training: the strangers' writes (5 at once from each, each refused after its client's 3 s timeout
-# where the gate holds it, after importing torch in a pod on a loaded node) took 104 s in all done one by one.
-STEPS = 480
+# 90 s of training at the nominal step time: the strangers' writes (5 at once from each, each refused after its
+# client's 3 s timeout where the gate holds it, after importing torch in a pod on a loaded node) took 7-31 s. With
+# the NetworkPolicies enforced (kube-network-policies queues each new connection to userspace) the steps are slower
+# and 480 of them outlasted finish()'s 2 minutes.
+STEPS = 360
 # No step waits longer than this past the usual (the issue's "no agent stalls more than 1 s").
 STALL = 1.0
 
@@ -89,8 +91,11 @@ def test_strangers_write_nothing_into_the_store_and_the_job_trains_on(
     strangers = [(jobs.namespace, "neighbour"), (intruders, "outsider")]
     labelled = {name: place(core, namespace, name) for namespace, name in strangers}
     assert labelled["outsider"], "the policy binds the watched namespaces only"
-    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(STEPS, step_seconds=STEP_SECONDS)),
-                   world_size=2)
+    # No straggler replacement: the strangers' pods load the nodes (importing torch), which made a worker's 3 ms
+    # forward 9 times the other's and had it replaced; that is the straggler tests' subject, not this one's.
+    manifest = job_manifest(jobs.namespace, train_args=train_args(STEPS, step_seconds=STEP_SECONDS),
+                            stragglers={"enabled": False})
+    before = start(jobs, progress, manifest, world_size=2)
     for namespace, name in strangers:
         wait_for(lambda: pod_state(core, namespace, name), 120, f"{name} Running",
                  until=lambda state: state.startswith("Running"))
@@ -114,7 +119,7 @@ def test_strangers_write_nothing_into_the_store_and_the_job_trains_on(
     done = finish(jobs, progress, STEPS)
     status = jobs.status()
     assert status.get("restarts", 0) == 0 and not status.get("lastFailures"), status
-    assert not status["goodput"].get("lastIncidents"), status["goodput"]
+    assert not status["goodput"].get("lastIncidents"), f"{ledger_story(jobs, status)}\n{rejoin_story(jobs)}"
     waited = longest_wait(done.records, began, ended + 2)
     assert waited <= STEP_SECONDS + STALL, f"a step waited {waited:.2f}s while the strangers wrote"
     assert before.world_sizes() == {2} and done.world_sizes() == {2}, done
