@@ -87,3 +87,15 @@ def json_server(answer: Callable[[str, dict[str, Any] | None], dict[str, Any]]) 
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
         httpd.shutdown()
+
+
+def api_refusal(change: Callable[[], object]) -> Exception | None:
+    """What the API server answered `change` with, if it refused it (a kubernetes ApiException); None if it took
+    it. For tests of admission policies, which expect some changes refused and others taken."""
+    from kubernetes.client import ApiException
+
+    try:
+        change()
+        return None
+    except ApiException as exc:
+        return exc

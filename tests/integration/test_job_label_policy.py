@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from helpers import api_refusal as attempt
 from helpers import wait_for
 
 JOB_LABEL, ROLE_LABEL = "elasticjob.dev/job-name", "elasticjob.dev/role"
@@ -72,14 +73,6 @@ def pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A pod no scheduler takes: it stays Pending, and nothing runs."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
             "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]}}
-
-
-def attempt(change: Callable[[], object]) -> client.ApiException | None:
-    try:
-        change()
-        return None
-    except client.ApiException as exc:
-        return exc
 
 
 def relabel(core: client.CoreV1Api, namespace: str, name: str, labels: dict[str, str | None]) -> Callable[[], object]:

@@ -11,6 +11,7 @@ from typing import Any
 from jobapi import GROUP, PLURAL, VERSION, create, job_manifest
 from kubernetes import client
 
+from helpers import api_refusal as attempt
 from helpers import wait_for
 from kueue_support import queued
 
@@ -40,14 +41,6 @@ def policies(kube, namespace: str, values: dict[str, Any], suffix: str) -> Itera
     finally:
         for delete in reversed(made):
             delete()
-
-
-def attempt(change: Callable[[], object]) -> client.ApiException | None:
-    try:
-        change()
-        return None
-    except client.ApiException as exc:
-        return exc
 
 
 def patch(api, namespace: str, name: str, body: dict) -> Callable[[], object]:
