@@ -16,7 +16,6 @@ PLAIN_KEY = "elasticjob.warm.plain"
 WHY_KEY = "elasticjob.warm.plain.why"
 MAX_WHY = 500
 WAIT_SECONDS = 900
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 TORCH_PORT = 29400  # torch's own, for an endpoint without one
@@ -44,25 +43,8 @@ def host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def die_with_parent() -> None:
-    """Ends this process when the agent that started it does (Linux's parent-death signal): detached, it would
-    otherwise wait out WAIT_SECONDS for a store that never comes, after its agent left (a failed node check).
-    Where prctl is not there, the wait bounds it."""
-    import ctypes
-    import os
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the agent left before the signal was set
-        sys.exit(0)
-
-
 def main(argv: list[str]) -> int:
     address, why = argv
-    die_with_parent()
     import torch.distributed
 
     dist: Any = torch.distributed  # TCPStore is not in its stubs
