@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,6 +219,21 @@ def agent(tmp_path, store, *argv: str, **env_extra: str) -> tuple[int, str]:
     return proc.returncode, (tmp_path / "log").read_text()
 
 
+def stop_notices(tmp_path: Path) -> None:
+    """The cold agent's plain-torchrun notice (elasticjob_warm/notice.py) is detached and waits 15 minutes for the
+    store, which this test's fixture closes long before: stop the ones this test started (their environment names
+    its tmp_path), or they outlive the suite."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"elasticjob_warm.notice" in (proc / "cmdline").read_bytes() and \
+                    str(tmp_path).encode() in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            continue
+
+
 def check_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if "node check" in line]
 
@@ -224,7 +241,10 @@ def check_lines(log: str) -> list[str]:
 @pytest.mark.parametrize("argv", [(), ("--no-python", sys.executable)], ids=["warm", "cold"])
 def test_an_agent_on_a_failing_node_exits_86_with_one_line_and_never_reaches_the_rendezvous(tmp_path, store,
                                                                                                 argv):
-    code, log = agent(tmp_path, store, *argv, ELASTICJOB_NODE_CHECK="1", ELASTICJOB_NODE_CHECK_FAULT="matmul")
+    try:
+        code, log = agent(tmp_path, store, *argv, ELASTICJOB_NODE_CHECK="1", ELASTICJOB_NODE_CHECK_FAULT="matmul")
+    finally:
+        stop_notices(tmp_path)
     assert code == 86 and check_lines(log) == [WRONG_LINE], log[-3000:]
     assert not store.check([KEY]), "the agent wrote the rendezvous state"
     assert not (tmp_path / "trained").exists() and "joining the rendezvous" not in log
