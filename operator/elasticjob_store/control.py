@@ -295,10 +295,10 @@ class Control:
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
         self.read_progress()
         self.take_requests()
+        raw = self.read_raw()
         try:
-            _, state = self.read()
+            state = self._decode(raw)
         except StateError:
-            raw = self.read_raw()
             if self.verdict.nudges and raw and self.replace_refused(raw):
                 return
             raise
