@@ -165,6 +165,16 @@ class PaceView:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCheckView:
+    """What an agent's node check cost its join (elasticjob_warm/nodecheck.py, by the agent's address): the
+    tenant's word, booked in the ledger's nodeCheck phase and nothing else."""
+
+    addr: str
+    held: float  # seconds the join waited for the check
+    at: datetime  # when the check ended, on the pod's clock
+
+
+@dataclass(frozen=True, slots=True)
 class PeersView:
     """The store's gate (elasticjob_store/gate.py): the addresses it lets through, whether the operator has named
     any since the store started, and the connections it refused (the last addresses among them)."""
@@ -199,6 +209,7 @@ class StoreView:
     last_round_nodes: tuple[str, ...] = ()  # the addresses of the latest round the store saw complete
     pace: tuple[PaceView, ...] = ()  # each pod's forward time, where the script watches its model
     peers: PeersView | None = None  # the store's gate; None: the store answers every peer
+    node_checks: tuple[NodeCheckView, ...] = ()  # the latest round's members' node-check costs
 
     @property
     def nodes(self) -> int:

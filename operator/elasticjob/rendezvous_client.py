@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from elasticjob import backoff
-from elasticjob.observe import PaceView, PeersView, ProgressView, StoreNode, StoreView
+from elasticjob.observe import NodeCheckView, PaceView, PeersView, ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
@@ -136,6 +136,15 @@ class _Pace(_Strict):
     ranks: int = Field(ge=1, le=1 << 20)
 
 
+class _NodeCheck(_Strict):
+    """What an agent's node check cost its join (elasticjob_store/nodechecks.py), the tenant's word."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+    addr: str = Field(min_length=1, max_length=64)
+    held: float = Field(ge=0, le=7200)
+    at: float = Field(ge=0, le=1e11)
+
+
 class _Peers(_Strict):
     """The store's gate (elasticjob_store/gate.py Gate.report): whom its port answers, whom it refused."""
 
@@ -168,6 +177,7 @@ class _State(_Strict):
     rounds: list[_Round] = Field(default_factory=list, max_length=64)  # the store keeps its last 10
     pace: list[Any] = Field(default_factory=list, max_length=256)  # each checked on its own
     peers: _Peers | None = None  # absent where the store has no gate
+    node_checks: list[Any] = Field(default_factory=list, alias="nodeChecks", max_length=256)  # each on its own
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -195,7 +205,8 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
-        pace=parse_pace(state.pace), peers=_peers(state.peers), received_at=received_at or datetime.now(UTC))
+        pace=parse_pace(state.pace), peers=_peers(state.peers), node_checks=parse_node_checks(state.node_checks),
+        received_at=received_at or datetime.now(UTC))
 
 
 def _peers(peers: _Peers | None) -> PeersView | None:
@@ -237,6 +248,18 @@ def parse_pace(raw: list[Any]) -> tuple[PaceView, ...]:
         except ValidationError:
             continue
         found.append(PaceView(pod=printable(pace.pod), seconds=pace.seconds, ranks=pace.ranks))
+    return tuple(found)
+
+
+def parse_node_checks(raw: list[Any]) -> tuple[NodeCheckView, ...]:
+    """The node checks' costs; one that is not valid is left out (the rest of the reply stands)."""
+    found = []
+    for entry in raw:
+        try:
+            check = _NodeCheck.model_validate(entry)
+        except ValidationError:
+            continue
+        found.append(NodeCheckView(addr=check.addr, held=check.held, at=datetime.fromtimestamp(check.at, UTC)))
     return tuple(found)
 
 

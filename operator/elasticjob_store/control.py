@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from elasticjob_store import actions, compat, pace, peers, stop
+from elasticjob_store import actions, compat, nodechecks, pace, peers, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
@@ -80,6 +80,8 @@ class Control:
         self.progress = ProgressReader()
         # Each rank's pace (elasticjob_progress/pace.py): read every few ticks, shown to the operator per pod.
         self.pace = pace.PaceReader()
+        # What each member's node check cost its join (nodechecks.py): shown to the operator for its ledger.
+        self.node_checks = nodechecks.NodeCheckReader()
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: dict[str, Any] | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
@@ -290,6 +292,17 @@ class Control:
                     return
             done = len(ranks)
 
+    def read_node_checks(self, now: float) -> None:
+        with self.lock:
+            addrs = self.node_checks.due(now, self.tracker.rounds[-1].nodes if self.tracker.rounds else ())
+        if addrs:
+            with self._store_lock:
+                found = [(addr, self._store.get(nodechecks.key(addr))
+                          if self._store.check([nodechecks.key(addr)]) else b"") for addr in addrs]
+            with self.lock:
+                for addr, raw in found:
+                    self.node_checks.take(addr, raw)
+
     def poll(self) -> None:
         """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
@@ -308,9 +321,10 @@ class Control:
             completed = self.tracker.observe(state, now)
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
+        self.read_node_checks(now)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
-                    self.pace.landmark(now), self._gate_landmark())
+                    self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark())
         if seen != self._summary:
             self._summary = seen
             with self.changed:

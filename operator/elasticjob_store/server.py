@@ -46,7 +46,8 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
                             min_nodes=control.min_nodes, max_nodes=control.max_nodes, version=control.version,
                             stale_after=control.stale_after, torch=control.torch_report(),
                             progress=control.progress.describe(now), stop=control.stop_record,
-                            pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None)
+                            pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None,
+                            node_checks=control.node_checks.describe())
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)

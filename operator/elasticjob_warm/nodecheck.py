@@ -24,6 +24,10 @@ done by then fails ("the node check took longer than N s"), which is how a node 
 hung CUDA call is a failure, not a hang. torch's import is not counted (on a cold image it says nothing of the
 node), but the agent gives the check's process at most IMPORT_SECONDS for it.
 
+What the check cost the join is told to the job's store (report_later): under KEY_PREFIX + the agent's address
+(--local-addr), the check's own seconds and how long it held the join, `held` (0 when the warm server's imports
+held the join longer anyway). The store shows it to the operator, whose ledger books it as the nodeCheck phase.
+
 `python -m elasticjob_warm.nodecheck [--budget SECONDS]` runs the whole check here (for an admin; it is also the
 agent's process on a GPU node): exit 0 or NODE_CHECK_EXIT, with the agent's line.
 
@@ -36,6 +40,7 @@ driver; in the agent's own thread that is the agent).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -43,9 +48,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from elasticjob_warm import polling
+from elasticjob_warm import notice, polling
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +67,10 @@ IMPORT_SECONDS = 30.0  # the check's process, on top of its budget, for its torc
 SIZE = 256
 REDUCE_ELEMENTS = 1 << 20  # 4 MiB of float32 per GPU: NCCL splits it into chunks along its rings
 PREFIX = "elasticjob_warm.torchrun: node check "
+# elasticjob_store/nodechecks.py reads these (a unit test keeps the two equal).
+KEY_PREFIX = "elasticjob.nodecheck."
+REPORT_VERSION = 1
+REPORT_WAIT = 30.0  # the longest the report's thread waits for the store (the gate holds an unnamed pod ~20 s)
 
 
 class Failed(Exception):
@@ -186,6 +195,7 @@ class Check:
 
     def __init__(self, seconds: float) -> None:
         self.budget, self.began = seconds, time.monotonic()
+        self.took: float | None = None  # the check's own seconds, once it ended
         self.thread: threading.Thread | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._verdict: tuple[bool, str] | None = None  # (passed, the line to log), set once known
@@ -205,6 +215,8 @@ class Check:
                 running._verdict = False, failed_line(f"the check raised {type(error).__name__}: {error}")
             else:
                 running._verdict = True, passed_line(time.monotonic() - running.began, what)
+            finally:
+                running.took = time.monotonic() - running.began
 
         running.thread = threading.Thread(target=run, name="elasticjob-node-check", daemon=True)
         running.thread.start()
@@ -231,6 +243,7 @@ class Check:
         limit = self.budget + IMPORT_SECONDS
         try:
             _, err = process.communicate(timeout=max(0.0, self.began + limit - time.monotonic()))
+            self.took = time.monotonic() - self.began  # its process's torch import included
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -249,6 +262,36 @@ class Check:
         passed, line = self.verdict()
         print(line, file=sys.stderr, flush=True)
         return passed
+
+
+def report_body(seconds: float, held: float, at: float) -> bytes:
+    """What the store reads (elasticjob_store/nodechecks.py checks every field)."""
+    return json.dumps({"v": REPORT_VERSION, "seconds": round(seconds, 3), "held": round(held, 3),
+                       "at": round(at, 3)}).encode()
+
+
+def report_later(endpoint: str | None, addr: str | None, seconds: float, held: float) -> threading.Thread | None:
+    """Writes the check's cost to the job's store in a daemon thread: the join must not wait for it, and a store
+    that never answers costs nothing but the thread. None where there is no store or no address to key it by."""
+    if not endpoint or not addr:
+        return None
+    body = report_body(seconds, held, time.time())
+
+    def write() -> None:
+        from datetime import timedelta
+
+        import torch.distributed
+
+        dist: Any = torch.distributed  # TCPStore is not in its stubs
+        try:
+            store = dist.TCPStore(*notice.host_port(endpoint), is_master=False, timeout=timedelta(seconds=REPORT_WAIT))
+            store.set(KEY_PREFIX + addr, body)
+        except Exception as error:  # noqa: BLE001 - the ledger goes without it; training does not
+            print(f"{PREFIX}cost not reported to the store: {type(error).__name__}", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=write, name="elasticjob-node-check-report", daemon=True)
+    thread.start()
+    return thread
 
 
 def start(environ: Mapping[str, str], device_count: int | None = None) -> Check | None:

@@ -40,6 +40,8 @@ from elasticjob_warm import (
 # The longest the agent waits for its server's imports before it joins the rendezvous regardless (a preload
 # that hangs would hang the workers as well; this only bounds the agent's part).
 WARM_WAIT = 30.0
+# A wait for the warm server shorter than this is its reply's round trip: it was warm already.
+WARM_SLACK = 0.05
 
 
 def main(argv: list[str]) -> int:
@@ -78,10 +80,14 @@ def main(argv: list[str]) -> int:
         args.training_script_args = [*(["-m"] if args.module else []), args.training_script,
                                      *args.training_script_args]
         args.training_script, args.module = "elasticjob_warm", True
+    checked_at = time.monotonic()
     if check is not None and not check.wait():  # one line either way; a failed node joins no round
         return nodecheck.NODE_CHECK_EXIT
-    if server is not None and not cold:
-        join_when_warm(server, started)
+    held = time.monotonic() - checked_at
+    if server is not None and not cold and join_when_warm(server, started) > WARM_SLACK:
+        held = 0.0  # the server's imports outlasted the check: the join waited for them, not for it
+    if check is not None:
+        nodecheck.report_later(notice.endpoint(argv, dict(os.environ)), args.local_addr, check.took or held, held)
     try:
         record(run.run)(args)
     except Exception as error:
@@ -161,13 +167,14 @@ def start_server() -> socket.socket | None:
         return None
 
 
-def join_when_warm(server: socket.socket, started: float) -> None:
+def join_when_warm(server: socket.socket, started: float) -> float:
     """The agent joins the rendezvous once the server has preloaded. A running group restarts as soon as a
     newcomer waits to join (a replaced pod, a restarted container, a scale-up), and then every rank waits in
     its first collective for the newcomer's worker, which the server forks only after its imports: joining
     early would stop the whole group for the rest of them, where waiting costs only this agent's own time.
     At a start of the whole job it costs the rendezvous' own few tenths of a second, which overlapped the
-    imports before."""
+    imports before. Returns the seconds it waited here."""
+    waited_from = time.monotonic()
     warm = client.until_warm(server, WARM_WAIT)
     took = time.monotonic() - started
     if warm:
@@ -176,6 +183,7 @@ def join_when_warm(server: socket.socket, started: float) -> None:
     else:
         print(f"elasticjob_warm.torchrun: the warm server is still importing after {took:.1f} s; joining the "
               f"rendezvous anyway (its workers start once it is done)", file=sys.stderr, flush=True)
+    return time.monotonic() - waited_from
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from factory import NOW, observed, rdzv, running_status, worker
 
 from elasticjob import planner
 from elasticjob.models import ElasticJobStatus, GoodputStatus
-from elasticjob.observe import ProgressView, StoreNode, StoreView
+from elasticjob.observe import NodeCheckView, ProgressView, StoreNode, StoreView
 from elasticjob.planner.goodput import PHASE_NAMES
 
 SINCE = NOW - timedelta(seconds=600)
@@ -44,8 +44,10 @@ def fresh(at: float) -> ProgressView:
 
 
 def step(status: ElasticJobStatus, pods, at: float, participants, round: int, progress, nodes=None):
+    # Every agent checked its node when the job started: the survivors restart in place, none checks again.
+    checks = tuple(NodeCheckView(node.addr, 0.4, SINCE) for node in participants)
     store = StoreView(epoch="e1", round=round, complete=True, participants=tuple(participants),
-                      received_at=seconds(at), progress=progress)
+                      received_at=seconds(at), progress=progress, node_checks=checks)
     job = factory.job(status.model_dump(by_alias=True, mode="json"), replicas=3)
     return planner.plan(job, observed([*pods, rdzv()], store=store, nodes=nodes or {}), seconds(at))
 
@@ -113,4 +115,4 @@ def test_a_partition_without_progress_reports_closes_once_the_group_re_formed():
     plan = step(plan.status, [*others, cut], 8.0, survivors, 5, None)
     closed = plan.status.goodput.last_incidents[-1]
     assert (closed.kind, closed.lost_seconds) == ("Partition", 8.0)
-    assert closed.phases.wire() == {"detect": 6.5, "replace": 0.0, "rendezvous": 1.5}
+    assert closed.phases.wire() == {"detect": 6.5, "replace": 0.0, "nodeCheck": 0.0, "rendezvous": 1.5}

@@ -10,7 +10,7 @@ from factory import NOW, failed, observed, rdzv, running_status, store, worker
 
 from elasticjob import planner
 from elasticjob.models import ElasticJobStatus, GoodputStatus
-from elasticjob.observe import ProgressView
+from elasticjob.observe import NodeCheckView, ProgressView
 from elasticjob.planner import ledger
 
 SINCE = NOW - timedelta(seconds=600)
@@ -45,8 +45,11 @@ def test_a_killed_rank0_pod_is_one_incident_with_every_phase():
     # Its replacement runs at 2.5 s, the store reports the group re-formed at 3 s.
     plan = step(plan.status, [worker(0), worker(1)], 2.5, round=1, progress=report())
     assert plan.status.goodput.open_incident.replaced_time is not None
-    plan = step(plan.status, [worker(0), worker(1)], 3.0, round=2, progress=report())
+    # Worker 0's agent checked its node when the job started; worker 1's new one held its join 0.3 s for it.
+    checks = (NodeCheckView("10.244.0.10", 0.5, SINCE), NodeCheckView("10.244.0.11", 0.3, seconds(2.8)))
+    plan = step(plan.status, [worker(0), worker(1)], 3.0, round=2, progress=report(), node_checks=checks)
     assert plan.status.goodput.open_incident.round_time is not None
+    assert plan.status.goodput.open_incident.node_check_held == 0.3
     # The new worker process loads step 290 from 4 s to 5.5 s and steps at 5.7 s.
     fresh = report(started_at=seconds(3.2), step=291, step_at=seconds(5.7), first_step=291,
                    first_step_at=seconds(5.7), loading_at=seconds(4.0), loaded_step=290, loaded_at=seconds(5.5),
@@ -55,12 +58,12 @@ def test_a_killed_rank0_pod_is_one_incident_with_every_phase():
     ledger = plan.status.goodput
     assert ledger.open_incident is None and ledger.incidents == 1
     closed = ledger.last_incidents[-1]
-    assert closed.phases.model_dump() == {"detect": 0.5, "replace": 2.0, "rendezvous": 0.5, "worker_start": 1.0,
-                                          "checkpoint_load": 1.5, "recompute": 2.5}
+    assert closed.phases.model_dump() == {"detect": 0.5, "replace": 2.0, "node_check": 0.3, "rendezvous": 0.2,
+                                          "worker_start": 1.0, "checkpoint_load": 1.5, "recompute": 2.5}
     assert closed.lost_seconds == 8.0
     assert ledger.wall_seconds == 606.5 and ledger.goodput_percent == round(100 * (606.5 - 8.0) / 606.5, 2)
     assert ("Normal", "IncidentClosed", "Rank0Lost (Killed, pod train-worker-1): 8.0 s of training lost (detect 0.5, "
-            "replace 2.0, rendezvous 0.5, workerStart 1.0, checkpointLoad 1.5, recompute 2.5; most in recompute)") \
+            "replace 2.0, nodeCheck 0.3, rendezvous 0.2, workerStart 1.0, checkpointLoad 1.5, recompute 2.5; most in recompute)") \
         in [(e.type, e.reason, e.message) for e in plan.events]
 
 
@@ -75,8 +78,8 @@ def test_without_progress_reports_the_incident_closes_at_the_round_and_the_rest_
     assert closed.phases.wire() == {"detect": 1.0, "replace": 2.0, "rendezvous": 1.0}  # the rest null, not 0
     assert closed.lost_seconds == 4.0
     assert plan.events[-1].message == ("WorkerLost (Error, pod train-worker-1): 4.0 s of training lost (detect 1.0, "
-                                       "replace 2.0, rendezvous 1.0; most in replace; unknown: workerStart, "
-                                       "checkpointLoad, recompute)")
+                                       "replace 2.0, rendezvous 1.0; most in replace; unknown: nodeCheck, "
+                                       "workerStart, checkpointLoad, recompute)")
 
 
 def test_a_training_that_kept_stepping_through_the_fault_lost_nothing():

@@ -14,7 +14,12 @@ class LostPhases(Model):
     detect: float | None = Field(None, description="From the fault to the operator seeing it.")
     replace: float | None = Field(None, description="Until every wanted worker pod was scheduled and running "
                                   "again (0 when no pod was replaced).")
-    rendezvous: float | None = Field(None, description="Until the store reported the worker group re-formed.")
+    node_check: float | None = Field(None, description="Of the time until the group re-formed, what the joining "
+                                     "agents' node check held their join (the longest; spec.nodeCheck): reported by "
+                                     "the kit's agents, 0 when no agent checked after the fault. Counted out of "
+                                     "rendezvous, never twice.")
+    rendezvous: float | None = Field(None, description="Until the store reported the worker group re-formed, "
+                                     "less nodeCheck.")
     worker_start: float | None = Field(None, description="From the round to the checkpoint load's start "
                                        "(progress.loading()), or to its end without it: imports, the process "
                                        "group. Needs the progress API.")
@@ -59,6 +64,9 @@ class Incident(Model):
     detected_time: str | None = Field(None, description="When the operator saw it.")
     replaced_time: str | None = Field(None, description="When every wanted worker ran again.")
     round_time: str | None = Field(None, description="When the store reported the group re-formed.")
+    node_check_held: float | None = Field(None, description="The longest an agent that joined the re-formed "
+                                          "group waited for its node check (the agents' word), once every member "
+                                          "of that group had said.")
     round: int | None = Field(None, description="The store's round when the fault was seen: a later complete "
                               "one is the group re-formed.")
     epoch: str | None = Field(None, description="The store's epoch then (a new store counts rounds anew).")

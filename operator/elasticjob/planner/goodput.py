@@ -5,7 +5,10 @@ The phases tile the incident's timeline, each from the end of the one before to 
 
     fault -> detected -> replaced -> round re-formed -> [load begins] -> load done -> recompute done
             detect      replace      rendezvous         worker start     checkpoint   recompute
-                                                                        load
+                                     (node check)                        load
+
+The node check is not a moment the operator sees but the seconds the joining agents said their check held their
+join: it is taken out of the rendezvous phase (at most all of it), so the phases still add up.
 
 Marks are observed at different moments (a pod seen running after the round the store already reported), so
 each phase counts only from the furthest mark before it: a late mark costs 0, never a negative number, and
@@ -25,7 +28,7 @@ from elasticjob.models import LostPhases
 # The most time a report's step is carried forward to the fault at the training's step time: reports come once
 # a second, so more means the training was not stepping anyway.
 MAX_CARRY_SECONDS = 5.0
-PHASE_NAMES = ("detect", "replace", "rendezvous", "worker_start", "checkpoint_load", "recompute")
+PHASE_NAMES = ("detect", "replace", "node_check", "rendezvous", "worker_start", "checkpoint_load", "recompute")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Marks:
     loaded_step: int | None = None
     last_step: int | None = None  # the step at the fault
     step_seconds: float | None = None  # the training's step time
+    node_check: float | None = None  # seconds the joining agents' node check held the round (their word)
 
 
 def phases(marks: Marks) -> LostPhases:
@@ -62,9 +66,18 @@ def phases(marks: Marks) -> LostPhases:
         if ceiling is not None and mark is not None:
             mark = min(mark, ceiling)
         seen[name], cursor = _span(cursor, mark)
+    seen["node_check"], seen["rendezvous"] = split_node_check(seen["rendezvous"], marks.node_check)
     seen["checkpoint_load"] = _span(cursor, load_done)[0] if load_began is not None else None
     seen["recompute"] = recompute(marks) if resumed else None
     return LostPhases(**seen)
+
+
+def split_node_check(rendezvous: float | None, held: float | None) -> tuple[float | None, float | None]:
+    """(node check, rendezvous): the check's hold taken out of the rendezvous phase, never more than all of it."""
+    if rendezvous is None or held is None:
+        return None, rendezvous
+    check = round(min(max(0.0, held), rendezvous), 3)
+    return check, round(rendezvous - check, 3)
 
 
 def trained_on(marks: Marks) -> datetime:

@@ -70,11 +70,11 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
             ledger.queued_incidents.append(found)
     account_round(plan, ledger, store, progress, now)
     for queued in ledger.queued_incidents:
-        advance(queued, plan, observed, now)
+        advance(queued, plan, observed, now, job.ref.spec.node_check.enabled)
     while (incident := ledger.open_incident) is not None:
         stepping_on(incident, progress)
         saved_first(incident, plan, progress)
-        advance(incident, plan, observed, now)
+        advance(incident, plan, observed, now, job.ref.spec.node_check.enabled)
         end = resumed(incident, ledger, progress, now)
         if end is None and not status.phase.finished and now - (parse(incident.start_time) or now) <= GIVE_UP:
             return
@@ -291,8 +291,9 @@ def opened(incident: Incident, in_place: bool, store: StoreView | None, progress
     return incident
 
 
-def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime) -> None:
-    """The marks the operator sees: every wanted worker running, then the group re-formed in the store."""
+def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime, checking: bool = False) -> None:
+    """The marks the operator sees: every wanted worker running, then the group re-formed in the store, and what
+    the node check held that group's join (`checking`: the job's agents check their nodes)."""
     if incident.replaced_time is None:
         running = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
         if len(running) >= plan.status.desired_replicas > 0:
@@ -302,6 +303,20 @@ def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime) -
             and store.complete and store.round is not None \
             and (store.epoch != incident.epoch or incident.round is None or store.round > incident.round):
         incident.round_time = precise(now)
+    if incident.round_time is not None and incident.node_check_held is None:
+        incident.node_check_held = node_check_held(store, checking, parse(incident.start_time) or now)
+
+
+def node_check_held(store: StoreView | None, checking: bool, start: datetime) -> float | None:
+    """The longest an agent of the latest round waited for its node check after the fault (0 for those that
+    checked before it: they restarted in place), once every member has said; 0 where no agent checks."""
+    if not checking:
+        return 0.0
+    members = (store.last_round_nodes or tuple(node.addr for node in store.participants)) if store else ()
+    said = {check.addr: check for check in store.node_checks} if store else {}
+    if not members or any(addr not in said for addr in members):
+        return None
+    return max((said[addr].held for addr in members if said[addr].at > start), default=0.0)
 
 
 def resumed(incident: Incident, ledger: GoodputStatus, progress: ProgressView | None,
@@ -353,7 +368,8 @@ def marks(incident: Incident, progress: ProgressView | None, start: datetime, no
         round=parse(incident.round_time),
         loading=fresh.loading_at if fresh else None, loaded=fresh.loaded_at if fresh else None,
         first_step=fresh.first_step_at if fresh else None, loaded_step=fresh.loaded_step if fresh else None,
-        last_step=incident.last_step, step_seconds=fresh.step_seconds if fresh else None)
+        last_step=incident.last_step, step_seconds=fresh.step_seconds if fresh else None,
+        node_check=incident.node_check_held)
 
 
 def summary(incident: Incident) -> str:
