@@ -2,17 +2,21 @@
 
 ETTR is the share of wall time spent on steps that count. The three setups are measured in one run on the same nodes.
 
-The training is examples/train_ddp.py as the e2e tests run it: 3 workers on real nodes, a step every 0.1 s, a
-checkpoint every 10 steps. Once it steps, the bench measures for --minutes (20) with a fault every --fault-every
-minutes (2), the kinds in turn: a worker's container SIGKILLed, rank 0's, a node lost (back after 60 s), a worker
-partitioned (healed after 60 s), the store killed (for the StatefulSet: pod 0, whose agent hosts torch's store), a
-scale down to 2 and back to 3 after 30 s, and a preemption by Kueue (a higher-priority job held 30 s; skipped where
-the cluster has no Kueue). The setups:
+The training is examples/train_ddp.py as the e2e tests run it: 3 workers on real nodes, a step about every 0.13 s
+(a 0.1 s pause and a forward of 80 matmuls, which a slow node slows), a checkpoint every 10 steps. Once it steps,
+the bench measures for --minutes (20) with a fault every --fault-every minutes (2), the kinds in turn: a worker's
+container SIGKILLed, rank 0's, a node lost (back after 60 s), a worker partitioned (healed after 60 s), the store
+killed (for the StatefulSet: pod 0, whose agent hosts torch's store), a scale down to 2 and back to 3 after 30 s, a
+preemption by Kueue (a higher-priority job held 30 s; skipped where the cluster has no Kueue), and two nodes that
+stay bad (tests/e2e/test_bad_nodes.py): a node turned sick (every training process there exits 1; healed after
+90 s) and a worker slowed to a fifth of a core (its cgroup's CPU quota; lifted after 60 s, if the pod is still
+there). The setups:
 
 - operator:          an ElasticJob through this operator with its defaults (the kit: warm worker starts);
 - warmStarts: false: the same with spec.warmStarts false;
 - by hand:           torchrun agents in a StatefulSet, c10d rendezvous on pod 0, every pod restarted on any failure
-                     (goodput_by_hand.yaml), no operator.
+                     (goodput_by_hand.yaml), no operator. Its pods run the same training, mount the same
+                     checkpoint dir (a sick node's marker) and are throttled the same way; nothing moves them.
 
 ETTR comes from the training's own step records (goodput_measure.py: steps done again after a restore count
 once); the ledger's columns are status.goodput's incidents in the window, their phases summed, and whether their
@@ -20,6 +24,7 @@ sum is within 10% of the measured loss.
 
     make bench-goodput                      # localcluster up --real-nodes --kueue, then the full run (about 75 min)
     .venv/bin/python bench/goodput.py --quick   # 4 minutes a setup, one rank-0 kill and one partition
+    .venv/bin/python bench/goodput.py --minutes 5 --kinds sick,slow --setups operator   # the nodes that stay bad
 """
 
 from __future__ import annotations
@@ -31,20 +36,34 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kubernetes.client.exceptions import ApiException
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import goodput_measure as gm  # noqa: E402
-from goodput_setups import ByHand, OperatorJob, has_kueue, heal  # noqa: E402
+from goodput_setups import ByHand, OperatorJob, Undo, has_kueue, heal, sick_marker  # noqa: E402
 from harness import KIT_ARGS, STATE_DIR, Api, Operator, wait  # noqa: E402
 from recovery import rank0_host, real_nodes, records  # noqa: E402
 
-HOLDS = {"node": 60.0, "partition": 60.0, "scale": 30.0, "preemption": 30.0}  # seconds until a fault is undone
+# Seconds until a fault is undone. A sick node stays sick for 90 s: several times the operator's whole recovery from
+# one (13-15 s in the e2e: the node avoided, the pod moved), and long enough for the by-hand pod's crash loop to reach
+# the kubelet's 40 s back-off, so that a node that stays bad is what is measured; yet healed before the next fault at
+# the default 2 minutes, so that two faults do not overlap (the by-hand pod's back-off under way at the heal may still
+# run into the next fault's share). A slow worker stays slow for 60 s, as a node lost or a partition: twice the e2e's
+# 30 s from the slowdown to the straggler's replacement, and within this fault's half of the interval
+# (goodput_measure.lost_per_fault), which is all that a by-hand pod's slowness costs (nothing replaces it).
+HOLDS = {"node": 60.0, "partition": 60.0, "scale": 30.0, "preemption": 30.0, "sick": 90.0, "slow": 60.0}
+THROTTLE_PERCENT = 20  # a slow worker's share of one core: tests/e2e/test_bad_nodes.py's (a tenth starves its agent)
 WARM_STEP = 20  # the window opens once the training has done this many steps
 POLL = 1.0  # how often the ledger is read: it keeps only its last few incidents
 SETTLE = 120.0  # after the window: the longest wait for the last incident to close
 
 
 # --- faults -----------------------------------------------------------------------------------------------
+
+
+class NotMade(Exception):
+    """A fault this setup cannot be given now: skipped, and the reason printed."""
 
 
 def victim(setup, api: Api, ns: str) -> str:
@@ -59,25 +78,32 @@ def node_of(api: Api, ns: str, pod: str) -> str:
     return api.core.read_namespaced_pod(pod, ns).spec.node_name
 
 
+def spare_node(setup, api: Api, ns: str) -> str:
+    """The node of a worker that is not rank 0: one that holds neither rank 0 nor the store where one may choose,
+    else one without rank 0 (the store's), else any (every worker beside rank 0's)."""
+    rank0 = rank0_host(ns)
+    rank0_node, store_node = node_of(api, ns, rank0), node_of(api, ns, setup.store_pod)
+    nodes = [node_of(api, ns, p) for p in setup.workers(api, ns) if p != rank0]
+    if not nodes:
+        raise RuntimeError(f"no worker besides rank 0 runs in {ns}")
+    return min(nodes, key=lambda n: (n == rank0_node, n == store_node))  # the first of the best
+
+
 def kill(ns: str, pod: str) -> None:
     from localcluster import faults
 
     faults.kill_pod(ns, pod, signal.SIGKILL, STATE_DIR)
 
 
-def lose_node(setup, api: Api, ns: str) -> Callable[[], None]:
-    """The node of a worker that is not rank 0's, and not the store's where one may choose."""
+def lose_node(setup, api: Api, ns: str) -> Undo:
     from localcluster import faults
 
-    rank0 = rank0_host(ns)
-    spared = {node_of(api, ns, rank0), node_of(api, ns, setup.store_pod)}
-    nodes = [node_of(api, ns, p) for p in setup.workers(api, ns) if p != rank0]
-    node = next((n for n in nodes if n not in spared), nodes[0])
+    node = spare_node(setup, api, ns)
     faults.node_loss(node, STATE_DIR)
     return lambda: faults.restore_node(node, STATE_DIR)
 
 
-def cut(setup, api: Api, ns: str) -> Callable[[], None]:
+def cut(setup, api: Api, ns: str) -> Undo:
     from localcluster import partition
 
     pod = victim(setup, api, ns)
@@ -85,29 +111,82 @@ def cut(setup, api: Api, ns: str) -> Callable[[], None]:
     return lambda: heal(ns, pod)
 
 
-def scale_down(setup, api: Api, ns: str) -> Callable[[], None]:
+def scale_down(setup, api: Api, ns: str) -> Undo:
     setup.scale(api, ns, 2)
     return lambda: setup.scale(api, ns, 3)
 
 
-def inject(kind: str, setup, api: Api, ns: str) -> tuple[Callable[[], None] | None, bool]:
-    """Makes the fault; returns what undoes it (after HOLDS[kind]) and whether it was made at all."""
-    if kind == "worker":
-        kill(ns, victim(setup, api, ns))
-    elif kind == "rank0":
-        kill(ns, rank0_host(ns))
-    elif kind == "store":
-        kill(ns, setup.store_pod)
-    elif kind == "node":
-        return lose_node(setup, api, ns), True
-    elif kind == "partition":
-        return cut(setup, api, ns), True
-    elif kind == "scale":
-        return scale_down(setup, api, ns), True
-    elif kind == "preemption":
-        undo = setup.preempt(api, ns)
-        return undo, undo is not None
-    return None, True
+def preempt(setup, api: Api, ns: str) -> Undo:
+    undo = setup.preempt(api, ns)
+    if undo is None:
+        raise NotMade("no Kueue")
+    return undo
+
+
+def sicken(setup, api: Api, ns: str) -> Undo:
+    """Every training process on a spare node exits 1 from now on (tests/e2e's Faults.sicken): the marker file
+    that the setups' training reads (goodput_setups.for_bad_nodes); undone by removing it."""
+    marker = sick_marker(ns, spare_node(setup, api, ns))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{time.time()}\n")
+    return lambda: marker.unlink(missing_ok=True)
+
+
+def throttle(ns: str, pod: str, percent: int | None) -> int:
+    """Caps the pod's running containers at `percent` of one core (None lifts it): how many were capped."""
+    from localcluster import faults
+    from localcluster.realnodes import faults as real
+
+    layout = faults.real_nodes(STATE_DIR)
+    if layout is None:
+        raise RuntimeError("a slow worker needs the local cluster's real nodes (their cgroups)")
+    return real.throttle_pod(faults.core_api(layout), layout.state, ns, pod, percent)
+
+
+def uid_of(api: Api, ns: str, pod: str) -> str | None:
+    """The pod's uid; None once it is gone."""
+    try:
+        return api.core.read_namespaced_pod(pod, ns).metadata.uid
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def slow_down(setup, api: Api, ns: str) -> Undo:
+    """A spare worker's CPU capped (tests/e2e's Faults.throttle); lifted later if that very pod is still there
+    (the operator replaces a straggler, maybe under the same name)."""
+    pod = victim(setup, api, ns)
+    uid = uid_of(api, ns, pod)
+    if not throttle(ns, pod, THROTTLE_PERCENT):
+        raise NotMade(f"{pod} has no running container to throttle")
+
+    def lift() -> None:
+        if uid is not None and uid_of(api, ns, pod) == uid:
+            throttle(ns, pod, None)
+
+    return lift
+
+
+FAULTS: dict[str, Callable[..., Undo | None]] = {  # (setup, api, ns) -> what undoes the fault, if anything does
+    "worker": lambda setup, api, ns: kill(ns, victim(setup, api, ns)),
+    "rank0": lambda setup, api, ns: kill(ns, rank0_host(ns)),
+    "store": lambda setup, api, ns: kill(ns, setup.store_pod),
+    "node": lose_node,
+    "partition": cut,
+    "scale": scale_down,
+    "preemption": preempt,
+    "sick": sicken,
+    "slow": slow_down,
+}
+
+
+def inject(kind: str, setup, api: Api, ns: str) -> tuple[Undo | None, str | None]:
+    """Makes the fault; returns what undoes it (after HOLDS[kind]) and, where it was not made, why."""
+    try:
+        return FAULTS[kind](setup, api, ns), None
+    except NotMade as reason:
+        return None, str(reason)
 
 
 # --- one setup --------------------------------------------------------------------------------------------
@@ -119,7 +198,7 @@ class Run:
     def __init__(self, setup, api: Api, ns: str):
         self.setup, self.api, self.ns = setup, api, ns
         self.incidents: dict[tuple[str, str], dict] = {}
-        self.undos: list[tuple[float, Callable[[], None]]] = []
+        self.undos: list[tuple[float, Undo]] = []
         self.made: list[gm.Fault] = []
         self.skipped: list[str] = []
 
@@ -134,10 +213,10 @@ class Run:
             time.sleep(min(POLL, max(0.0, until - time.time())))  # a clock to keep, not a condition to wait on
 
     def fault(self, fault: gm.Fault, start: float) -> None:
-        undo, made = inject(fault.kind, self.setup, self.api, self.ns)
-        if not made:
+        undo, why_not = inject(fault.kind, self.setup, self.api, self.ns)
+        if why_not is not None:
             self.skipped.append(fault.kind)
-            print(f"  {self.setup.name:>18} {fault.at:6.0f} s {fault.kind}: skipped (no Kueue)", flush=True)
+            print(f"  {self.setup.name:>18} {fault.at:6.0f} s {fault.kind}: skipped ({why_not})", flush=True)
             return
         self.made.append(gm.Fault(round(time.time() - start, 3), fault.kind))
         if undo is not None:

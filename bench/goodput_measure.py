@@ -16,8 +16,11 @@ from datetime import datetime
 
 from elasticjob.planner.goodput import PHASE_NAMES, wire_name
 
-# The faults, drawn in turn. `--quick` takes two that the ledger splits into every phase.
-KINDS = ("worker", "rank0", "node", "partition", "store", "scale", "preemption")
+# The faults, drawn in turn (bench/goodput.py makes them): a worker's container killed, rank 0's, a node lost, a worker
+# partitioned, the store killed, a scale down and up, a preemption, and two nodes that stay bad: a node sick (every
+# training process there exits 1) and a worker slow (its CPU capped). Nine: a 20-minute window with a fault every 2
+# minutes makes each once. `--quick` takes two that the ledger splits into every phase.
+KINDS = ("worker", "rank0", "node", "partition", "store", "scale", "preemption", "sick", "slow")
 QUICK_KINDS = ("rank0", "partition")
 PHASES = tuple(wire_name(name) for name in PHASE_NAMES)
 TOLERANCE = 0.10  # the ledger's sum against the measured loss: the issue's target

@@ -1,5 +1,7 @@
-"""The three ways bench/goodput.py runs the same training (examples/train_ddp.py, 3 workers, a step every 0.1 s, a
-checkpoint every 10 steps), each behind the few operations its faults need:
+"""The three ways bench/goodput.py runs the same training (examples/train_ddp.py, 3 workers, a step about every
+0.13 s: a 0.1 s pause and a forward of 80 matmuls; a checkpoint every 10 steps), each behind the few operations its
+faults need. Every setup runs the same command and mounts the same hostPath checkpoint dir, so a node marked sick
+there fails the training on it in each (for_bad_nodes):
 
 - OperatorJob: an ElasticJob through this operator, with its defaults or with `warmStarts: false`; under Kueue
   (where the cluster has it) so that a higher-priority job can preempt it;
@@ -20,9 +22,22 @@ from localcluster import registry
 from recovery import HOST_DIR, drain, manifest
 
 STEP_SECONDS, CHECKPOINT_EVERY, REPLICAS = 0.1, 10, 3
+# Compute in each forward (examples/train_ddp.py --forward-matmuls), the e2e's slow worker's figure
+# (tests/e2e/test_bad_nodes.py): what a throttled CPU slows, so that the operator's straggler detector, which times
+# each rank's forward (progress.watch in the script), sees a slow worker. About 30 ms on one core of a 2-core
+# machine (the e2e's note; 28 ms on one thread of another): a step takes about 0.13 s. The 0.1 s pause is kept
+# rather than cut to 0.07 s: the 3 workers then take about 0.7 of a core from the recoveries measured, not 0.9.
+FORWARD_MATMULS = 80
+# A sick node (tests/e2e's Faults.sicken): a file named as the node in this folder of the checkpoint dir makes every
+# training process there exit 1, at its start and at each step. Both setups mount HOST_DIR/<namespace> at /ckpt.
+CHECKPOINT_MOUNT, SICK_NODES_DIR = "/ckpt", "sick-nodes"
+BAD_NODE_FLAGS = ("--forward-matmuls", str(FORWARD_MATMULS),
+                  "--fail-on-marked-node", f"{CHECKPOINT_MOUNT}/{SICK_NODES_DIR}")
+NODE_NAME = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}  # whose marker
 # A job that lives through a fault every few minutes sets a budget to match: the default (3) ends the job at the
 # fourth kill, 18 minutes into a 20-minute run (seen); the StatefulSet restarts its pods for ever.
 MAX_RESTARTS = 100
+AVOID_NODE_SECONDS = 240
 BY_HAND = Path(__file__).resolve().parent / "goodput_by_hand.yaml"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 WORKER_CPU = 0.5  # under Kueue: 3 workers and the store (100m) fill the quota, so a preemptor needs preemption
@@ -83,6 +98,18 @@ def spread(pod_spec: dict, labels: dict[str, str]) -> None:
                                            "labelSelector": {"matchLabels": labels}}}]}}
 
 
+def for_bad_nodes(container: dict) -> dict:
+    """The training flags and the env that the faults of nodes that stay bad need, the same in every setup."""
+    container["command"] = [*container["command"], *BAD_NODE_FLAGS]
+    container["env"] = [*container.get("env", []), NODE_NAME]
+    return container
+
+
+def sick_marker(ns: str, node: str) -> Path:
+    """The file on this machine that makes `node` sick for the training in `ns`: the pods mount its folder."""
+    return HOST_DIR / ns / SICK_NODES_DIR / node
+
+
 def heal(ns: str, pod: str) -> None:
     """Puts a partitioned pod back on the network; a pod gone since (replaced by the operator) needs nothing."""
     from localcluster import partition as cut
@@ -107,11 +134,19 @@ class OperatorJob:
         self.name, self.warm, self.use_kueue = name, warm, kueue
         self.kueue: Kueue | None = None
 
-    def start(self, api: Api, ns: str) -> None:
+    def job(self, ns: str) -> dict:
         job = manifest(ns, {}, replicas=REPLICAS, warm=self.warm, step_seconds=STEP_SECONDS,
                        checkpoint_every=CHECKPOINT_EVERY)
         spread(job["spec"]["template"]["spec"], {"elasticjob.dev/job-name": "train", "elasticjob.dev/role": "worker"})
+        for_bad_nodes(job["spec"]["template"]["spec"]["containers"][0])
         job["spec"]["maxRestarts"] = MAX_RESTARTS
+        # A partition, a sick node and a slow one each avoid a node; at the default 10 minutes three of them in a
+        # row could close all 3 nodes to the job and leave a replacement Pending through the next fault.
+        job["spec"]["failurePolicy"] = {"avoidNodeSeconds": AVOID_NODE_SECONDS}
+        return job
+
+    def start(self, api: Api, ns: str) -> None:
+        job = self.job(ns)
         if self.use_kueue:
             self.kueue = Kueue(api, ns)
             job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": str(WORKER_CPU)}}
@@ -161,6 +196,7 @@ class ByHand:
         service, stateful_set = yaml.safe_load_all(BY_HAND.read_text())
         pod = stateful_set["spec"]["template"]["spec"]
         pod["containers"][0]["image"] = WORKER_IMAGE
+        for_bad_nodes(pod["containers"][0])
         pod["volumes"][0]["hostPath"]["path"] = str(HOST_DIR / ns)
         pod["imagePullSecrets"] = [{"name": registry.PULL_SECRET}]
         return [service, stateful_set]

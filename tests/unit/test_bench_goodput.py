@@ -1,12 +1,16 @@
 """bench/goodput.py's arithmetic (bench/goodput_measure.py): ETTR from the training's step records with steps
-recomputed after a restore, the ledger's incidents gathered and summed per phase, and the faults in turn."""
+recomputed after a restore, the ledger's incidents gathered and summed per phase, and the faults in turn; and
+bench/goodput.py's faults of nodes that stay bad (a sick node, a slow worker) with fakes of the cluster's parts."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -55,13 +59,19 @@ def test_loss_is_split_by_fault():
 
 
 @pytest.mark.parametrize(("minutes", "every", "kinds", "expected"), [
-    (20, 2, gm.KINDS, [(120 * k, gm.KINDS[(k - 1) % 7]) for k in range(1, 10)]),
+    (20, 2, gm.KINDS, [(120 * k, gm.KINDS[(k - 1) % len(gm.KINDS)]) for k in range(1, 10)]),
     (4, 1.5, gm.QUICK_KINDS, [(90, "rank0"), (180, "partition")]),
     (10, 2, ("worker", "rank0"), [(120, "worker"), (240, "rank0"), (360, "worker"), (480, "rank0")]),
     (1, 2, gm.KINDS, []),
 ])
 def test_faults_come_in_turn_inside_the_window(minutes, every, kinds, expected):
     assert [(f.at, f.kind) for f in gm.rotation(minutes, every, kinds)] == expected
+
+
+def test_a_full_run_makes_each_kind_once_the_nodes_that_stay_bad_last():
+    faults = gm.rotation(20, 2)
+    assert sorted(f.kind for f in faults) == sorted(gm.KINDS)
+    assert [(f.at, f.kind) for f in faults[-2:]] == [(960, "sick"), (1080, "slow")]
 
 
 def incident(kind: str, start: str, lost: float, **phases: float | None) -> dict:
@@ -79,8 +89,8 @@ def test_incidents_are_gathered_once_across_reads_and_summed_per_phase():
     incidents = list(seen.values())
     assert len(incidents) == 2
     sums = gm.phase_sums(incidents)
-    assert sums == {"detect": 5.0, "replace": 3.5, "rendezvous": 0.5, "workerStart": 0.5, "checkpointLoad": 0.2,
-                    "recompute": 0.3}
+    assert sums == {"detect": 5.0, "replace": 3.5, "nodeCheck": None, "rendezvous": 0.5, "workerStart": 0.5,
+                    "checkpointLoad": 0.2, "recompute": 0.3}
     assert gm.ledger_lost(incidents) == 10.0
     start = gm.parse_time("2026-01-01T00:03:00Z")
     assert gm.in_window(incidents, start, start + 600) == [second]
@@ -112,7 +122,7 @@ def test_each_incident_is_listed_in_time_order_with_its_phases():
     earlier = incident("Rank0Lost", "2026-01-01T00:02:00.500Z", 4.0, detect=1.0, rendezvous=0.5)
     result = gm.Result("operator", 600, 98.0, 10.0, [], [later, earlier], [])
     rows = gm.incident_rows(result, gm.parse_time("2026-01-01T00:00:00Z"))
-    assert rows[1] == ["120.5", "Rank0Lost", "", "4.0", "1.0", "-", "0.5", "-", "-", "-"]
+    assert rows[1] == ["120.5", "Rank0Lost", "", "4.0", "1.0", "-", "-", "0.5", "-", "-", "-"]
     assert rows[2][:5] == ["240.0", "Partition", "", "6.0", "4.0"]
 
 
@@ -131,3 +141,146 @@ def test_the_by_hand_setup_is_valid_kubernetes_with_the_rendezvous_on_pod_0():
            ".$(POD_NAMESPACE).svc.cluster.local:29400" in command
     assert stateful_set["spec"]["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
     assert "--step-seconds=0.1" in command and "--checkpoint-every=10" in command
+
+
+def test_every_setup_runs_the_same_training_with_what_the_nodes_that_stay_bad_need():
+    from goodput_setups import BAD_NODE_FLAGS, NODE_NAME, ByHand, OperatorJob, sick_marker
+
+    by_hand = ByHand("by hand", kueue=False).objects("bench-goodput-x")[1]["spec"]["template"]["spec"]
+    operator = OperatorJob("operator", warm=True, kueue=False).job("bench-goodput-x")["spec"]["template"]["spec"]
+    for pod in (by_hand, operator):
+        container = pod["containers"][0]
+        assert container["command"][-len(BAD_NODE_FLAGS):] == list(BAD_NODE_FLAGS)
+        assert NODE_NAME in container["env"]
+        # The marker's folder, as the training sees it, is inside the checkpoint hostPath that this machine writes.
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/ckpt")
+        host = next(v for v in pod["volumes"] if v["name"] == mount["name"])["hostPath"]["path"]
+        marked = container["command"][container["command"].index("--fail-on-marked-node") + 1]
+        assert Path(host) / Path(marked).relative_to("/ckpt") / "node-1" == sick_marker("bench-goodput-x", "node-1")
+    assert "--forward-matmuls" in BAD_NODE_FLAGS
+
+
+# --- the faults, with fakes of the cluster's parts: the API server's pods, and the cgroups behind a throttle ---
+
+
+class FakeCore:
+    def __init__(self, pods: dict[str, tuple[str, str]]):
+        self.pods = pods  # name: (node, uid)
+
+    def read_namespaced_pod(self, name: str, namespace: str) -> SimpleNamespace:
+        if name not in self.pods:
+            raise ApiException(status=404)
+        node, uid = self.pods[name]
+        return SimpleNamespace(spec=SimpleNamespace(node_name=node), metadata=SimpleNamespace(uid=uid))
+
+
+class FakeApi:
+    def __init__(self, pods: dict[str, tuple[str, str]]):
+        self.core = FakeCore(pods)
+
+
+class FakeSetup:
+    def __init__(self, store_pod: str, workers: list[str]):
+        self.store_pod, self._workers = store_pod, workers
+
+    def workers(self, api, ns: str) -> list[str]:
+        return self._workers
+
+    def preempt(self, api, ns: str):
+        return None  # no Kueue
+
+
+@pytest.fixture
+def goodput(tmp_path, monkeypatch):
+    """bench/goodput.py with the training's records and the checkpoint dirs in tmp_path."""
+    import goodput as module
+    import goodput_setups
+    import recovery
+
+    monkeypatch.setattr(recovery, "HOST_DIR", tmp_path)
+    monkeypatch.setattr(goodput_setups, "HOST_DIR", tmp_path)
+    return module
+
+
+def rank0_on(tmp_path: Path, ns: str, pod: str) -> None:
+    (tmp_path / ns).mkdir(parents=True, exist_ok=True)
+    record = {"step": 30, "rank": 0, "host": pod, "pid": 1, "started": 0.0, "time": 3.0}
+    (tmp_path / ns / "progress.jsonl").write_text(json.dumps(record) + "\n")
+
+
+# Rank 0 on node-0 in both; the operator's store on node-1 beside a worker, the by-hand's store is its pod 0.
+OPERATOR_PODS = {"train-worker-0": ("node-0", "u0"), "train-worker-1": ("node-1", "u1"),
+                 "train-worker-2": ("node-2", "u2"), "train-rdzv": ("node-1", "us")}
+BY_HAND_PODS = {"train-0": ("node-1", "u0"), "train-1": ("node-0", "u1"), "train-2": ("node-2", "u2")}
+
+
+@pytest.mark.parametrize(("pods", "store", "rank0"), [
+    (OPERATOR_PODS, "train-rdzv", "train-worker-0"), (BY_HAND_PODS, "train-0", "train-1")])
+def test_a_sick_node_holds_neither_rank_0_nor_the_store_and_is_healed_by_its_undo(goodput, tmp_path, pods, store,
+                                                                                   rank0):
+    ns = "bench-goodput-x"
+    rank0_on(tmp_path, ns, rank0)
+    setup = FakeSetup(store, sorted(p for p in pods if p != "train-rdzv"))
+    undo, why_not = goodput.inject("sick", setup, FakeApi(pods), ns)
+    assert why_not is None
+    assert sorted(p.name for p in (tmp_path / ns / "sick-nodes").iterdir()) == ["node-2"]
+    undo()
+    assert list((tmp_path / ns / "sick-nodes").iterdir()) == []
+    assert goodput.HOLDS["sick"] < 120, "healed before the next fault at the default 2 minutes"
+
+
+def test_without_a_node_free_of_both_the_spare_node_is_the_stores_not_rank_0s(goodput, tmp_path):
+    rank0_on(tmp_path, "ns", "train-worker-0")
+    pods = {"train-worker-0": ("node-0", "u0"), "train-worker-1": ("node-1", "u1"),
+            "train-worker-2": ("node-0", "u2"), "train-rdzv": ("node-1", "us")}
+    setup = FakeSetup("train-rdzv", ["train-worker-0", "train-worker-2", "train-worker-1"])
+    assert goodput.spare_node(setup, FakeApi(pods), "ns") == "node-1"  # worker-2 is the first, on rank 0's node
+
+
+@pytest.fixture
+def throttles(goodput, monkeypatch) -> list[tuple[str, int | None]]:
+    """The throttles asked for (the real one writes the pod's cgroups on a real node), one container each."""
+    asked: list[tuple[str, int | None]] = []
+
+    def throttle(ns: str, pod: str, percent: int | None) -> int:
+        asked.append((pod, percent))
+        return 1
+
+    monkeypatch.setattr(goodput, "throttle", throttle)
+    return asked
+
+
+@pytest.mark.parametrize(("later", "lifted"), [
+    ("same pod", True), ("gone", False), ("replaced under the same name", False)])
+def test_a_slow_worker_is_a_spare_one_at_a_fifth_of_a_core_lifted_only_while_it_is_there(goodput, tmp_path,
+                                                                                         throttles, later, lifted):
+    ns = "bench-goodput-x"
+    rank0_on(tmp_path, ns, "train-worker-0")
+    pods = dict(OPERATOR_PODS)
+    api = FakeApi(pods)
+    setup = FakeSetup("train-rdzv", ["train-worker-0", "train-worker-1", "train-worker-2"])
+    undo, why_not = goodput.inject("slow", setup, api, ns)
+    assert why_not is None and throttles == [("train-worker-1", 20)]
+    if later == "gone":
+        del pods["train-worker-1"]
+    elif later != "same pod":
+        pods["train-worker-1"] = ("node-2", "another uid")
+    undo()
+    assert throttles[1:] == ([("train-worker-1", None)] if lifted else [])
+    assert "slow" in goodput.HOLDS
+
+
+def test_a_fault_that_cannot_be_made_is_skipped_with_its_reason(goodput, tmp_path, monkeypatch):
+    ns = "bench-goodput-x"
+    rank0_on(tmp_path, ns, "train-worker-0")
+    setup = FakeSetup("train-rdzv", ["train-worker-0", "train-worker-1"])
+    monkeypatch.setattr(goodput, "throttle", lambda ns, pod, percent: 0)
+    assert goodput.inject("slow", setup, FakeApi(OPERATOR_PODS), ns) == (
+        None, "train-worker-1 has no running container to throttle")
+    assert goodput.inject("preemption", setup, FakeApi(OPERATOR_PODS), ns) == (None, "no Kueue")
+
+
+def test_every_kind_can_be_made():
+    import goodput
+
+    assert set(goodput.FAULTS) == set(gm.KINDS)
