@@ -58,6 +58,11 @@ def test_a_sick_node_is_avoided_and_the_job_succeeds_with_one_restart(cluster, o
         assert sick in avoided and avoided[sick]["reason"] == "WorkerFailed", status.get("avoidedNodes")
         placed = placements.created_on(sick, after=fault_time)
         assert len(placed) <= 1, f"pods placed on the sick node {sick} after it turned sick: {placed}"
+        # The replacement's agent checked its node before it joined: the ledger books what that held the join.
+        incidents = (status.get("goodput") or {}).get("lastIncidents") or []
+        checks = [(i.get("phases") or {}).get("nodeCheck") for i in incidents]
+        assert any(c is not None for c in checks), f"no incident booked the node check: {incidents}"
+        print(f"node check phases booked: {checks}", flush=True)
         record_recovery(f"node {sick} sick (rank 0's)", resumed["time"] - fault_time, 2, status.get("restarts"))
     finally:
         placements.stop()
