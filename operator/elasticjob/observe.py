@@ -175,6 +175,19 @@ class NodeCheckView:
 
 
 @dataclass(frozen=True, slots=True)
+class LinksView:
+    """The link probe's verdict for a round (elasticjob_warm/linkprobe.py, written by the round's rank 0, mapped
+    to an agent's address by the store): the tenant's word. It may get one of the job's own pods replaced through
+    a planned stop, uncharged (planner/links.py), once per round, and nothing else."""
+
+    round: int
+    world: int
+    seconds: float
+    outlier: str | None = None  # the address of the agent whose every link is slow
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PeersView:
     """The store's gate (elasticjob_store/gate.py): the addresses it lets through, whether the operator has named
     any since the store started, and the connections it refused (the last addresses among them)."""
@@ -210,6 +223,7 @@ class StoreView:
     pace: tuple[PaceView, ...] = ()  # each pod's forward time, where the script watches its model
     peers: PeersView | None = None  # the store's gate; None: the store answers every peer
     node_checks: tuple[NodeCheckView, ...] = ()  # the latest round's members' node-check costs
+    links: LinksView | None = None  # the link probe's verdict for the latest round; None: none read
 
     @property
     def nodes(self) -> int:

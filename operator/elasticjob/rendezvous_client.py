@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from elasticjob import backoff
-from elasticjob.observe import NodeCheckView, PaceView, PeersView, ProgressView, StoreNode, StoreView
+from elasticjob.observe import LinksView, NodeCheckView, PaceView, PeersView, ProgressView, StoreNode, StoreView
 from elasticjob_store import protocol
 
 TIMEOUT_SECONDS = 2.0
@@ -145,6 +145,22 @@ class _NodeCheck(_Strict):
     at: float = Field(ge=0, le=1e11)
 
 
+class _Links(_Strict):
+    """The link probe's verdict (elasticjob_store/links.py), the tenant's word."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+    round: int = Field(ge=0, le=1 << 40)
+    world: int = Field(ge=1, le=1 << 16)
+    seconds: float = Field(ge=0, le=3600)
+    outlier: str | None = Field(None, max_length=64)
+    reason: str | None = Field(None, max_length=240)
+
+    @field_validator("outlier")
+    @classmethod
+    def _ip(cls, value: str | None) -> str | None:
+        return None if value is None else str(ipaddress.ip_address(value))
+
+
 class _Peers(_Strict):
     """The store's gate (elasticjob_store/gate.py Gate.report): whom its port answers, whom it refused."""
 
@@ -178,6 +194,7 @@ class _State(_Strict):
     pace: list[Any] = Field(default_factory=list, max_length=256)  # each checked on its own
     peers: _Peers | None = None  # absent where the store has no gate
     node_checks: list[Any] = Field(default_factory=list, alias="nodeChecks", max_length=256)  # each on its own
+    links: dict[str, Any] | None = None  # checked on its own: a bad verdict is dropped, not the reply
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -206,6 +223,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
         pace=parse_pace(state.pace), peers=_peers(state.peers), node_checks=parse_node_checks(state.node_checks),
+        links=parse_links(state.links),
         received_at=received_at or datetime.now(UTC))
 
 
@@ -261,6 +279,19 @@ def parse_node_checks(raw: list[Any]) -> tuple[NodeCheckView, ...]:
             continue
         found.append(NodeCheckView(addr=check.addr, held=check.held, at=datetime.fromtimestamp(check.at, UTC)))
     return tuple(found)
+
+
+def parse_links(raw: dict[str, Any] | None) -> LinksView | None:
+    """The link probe's verdict, or None when there is none or it is not valid (the rest of the reply stands)."""
+    if raw is None:
+        return None
+    try:
+        found = _Links.model_validate(raw)
+    except ValidationError:
+        return None
+    reason = printable(found.reason) if found.reason is not None and found.outlier is not None else None
+    return LinksView(round=found.round, world=found.world, seconds=found.seconds, outlier=found.outlier,
+                     reason=reason)
 
 
 def _nudges_off(torch: _Torch | None) -> str | None:

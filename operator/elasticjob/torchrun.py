@@ -20,6 +20,7 @@ RESERVED_ENV = frozenset({
     "TORCHELASTIC_ENABLE_FILE_TIMER", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "ELASTICJOB_NAME", "ELASTICJOB_CHECKPOINT_DIR",
     "ELASTICJOB_STEP_TIMEOUT_SECONDS", "ELASTICJOB_STOP_GRACE_SECONDS", "ELASTICJOB_NODE_CHECK",
+    "ELASTICJOB_LINK_PROBE", "ELASTICJOB_LINK_PROBE_FACTOR",
     "ELASTICJOB_NODE_CHECK_SECONDS",
 })
 
@@ -80,6 +81,9 @@ def agent_env(*, job_name: str, run_id: str, spec: ElasticJobSpec, container: di
         # ignores both.
         {"name": "ELASTICJOB_NODE_CHECK", "value": "1" if spec.node_check.enabled else "0"},
         {"name": "ELASTICJOB_NODE_CHECK_SECONDS", "value": str(spec.node_check.timeout_seconds)},
+        # The link probe among a round's agents once it forms (elasticjob_warm/linkprobe.py).
+        {"name": "ELASTICJOB_LINK_PROBE", "value": "1" if spec.node_check.link_probe else "0"},
+        {"name": "ELASTICJOB_LINK_PROBE_FACTOR", "value": f"{spec.node_check.link_factor:g}"},
     ]
     if spec.checkpoint_dir:
         env.append({"name": "ELASTICJOB_CHECKPOINT_DIR", "value": spec.checkpoint_dir})

@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
-from elasticjob_store import actions, compat, nodechecks, pace, peers, stop
+from elasticjob_store import actions, compat, links, nodechecks, pace, peers, stop
 from elasticjob_store.actions import Outcome
+from elasticjob_store.agent_reports import AgentReports, Store
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
 from elasticjob_store.protocol import StopReply
@@ -32,21 +33,11 @@ POLL_INTERVAL = 0.25
 WAITER_TTL = 15.0
 
 
-class Store(Protocol):
-    """The part of torch.distributed.Store used here."""
-
-    def check(self, keys: list[str]) -> bool: ...
-    def get(self, key: str) -> bytes: ...
-    def compare_set(self, key: str, expected_value: bytes, desired_value: bytes) -> bytes: ...
-    def add(self, key: str, value: int) -> int: ...
-    def set(self, key: str, value: bytes) -> None: ...
-
-
 class ConflictError(RuntimeError):
     """Every attempt to write lost a race with the agents."""
 
 
-class Control:
+class Control(AgentReports):
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
@@ -82,6 +73,8 @@ class Control:
         self.pace = pace.PaceReader()
         # What each member's node check cost its join (nodechecks.py): shown to the operator for its ledger.
         self.node_checks = nodechecks.NodeCheckReader()
+        # The latest round's link probe verdict (links.py): shown to the operator, who may replace its outlier.
+        self.links = links.LinkReader()
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: dict[str, Any] | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
@@ -269,40 +262,6 @@ class Control:
         with self.lock:
             self.progress.take(raw, self.now())
 
-    def read_pace(self, now: float, force: bool = False) -> None:
-        """The ranks' pace keys, every pace.READ_EVERY seconds (`force`: now): rank 0's, then as many as its world
-        names. Every report read at or before the latest round's completion is dropped: torchrun ended the
-        processes that wrote it, and it would stand for the new ones of the same pods (a replacement too)."""
-        with self.lock:
-            if not self.pace.due(now) and not force:
-                return
-        done = 0
-        for _ in range(2):  # a first read learns the world size from rank 0, a second reads the ranks past it
-            with self.lock:
-                ranks = self.pace.ranks()
-            with self._store_lock:
-                found = [(r, self._store.get(pace.key(r)) if self._store.check([pace.key(r)]) else b"")
-                         for r in ranks[done:]]
-            with self.lock:
-                for rank, raw in found:
-                    self.pace.take(rank, raw, now)
-                began = max((r.completed_at for r in self.tracker.rounds), default=None)
-                self.pace.forget_stale(now, began)
-                if self.pace.ranks() == ranks:
-                    return
-            done = len(ranks)
-
-    def read_node_checks(self, now: float) -> None:
-        with self.lock:
-            addrs = self.node_checks.due(now, self.tracker.rounds[-1].nodes if self.tracker.rounds else ())
-        if addrs:
-            with self._store_lock:
-                found = [(addr, self._store.get(nodechecks.key(addr))
-                          if self._store.check([nodechecks.key(addr)]) else b"") for addr in addrs]
-            with self.lock:
-                for addr, raw in found:
-                    self.node_checks.take(addr, raw)
-
     def poll(self) -> None:
         """One poller tick: record a newly completed round and the training's progress, write the stop a worker's
         agent asked for, take out a waiter that did its job, and wake whoever waits for a change."""
@@ -321,10 +280,11 @@ class Control:
             completed = self.tracker.observe(state, now)
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
-        self.read_node_checks(now)
+        self.read_agents(state, now)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
-                    self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark())
+                    self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark(),
+                    self.links.describe())
         if seen != self._summary:
             self._summary = seen
             with self.changed:

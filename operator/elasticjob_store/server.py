@@ -47,7 +47,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
                             stale_after=control.stale_after, torch=control.torch_report(),
                             progress=control.progress.describe(now), stop=control.stop_record,
                             pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None,
-                            node_checks=control.node_checks.describe())
+                            node_checks=control.node_checks.describe(), links=control.links.describe())
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)

@@ -10,8 +10,9 @@ nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an 
 training save at an agreed step before torchrun stops the workers (evicted.py). With ELASTICJOB_HEALTH_PORT it
 answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on. With
 ELASTICJOB_NODE_CHECK=1 it checks its node while the server imports, and a node that fails joins no round
-(nodecheck.py). An agent that its rendezvous ends (a closed round, a state refused, no store) with no worker of it
-failed exits RENDEZVOUS_EXIT after one line, not torchrun's 1 (rdzvexit.py).
+(nodecheck.py); with ELASTICJOB_LINK_PROBE=1 the agents of each round of 3 or more measure their links before
+their workers start (roundprobe.py). An agent that its rendezvous ends (a closed round, a state refused, no
+store) with no worker of it failed exits RENDEZVOUS_EXIT after one line, not torchrun's 1 (rdzvexit.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from elasticjob_warm import (
     polling,
     protocol,
     rdzvexit,
+    roundprobe,
     statecheck,
 )
 
@@ -118,6 +120,12 @@ def patch_rendezvous(ready: health.Health | None, args: Any) -> None:
     if not outage.apply():
         print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
               "the agent, as in torchrun", file=sys.stderr, flush=True)
+    try:
+        if not roundprobe.apply():
+            print("elasticjob_warm.torchrun: this torch's agent is not the one known; the round's links are not "
+                  "probed", file=sys.stderr, flush=True)
+    except ValueError as error:
+        print(f"elasticjob_warm.torchrun: {error}; the round's links are not probed", file=sys.stderr, flush=True)
     if not rdzvexit.apply():
         print("elasticjob_warm.torchrun: this torch's agent is not the one known; an agent its rendezvous ends "
               "exits 1, as in torchrun", file=sys.stderr, flush=True)

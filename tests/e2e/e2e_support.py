@@ -372,6 +372,18 @@ class Faults:
         assert hits, f"pod {pod_name} has no running container to throttle"
         return when
 
+    def slow_link(self, pod_name: str, rate_mbit: int | None) -> float:
+        """What the pod receives goes at `rate_mbit` at most (None lifts it): a sick NIC. Real nodes only."""
+        from localcluster import faults
+        from localcluster.realnodes import faults as real
+
+        layout = faults.real_nodes(self.state_dir)
+        assert layout is not None, "a slow link needs the local cluster's real nodes (their namespaces)"
+        when = time.time()
+        hits = real.slow_link(faults.core_api(layout), layout.state, self.jobs.namespace, pod_name, rate_mbit)
+        assert hits, f"pod {pod_name} has no IP or no veth on its node yet"
+        return when
+
     def sicken(self, node: str) -> float:
         """Every training process of the job on `node` exits 1, now and later (examples/train_ddp.py's
         --fail-on-marked-node SICK_NODES_MOUNT): a GPU that throws an error at every start. The marker is a file

@@ -1,6 +1,6 @@
 """Nodes that stay bad, on real nodes (issue 51): a sick node (every training process there exits 1, now and
 later) and a pod cut off from the network while its kubelet says Ready, core scenarios that run in `make test`;
-a slow worker (its CPU capped), in the slow tier.
+a slow worker (its CPU capped) and a slow link (a rate on what one pod receives), in the slow tier.
 
 Before: the sick node charged four restarts within one second and failed a job with maxRestarts 3 at step 61 of
 900; the cut-off pod was left running for as long as the cut lasted, READY counting it."""
@@ -22,7 +22,7 @@ from e2e_support import (
     with_node_name,
 )
 from helpers import wait_for
-from test_training import CHECKPOINT_EVERY, finish, recovery, start
+from test_training import CHECKPOINT_EVERY, finish, recovery, start, wait_progress
 
 
 def local_only(cluster) -> None:
@@ -187,3 +187,39 @@ def event_times(jobs, since: float,
         if event.reason in reasons and when is not None and when.timestamp() >= since - 1:
             found.append((when.timestamp() - since, f"{event.involved_object.name} {event.reason}"))
     return ", ".join(f"{what} at {at:.1f} s" for at, what in sorted(found))
+
+
+# A sick NIC: what one pod receives at 20 Mbit/s, where the others' links on the local bridge run at GB/s.
+LINK_MBIT = 20
+
+
+@pytest.mark.slow  # the slow tier (`make e2e`): three workers on three nodes
+def test_a_worker_whose_every_link_is_slow_is_replaced_on_the_round_probe_and_its_node_avoided(
+        cluster, operator, jobs, progress, faults):
+    """One pod's link is slowed before its agent joins (its IP is there before its container starts): the first
+    round's link probe names it, the operator deletes it (a planned stop, not charged) and avoids its node. With
+    its node avoided and the other two taken, its replacement waits: the job trains on with two workers."""
+    local_only(cluster)
+    manifest = spread_workers(job_manifest(jobs.namespace, replicas=3, train_args=train_args(5000)))
+    jobs.create(manifest)
+    victim = "train-worker-1"
+    pod = wait_for(lambda: next((p for p in jobs.worker_pods() if p.metadata.name == victim), None), 120,
+                   f"{victim} with an IP",
+                   until=lambda found: found is not None and found.status.pod_ip)
+    uid, node = pod.metadata.uid, pod.spec.node_name
+    fault_time = faults.slow_link(victim, LINK_MBIT)
+    try:
+        wait_for(lambda: [p for p in jobs.worker_pods() if p.metadata.uid == uid], 180,
+                 f"the pod with the slow link, {victim} ({uid}), replaced", until=lambda left: not left)
+        wait_progress(progress, lambda p: any(r["world_size"] == 2 and r["time"] > fault_time for r in p.records),
+                      120, "steps at world size 2 without the slow-link pod")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{story(jobs)}") from None
+    status = jobs.status()
+    assert status.get("restarts", 0) == 0, f"a slow link is not charged: {summary(status)}"
+    avoided = {n["node"]: n for n in status.get("avoidedNodes", [])}
+    assert node in avoided and avoided[node]["reason"] == "SlowLink", status.get("avoidedNodes")
+    lines = [line for p in jobs.worker_pods() if p.status.phase == "Running"
+             for line in jobs.core.read_namespaced_pod_log(p.metadata.name, jobs.namespace).splitlines()
+             if "link probe" in line]
+    print(f"slow link: {event_times(jobs, fault_time, ('SlowLinkReplaced', 'NodeAvoided'))}; probe lines: {lines}")

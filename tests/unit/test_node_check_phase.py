@@ -69,15 +69,15 @@ def test_the_store_reads_the_rounds_members_and_wakes_the_operator_when_one_repo
     control.tracker.observe(make_state(round=1, complete=True, participants=(A, B)), clock[0])
     tcp_store.set(nodechecks.key(A.addr), nodecheck.report_body(0.2, 0.1, clock[0] - 5))
     tcp_store.set(nodechecks.key("10.9.9.9"), nodecheck.report_body(9.0, 9.0, clock[0]))  # not a member
-    control.read_node_checks(clock[0])
+    control.read_agents(None, clock[0])
     assert [c["addr"] for c in control.node_checks.describe()] == [A.addr]
     before = control.node_checks.landmark()
     tcp_store.set(nodechecks.key(B.addr), nodecheck.report_body(0.6, 0.5, clock[0]))
     clock[0] += 0.25
-    control.read_node_checks(clock[0])
+    control.read_agents(None, clock[0])
     assert control.node_checks.landmark() == before, "read every 2 s, not at each tick"
     clock[0] += nodechecks.READ_EVERY
-    control.read_node_checks(clock[0])
+    control.read_agents(None, clock[0])
     assert control.node_checks.landmark() != before
     body = describe(None, control.tracker, now=clock[0], epoch="ab", run_id="run-1", min_nodes=1, max_nodes=3,
                     node_checks=control.node_checks.describe())

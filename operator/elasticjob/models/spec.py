@@ -118,6 +118,15 @@ class NodeCheckSpec(Model):
                           "warm server's import. Default true.")
     timeout_seconds: int = Field(30, ge=1, le=3600, description="Seconds the check may take before the node is "
                                  "taken for too slow and fails it. Default 30.")
+    link_probe: bool = Field(True, description="Once a round of 3 or more agents forms, before the workers start, "
+                             "the agents measure the link between every pair of them (gloo over TCP: latency and "
+                             "bandwidth). The agent whose every link is linkFactor times "
+                             "slower than the median agent's is replaced through a planned stop (Event "
+                             "SlowLinkReplaced, not charged) and its node avoided (reason SlowLink). Runs where "
+                             "torchrun runs through the kit. Default true.")
+    link_factor: float = Field(3.0, ge=1.5, le=100.0, description="How many times slower than the median agent's "
+                               "an agent's best link must be (bandwidth, or round-trip latency) to be replaced. "
+                               "Default 3.")
 
 
 class StragglerSpec(Model):

@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, nodes, ownership, peers, planned_stop, stragglers
+from elasticjob.planner import ledger, links, nodes, ownership, peers, planned_stop, stragglers
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -133,6 +133,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     desired = plan.status.desired_replicas
     planned_stop.settle(plan, job, observed, desired, now)
     stragglers.replace_stragglers(plan, job, observed, now)  # a worker slower than the others goes
+    links.replace_slow_link(plan, job, observed, now)  # so does one whose every link the round's probe found slow
     ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
     placement = allowed.worker.merge(nodes.placement(plan.status))
     scale(plan, job, observed, desired, now, placement, create=ready, token=token,

@@ -45,9 +45,9 @@ AGENT_SIGTERM = -15
 KILLED = -9
 PARTITIONED = "Partitioned"
 # The reasons that are the node's own (its GPU, its network, its speed), for which --taint-bad-nodes taints it for
-# every pod; a reason added later taints only once it is added here. "SlowNode" is stragglers.SLOW_NODE (that
-# module imports this one).
-SICK = frozenset({WORKER_FAILED, "NodeCheckFailed", PARTITIONED, "SlowNode"})
+# every pod; a reason added later taints only once it is added here. "SlowNode" is stragglers.SLOW_NODE and
+# "SlowLink" links.SLOW_LINK (those modules import this one).
+SICK = frozenset({WORKER_FAILED, "NodeCheckFailed", PARTITIONED, "SlowNode", "SlowLink"})
 
 
 def avoid_seconds(job: Job) -> int:
