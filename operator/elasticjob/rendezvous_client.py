@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,6 +47,9 @@ MIN_ANSWER_INTERVAL = 1.0
 ANSWER_BURST = 4
 # What the operator logs of a store's own words (its `error`, `refused`): this long at most, printable only.
 MAX_STORE_TEXT = 200
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -257,28 +260,28 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
         stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
 
 
-def parse_pace(raw: list[Any]) -> tuple[PaceView, ...]:
-    """The pods' paces; one that is not valid is left out (the rest of the reply stands)."""
+def valid_entries(raw: list[Any], model: type[M]) -> list[M]:
+    """Each entry of a list in the reply that is valid; one that is not is left out (the rest of the reply
+    stands)."""
     found = []
     for entry in raw:
         try:
-            pace = _Pace.model_validate(entry)
+            found.append(model.model_validate(entry))
         except ValidationError:
             continue
-        found.append(PaceView(pod=printable(pace.pod), seconds=pace.seconds, ranks=pace.ranks))
-    return tuple(found)
+    return found
+
+
+def parse_pace(raw: list[Any]) -> tuple[PaceView, ...]:
+    """The pods' paces."""
+    return tuple(PaceView(pod=printable(pace.pod), seconds=pace.seconds, ranks=pace.ranks)
+                 for pace in valid_entries(raw, _Pace))
 
 
 def parse_node_checks(raw: list[Any]) -> tuple[NodeCheckView, ...]:
-    """The node checks' costs; one that is not valid is left out (the rest of the reply stands)."""
-    found = []
-    for entry in raw:
-        try:
-            check = _NodeCheck.model_validate(entry)
-        except ValidationError:
-            continue
-        found.append(NodeCheckView(addr=check.addr, held=check.held, at=datetime.fromtimestamp(check.at, UTC)))
-    return tuple(found)
+    """The node checks' costs."""
+    return tuple(NodeCheckView(addr=check.addr, held=check.held, at=datetime.fromtimestamp(check.at, UTC))
+                 for check in valid_entries(raw, _NodeCheck))
 
 
 def parse_links(raw: dict[str, Any] | None) -> LinksView | None:

@@ -362,26 +362,28 @@ class Faults:
 
     def throttle(self, pod_name: str, percent: int | None) -> float:
         """Caps the pod's containers at `percent` of one CPU (None lifts it): a slow node. Real nodes only."""
-        from localcluster import faults
         from localcluster.realnodes import faults as real
 
-        layout = faults.real_nodes(self.state_dir)
-        assert layout is not None, "throttling needs the local cluster's real nodes (their cgroups)"
-        when = time.time()
-        hits = real.throttle_pod(faults.core_api(layout), layout.state, self.jobs.namespace, pod_name, percent)
-        assert hits, f"pod {pod_name} has no running container to throttle"
-        return when
+        return self._on_real_node(pod_name, "throttling (its cgroups)",
+                                  lambda core, state: real.throttle_pod(core, state, self.jobs.namespace, pod_name,
+                                                                        percent))
 
     def slow_link(self, pod_name: str, rate_mbit: int | None) -> float:
         """What the pod receives goes at `rate_mbit` at most (None lifts it): a sick NIC. Real nodes only."""
-        from localcluster import faults
         from localcluster.realnodes import faults as real
 
+        return self._on_real_node(pod_name, "a slow link (its namespaces)",
+                                  lambda core, state: real.slow_link(core, state, self.jobs.namespace, pod_name,
+                                                                     rate_mbit))
+
+    def _on_real_node(self, pod_name: str, what: str, act) -> float:
+        """Does `act(core, state)` to the pod through its real node; when, and it must have hit the pod."""
+        from localcluster import faults
+
         layout = faults.real_nodes(self.state_dir)
-        assert layout is not None, "a slow link needs the local cluster's real nodes (their namespaces)"
+        assert layout is not None, f"{what} needs the local cluster's real nodes"
         when = time.time()
-        hits = real.slow_link(faults.core_api(layout), layout.state, self.jobs.namespace, pod_name, rate_mbit)
-        assert hits, f"pod {pod_name} has no IP or no veth on its node yet"
+        assert act(faults.core_api(layout), layout.state), f"pod {pod_name}: nothing to act on (not running yet?)"
         return when
 
     def sicken(self, node: str) -> float:
