@@ -369,7 +369,7 @@ class Faults:
                                                                         percent))
 
     def slow_link(self, pod_name: str, rate_mbit: int | None) -> float:
-        """What the pod receives goes at `rate_mbit` at most (None lifts it): a sick NIC. Real nodes only."""
+        """What the pod sends goes at `rate_mbit` at most (None lifts it): a sick NIC. Real nodes only."""
         from localcluster.realnodes import faults as real
 
         return self._on_real_node(pod_name, "a slow link (its namespaces)",

@@ -189,23 +189,24 @@ def event_times(jobs, since: float,
     return ", ".join(f"{what} at {at:.1f} s" for at, what in sorted(found))
 
 
-# A sick NIC: what one pod receives at 20 Mbit/s, where the others' links on the local bridge run at GB/s.
+# A sick NIC: what one pod sends at 20 Mbit/s, where the others' links on the local bridge run at GB/s.
 LINK_MBIT = 20
 
 
 @pytest.mark.slow  # the slow tier (`make e2e`): three workers on three nodes
 def test_a_worker_whose_every_link_is_slow_is_replaced_on_the_round_probe_and_its_node_avoided(
         cluster, operator, jobs, progress, faults):
-    """One pod's link is slowed before its agent joins (its IP is there before its container starts): the first
+    """One pod's link is slowed before its agent joins (its container runs while its agent imports torch): the first
     round's link probe names it, the operator deletes it (a planned stop, not charged) and avoids its node. With
     its node avoided and the other two taken, its replacement waits: the job trains on with two workers."""
     local_only(cluster)
     manifest = spread_workers(job_manifest(jobs.namespace, replicas=3, train_args=train_args(5000)))
     jobs.create(manifest)
     victim = "train-worker-1"
+    # Its container runs (the qdisc goes into its own network namespace) while its agent still imports torch.
     pod = wait_for(lambda: next((p for p in jobs.worker_pods() if p.metadata.name == victim), None), 120,
-                   f"{victim} with an IP",
-                   until=lambda found: found is not None and found.status.pod_ip)
+                   f"{victim} running", until=lambda found: found is not None and any(
+                       s.state.running for s in found.status.container_statuses or []))
     uid, node = pod.metadata.uid, pod.spec.node_name
     fault_time = faults.slow_link(victim, LINK_MBIT)
     try:

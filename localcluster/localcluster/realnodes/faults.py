@@ -5,8 +5,9 @@
 - a pod is cut off the network by DROP rules in its node's FORWARD chain (the bridge's traffic passes it):
   its processes live on, silent, and the kubelet still sees it running;
 - a node is lost (node.lose) or cut off as a whole (netns.partition);
-- a pod's link is made slow by a token bucket (tbf) qdisc on its veth in its node's namespace (a rate on what the
-  pod receives; this kernel has no netem), as a sick NIC or a port negotiated down: every packet arrives, late;
+- a pod's link is made slow by a token bucket (tbf) qdisc on eth0 in the pod's own network namespace (a rate on
+  what the pod sends; this kernel has no netem), as a sick NIC or a port negotiated down: every packet arrives,
+  late;
 - a pod is slowed by a CPU quota on each of its containers' cgroups (the host's cgroup v1 `cpu` controller:
   cpu.cfs_quota_us over cpu.cfs_period_us), as a throttled or overheating node runs: every process lives on,
   slower.
@@ -125,25 +126,17 @@ def heal_node(state: Path, name: str) -> None:
     netns.heal(_node(state, name))
 
 
-def _pod_device(node: RealNode, ip: str) -> str | None:
-    """The pod's veth in its node's namespace: where the node routes the pod's IP."""
-    found = subprocess.run(["nsenter", f"--net=/run/netns/{node.netns}", "--", "ip", "-o", "route", "get", ip],
-                           capture_output=True, text=True, check=False)
-    words = found.stdout.split()
-    return words[words.index("dev") + 1] if "dev" in words else None
-
-
 def slow_link(core: client.CoreV1Api, state: Path, namespace: str, name: str, rate_mbit: int | None) -> int:
-    """What the pod receives goes at `rate_mbit` at most (None: its link as it was): 1 where the pod's veth was
-    found, else 0."""
-    found = _pod_ip_and_node(core, state, namespace, name)
-    device = _pod_device(found[1], found[0]) if found is not None else None
-    if found is None or device is None:
+    """What the pod sends goes at `rate_mbit` at most (None: its link as it was), by a qdisc on eth0 inside the
+    pod's own network namespace, which goes with the pod (one on the node's bridge would slow every pod of the
+    node, and outlive the test): 1 once the pod has a running container, else 0."""
+    pids = _container_pids(core, state, namespace, name)
+    if not pids:
         return 0
-    tc = ["nsenter", f"--net=/run/netns/{found[1].netns}", "--", "tc", "qdisc"]
+    tc = ["nsenter", "-t", str(pids[0]), "-n", "--", "tc", "qdisc"]
     if rate_mbit is None:
-        subprocess.run([*tc, "del", "dev", device, "root"], capture_output=True, check=False)
+        subprocess.run([*tc, "del", "dev", "eth0", "root"], capture_output=True, check=False)
         return 1
-    subprocess.run([*tc, "replace", "dev", device, "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kbit",
+    subprocess.run([*tc, "replace", "dev", "eth0", "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "32kbit",
                     "latency", "400ms"], capture_output=True, check=True)
     return 1
