@@ -66,8 +66,10 @@ class AgentReports:
         with self.lock:
             last = self.tracker.rounds[-1] if self.tracker.rounds else None
             addrs = self.node_checks.due(now, last.nodes if last else ())
-            probed = last is not None and self.links.wanted(last.round, last.completed_at, now) \
-                and state is not None and state.round == last.round
+            # Rounds too small to be probed write no verdict: not looked for at each tick for LINGER seconds.
+            probed = last is not None and state is not None and state.round == last.round \
+                and len(state.participants) >= links.MIN_AGENTS \
+                and self.links.wanted(last.round, last.completed_at, now)
         keys = [nodechecks.key(addr) for addr in addrs]
         if probed and last is not None:
             keys.append(links.key(self.run_id, last.round))

@@ -21,6 +21,9 @@ MAX_MBPS = 99_999  # the report's figures are clamped to keep it under MAX_REPOR
 MAX_MICROSECONDS = 999_999  # ... and 1 s
 MAX_REASON = 240
 FIELDS = ("v", "world", "seconds", "outlier", "reason", "bandwidthMBps", "latencyUs")
+# Rounds of fewer agents are not probed (a pair's one slow link cannot say which end is slow): elasticjob_warm's
+# roundprobe and linkprobe.outlier use this, and the store reads no verdict for them.
+MIN_AGENTS = 3
 # The probe runs once the round formed and is bounded by ELASTICJOB_LINK_PROBE_SECONDS (10 s by default).
 LINGER = 30.0
 

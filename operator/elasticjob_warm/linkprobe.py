@@ -37,6 +37,7 @@ from elasticjob_store.links import (
     MAX_MBPS,
     MAX_MICROSECONDS,
     MAX_REASON,
+    MIN_AGENTS,
     REPORT_KEY,
     SUMMARY_RANKS,
     VERSION,
@@ -246,7 +247,7 @@ def outlier(rows: list[dict[str, Any]], factor: float = FACTOR, margin: float = 
     for found in map(figures, rows):
         if found is not None:
             seen.setdefault(found[0], found[1:])
-    if len(seen) < 3:
+    if len(seen) < MIN_AGENTS:
         return None
     mid_bw = statistics.median(bw for bw, _ in seen.values())
     mid_lat = statistics.median(lat for _, lat in seen.values())

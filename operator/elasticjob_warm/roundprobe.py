@@ -14,10 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from elasticjob_store.links import MIN_AGENTS
 from elasticjob_warm import linkprobe
 
 PROBE_ENV = "ELASTICJOB_LINK_PROBE"
-MIN_AGENTS = 3
 
 
 def wanted(environ: Mapping[str, str]) -> bool:

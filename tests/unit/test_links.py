@@ -126,3 +126,23 @@ def test_the_outlier_of_the_current_round_is_replaced_once_and_its_node_avoided_
 def test_nothing_is_replaced_without_a_verdict_naming_a_running_worker_of_the_current_round(
         links_view, round, spec, why):
     assert deletes(plan(links_view, round, **spec)) == [], why
+
+
+def test_the_store_reads_a_verdict_only_for_rounds_that_were_probed():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from store_states import A, B, C, make_state
+
+    from elasticjob_store.control import Control
+
+    tcp_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                              timeout=timedelta(seconds=10))
+    clock = [1_900_000_000.0]
+    for round_number, members in ((1, (A, B)), (2, (A, B, C))):
+        control = Control(tcp_store, "run-1", 1, 3, clock=lambda: clock[0], log=lambda _line: None)
+        state = make_state(round=round_number, complete=True, participants=members)
+        control.tracker.observe(state, clock[0])
+        tcp_store.set(links.key("run-1", round_number), verdict(outlier=None, world=len(members)))
+        control.read_agents(state, clock[0])
+        assert (control.links.describe() is not None) == (len(members) >= links.MIN_AGENTS), members
