@@ -47,7 +47,8 @@ WARM_SLACK = 0.05
 
 
 def main(argv: list[str]) -> int:
-    ready = health.start(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # answers the kubelet at once
+    endpoint = notice.endpoint(argv, dict(os.environ))  # the job's store, as torchrun will read it
+    ready = health.start(endpoint, dict(os.environ))  # answers the kubelet at once
     if problem := compat.version_problem(compat.torch_version()):
         return plain(argv, problem, ready)
     started = time.monotonic()
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> int:
         return 2
     args = run.parse_args(argv)
     patch_rendezvous(ready, args)
-    evicted.install(notice.endpoint(argv, dict(os.environ)), dict(os.environ))  # SIGTERM: save first
+    evicted.install(endpoint, dict(os.environ))  # SIGTERM: save first
     try:
         polling.apply(args.nnodes)
     except ValueError as error:
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
     if server is not None and not cold and join_when_warm(server, started) > WARM_SLACK:
         held = 0.0  # the server's imports outlasted the check: the join waited for them, not for it
     if check is not None:
-        nodecheck.report_later(notice.endpoint(argv, dict(os.environ)), args.local_addr, check.took or held, held)
+        nodecheck.report_later(endpoint, args.local_addr, check.took or held, held)
     try:
         record(run.run)(args)
     except Exception as error:
