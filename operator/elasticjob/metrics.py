@@ -24,7 +24,7 @@ SCALE_EVENTS = Counter("elasticjob_scale_events_total", "Changes of a job's desi
 TIME_TO_RUNNING = Histogram("elasticjob_time_to_running_seconds", "From a job's creation to its first Running",
                             buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
 RECOVERY_SECONDS = Histogram("elasticjob_recovery_seconds",
-                             "From a failure or membership change to the worker group re-formed",
+                             "From a fault to the worker group formed again, per incident the downtime ledger closed",
                              buckets=(1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300))
 LOST_SECONDS = Histogram("elasticjob_lost_seconds", "Training seconds lost per closed incident, by phase of the "
                          "downtime ledger (detect, replace, rendezvous, workerStart, checkpointLoad, recompute; the "

@@ -8,7 +8,6 @@ from prometheus_client import REGISTRY
 
 from elasticjob.controller import telemetry
 from elasticjob.models import ElasticJobStatus
-from elasticjob.observe import StoreView
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 META = {"namespace": "ml", "name": "t", "uid": "u", "creationTimestamp": "2026-01-01T11:59:50Z"}
@@ -28,7 +27,7 @@ def test_restarts_infrastructure_failures_and_scale_events_are_counted_from_the_
     old = status(restarts=1, desiredReplicas=3, lastFailures=[{"pod": "a", "uid": "1", "reason": "Error"}])
     new = status(restarts=2, desiredReplicas=2, lastFailures=[
         {"pod": "a", "uid": "1", "reason": "Error"}, {"pod": "b", "uid": "2", "reason": "Evicted", "charged": False}])
-    telemetry.record(META, old, new, None, NOW)
+    telemetry.record(META, old, new, NOW)
     after = (value("elasticjob_restarts_total"), value("elasticjob_infrastructure_failures_total", reason="Evicted"),
              value("elasticjob_scale_events_total", direction="down"))
     assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
@@ -37,22 +36,37 @@ def test_restarts_infrastructure_failures_and_scale_events_are_counted_from_the_
 def test_time_to_running_is_observed_once_from_creation():
     count = value("elasticjob_time_to_running_seconds_count")
     running = status(phase="Running", conditions=[{"type": "Running", "status": "True", "reason": "Running"}])
-    telemetry.record(META, status(), running, None, NOW)
-    telemetry.record(META, running, running, None, NOW + timedelta(seconds=5))
+    telemetry.record(META, status(), running, NOW)
+    telemetry.record(META, running, running, NOW + timedelta(seconds=5))
     assert value("elasticjob_time_to_running_seconds_count") == count + 1
     assert value("elasticjob_time_to_running_seconds_bucket", le="10.0") >= 1
 
 
-def test_recovery_ends_when_a_later_round_is_complete():
-    meta = {**META, "name": "r"}
-    count = value("elasticjob_recovery_seconds_count")
-    failed = status(lastFailures=[{"pod": "a", "uid": "9", "reason": "Killed"}])
-    telemetry.record(meta, status(), failed, StoreView(epoch="e", round=3, complete=True), NOW)
-    telemetry.record(meta, failed, failed, StoreView(epoch="e", round=3, complete=False), NOW + timedelta(seconds=2))
-    assert value("elasticjob_recovery_seconds_count") == count
-    telemetry.record(meta, failed, failed, StoreView(epoch="e", round=4, complete=True), NOW + timedelta(seconds=4))
+def closed(*incidents: dict) -> ElasticJobStatus:
+    return status(goodput={"since": "2026-01-01T11:00:00Z", "incidents": len(incidents),
+                           "lastIncidents": list(incidents)})
+
+
+def incident(kind: str, start: float, round_at: float | None, end: float) -> dict:
+    def at(seconds: float) -> str:
+        return (NOW + timedelta(seconds=seconds)).isoformat()
+    return {"kind": kind, "startTime": at(start), "roundTime": at(round_at) if round_at is not None else None,
+            "endTime": at(end)}
+
+
+def test_recovery_is_each_closed_incident_from_its_fault_to_the_group_formed_again():
+    count, fast = value("elasticjob_recovery_seconds_count"), value("elasticjob_recovery_seconds_bucket", le="5.0")
+    lost = incident("WorkerLost", 0, 4, 6)
+    # Doubled: the same closed incident seen again (the next reconcile, or the replica that took over) counts once.
+    telemetry.record(META, status(), closed(lost), NOW)
+    telemetry.record(META, closed(lost), closed(lost), NOW)
     assert value("elasticjob_recovery_seconds_count") == count + 1
-    assert value("elasticjob_recovery_seconds_bucket", le="5.0") >= 1
+    assert value("elasticjob_recovery_seconds_bucket", le="5.0") == fast + 1
+    # No round seen: to the training's next step; a suspension's time is its wait, not a recovery.
+    telemetry.record(META, closed(lost), closed(lost, incident("Rejoin", 10, None, 11),
+                                                 incident("Suspend", 20, 90, 95)), NOW)
+    assert value("elasticjob_recovery_seconds_count") == count + 2
+    assert value("elasticjob_recovery_seconds_bucket", le="5.0") == fast + 2
 
 
 def test_jobs_by_phase_and_per_job_series_only_while_unfinished():

@@ -111,7 +111,7 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
     defer = status_deferral(memory, job.status, plan.status)
     if defer is None:
         body = await write_status(ctx, memory, job.status, plan.status, body, log)
-    telemetry.record(meta, job.status, plan.status, observed.store, now)
+    telemetry.record(meta, job.status, plan.status, now)
     for integration in ctx.integrations:  # what they change is read again next time, whatever happens
         integration.after_apply(ctx.memory_of(memory, integration), plan.actions)
     actions = unapplied(memory.applied, plan.actions)

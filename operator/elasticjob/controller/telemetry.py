@@ -1,32 +1,22 @@
-"""Metrics from what a reconcile changed: restarts, infrastructure failures, scale events, time to Running,
-recovery time (a failure or membership change -> the store reports the worker group formed again), and the
-seconds each closed incident of the downtime ledger lost per phase."""
+"""Metrics from what a reconcile changed: restarts, infrastructure failures, scale events, time to Running, and,
+for each incident the downtime ledger closed, its recovery time (the fault -> the store reported the worker group
+formed again) and the seconds it lost per phase. Nothing is kept here between reconciles: the ledger in the job's
+status is the one record of an incident, so the replica that takes over the Lease goes on from it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from elasticjob import metrics
-from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.observe import StoreView, parse_time
+from elasticjob.models import ElasticJobStatus, Incident, Phase
+from elasticjob.observe import parse_time
 from elasticjob.planner.failures import INFRASTRUCTURE_REASONS
 from elasticjob.planner.goodput import PHASE_NAMES, wire_name
+from elasticjob.planner.ledger import STOPS_EVERY_WORKER
 
 
-@dataclass
-class Disruption:
-    at: datetime
-    round: int | None  # the round running when it happened: recovered once a later one is complete
-
-
-_open: dict[tuple[str, str], Disruption] = {}  # job key -> the disruption not yet recovered from
-
-
-def record(meta: dict[str, Any], old: ElasticJobStatus, new: ElasticJobStatus, store: StoreView | None,
-           now: datetime) -> None:
-    key = (meta["namespace"], meta["name"])
+def record(meta: dict[str, Any], old: ElasticJobStatus, new: ElasticJobStatus, now: datetime) -> None:
     if new.restarts > old.restarts:
         metrics.RESTARTS.inc(new.restarts - old.restarts)
     seen = {f.uid for f in old.last_failures}
@@ -40,34 +30,31 @@ def record(meta: dict[str, Any], old: ElasticJobStatus, new: ElasticJobStatus, s
     if new.phase == Phase.RUNNING and not any(c.type == "Running" and c.status == "True" for c in old.conditions) \
             and old.restarts == 0 and not old.last_failures and (created := parse_time(meta.get("creationTimestamp"))):
         metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
-    if (fresh or scaled) and key not in _open:
-        _open[key] = Disruption(now, store.round if store else None)
-    recovered(key, store, now)
-    lost_per_phase(old, new)
-    if new.phase.finished:
-        _open.pop(key, None)
+    for incident in closed_now(old, new):
+        lost_per_phase(incident)
+        recovery_seconds(incident)
 
 
-def recovered(key: tuple[str, str], store: StoreView | None, now: datetime) -> None:
-    disruption = _open.get(key)
-    if disruption is None or store is None or not store.complete or store.round is None:
+def closed_now(old: ElasticJobStatus, new: ElasticJobStatus) -> list[Incident]:
+    """The incidents the ledger closed in this reconcile, each once (the count in status moves once per close)."""
+    before = old.goodput.incidents if old.goodput else 0
+    if new.goodput is None or new.goodput.incidents <= before:
+        return []
+    return new.goodput.last_incidents[-(new.goodput.incidents - before):]
+
+
+def lost_per_phase(incident: Incident) -> None:
+    for name in PHASE_NAMES:
+        seconds = getattr(incident.phases, name) if incident.phases else None
+        if seconds is not None:
+            metrics.LOST_SECONDS.labels(wire_name(name)).observe(seconds)
+
+
+def recovery_seconds(incident: Incident) -> None:
+    """From the fault to the group formed again (or, where no round was seen, to the training's next step). A
+    suspension or a preemption is not a recovery: its time is the wait to run again."""
+    start = parse_time(incident.start_time)
+    end = parse_time(incident.round_time or incident.end_time)
+    if incident.kind in STOPS_EVERY_WORKER or start is None or end is None or end < start:
         return
-    if disruption.round is None or store.round > disruption.round:
-        metrics.RECOVERY_SECONDS.observe((now - disruption.at).total_seconds())
-        del _open[key]
-
-
-def lost_per_phase(old: ElasticJobStatus, new: ElasticJobStatus) -> None:
-    """Each incident the ledger closed in this reconcile, once: its known phases into the histogram."""
-    closed = new.goodput.incidents if new.goodput else 0
-    if closed <= (old.goodput.incidents if old.goodput else 0) or new.goodput is None:
-        return
-    for incident in new.goodput.last_incidents[-(closed - (old.goodput.incidents if old.goodput else 0)):]:
-        for name in PHASE_NAMES:
-            seconds = getattr(incident.phases, name) if incident.phases else None
-            if seconds is not None:
-                metrics.LOST_SECONDS.labels(wire_name(name)).observe(seconds)
-
-
-def forget(key: tuple[str, str]) -> None:
-    _open.pop(key, None)
+    metrics.RECOVERY_SECONDS.observe((end - start).total_seconds())

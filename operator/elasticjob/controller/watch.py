@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 from elasticjob import k8s, metrics, naming, rest
-from elasticjob.controller import namespace_cleanup, reflector, telemetry
+from elasticjob.controller import namespace_cleanup, reflector
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
 from elasticjob.models import API_VERSION, PLURAL
@@ -90,7 +90,6 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
             if ctx.watches is not None:
                 ctx.watches.stop(key)
             metrics.forget_job(*key)
-            telemetry.forget(key)
             # A replica that is not the leader writes nothing, deletions included.
             if ctx.gate.active and not ctx.mirror.has_jobs_in(key[0]):
                 namespace = key[0]
