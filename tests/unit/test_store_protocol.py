@@ -159,7 +159,7 @@ def test_what_the_planner_asks_the_store_does_and_says_so(store, scenario):
     store.write(SCENARIOS[scenario][2])
     store.report()
     ctx, log = context(), logging.LoggerAdapter(logging.getLogger("test"))
-    actions = [dataclasses.replace(a, endpoint=f"127.0.0.1:{store.port}") for a in nudges(scenario)]
+    actions = [dataclasses.replace(a, endpoint=planner.ControlAddress("127.0.0.1", store.port)) for a in nudges(scenario)]
 
     async def send() -> tuple[list[bool], list[bool]]:
         try:

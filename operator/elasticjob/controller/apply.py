@@ -201,8 +201,7 @@ async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction,
                 log: logging.LoggerAdapter[logging.Logger]) -> bool:
     """One control request to the job's store: whether the store changed the rendezvous (a repeat finds it
     done; only then is its Event posted), a refusal or an error in the log."""
-    host, port = action.endpoint.rsplit(":", 1)
-    reply = await ctx.stores.act(host, int(port), ref.uid, action.request)
+    reply = await ctx.stores.act(action.endpoint.host, action.endpoint.port, ref.uid, action.request)
     done = isinstance(reply, ActionReply) and reply.changed
     metrics.STORE_ACTIONS.labels(action.kind, "done" if done else "noop").inc()
     trouble = reply.error if isinstance(reply, ErrorReply) else reply.refused

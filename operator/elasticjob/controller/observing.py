@@ -64,8 +64,8 @@ def read_store(ctx: Context, job: planner.Job, pods: list[PodView], service: Ser
     if service is None or store is None or store.ip is None or job.status.phase.finished:
         ctx.watches.stop(key)
         return None
-    return ctx.watches.view(key, job.ref.uid, store.ip, control_port(job.ref.spec.rendezvous.port),
-                            job.ref.spec.max_replicas)
+    address = planner.ControlAddress(store.ip, control_port(job.ref.spec.rendezvous.port))
+    return ctx.watches.view(key, job.ref.uid, address, job.ref.spec.max_replicas)
 
 
 async def read_round_failures(ctx: Context, memory: JobMemory, job: planner.Job, pods: list[PodView],

@@ -11,6 +11,7 @@ from typing import Any
 from elasticjob import rendezvous_client
 from elasticjob.controller.mirror import JobKey
 from elasticjob.observe import StoreView
+from elasticjob.planner import ControlAddress
 from elasticjob.rendezvous_client import StoreClient
 
 # (job uid, host, port, maxReplicas): a store replaced at another address, a new job of the same name, or a new
@@ -27,15 +28,15 @@ class StoreWatches:
     def __len__(self) -> int:
         return len(self._watches)
 
-    def view(self, key: JobKey, uid: str, host: str, port: int, max_nodes: int) -> StoreView | None:
+    def view(self, key: JobKey, uid: str, address: ControlAddress, max_nodes: int) -> StoreView | None:
         """The store's latest state, watching it from now on; a reply listing more than `max_nodes` agents (the
         job's maxReplicas) is refused, and the last good one kept."""
-        target = (uid, host, port, max_nodes)
+        target = (uid, address.host, address.port, max_nodes)
         current = self._watches.get(key)
         if current is None or current[0] != target:
             self.stop(key)
             task = asyncio.create_task(rendezvous_client.watch(
-                self._client, host, port, uid, lambda view: self._seen(key, target, view), max_nodes),
+                self._client, address.host, address.port, uid, lambda view: self._seen(key, target, view), max_nodes),
                 name=f"store {key}")
             self._watches[key] = (target, task)
         seen = self._views.get(key)

@@ -14,6 +14,7 @@ from elasticjob.planner.base import (
     Allowance,
     ApplyObject,
     CollectLeftover,
+    ControlAddress,
     CreateObject,
     DefaultReplicas,
     DeleteJob,
@@ -42,7 +43,8 @@ from elasticjob.planner.recovery import suspect_nodes
 from elasticjob.planner.scaling import stuck_nodes
 
 __all__ = [
-    "RESYNC_SECONDS", "UNGATED", "Action", "Allowance", "ApplyObject", "CollectLeftover", "CreateObject",
+    "RESYNC_SECONDS", "UNGATED", "Action", "Allowance", "ApplyObject", "CollectLeftover", "ControlAddress",
+    "CreateObject",
     "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Integration",
     "IntegrationAction", "Job", "Leftover", "NameTaken", "Observed", "PatchObject", "Plan", "RoundFailure",
     "SetSuspend", "StoreAction", "TaintNode", "UntaintNode",

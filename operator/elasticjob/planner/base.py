@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from elasticjob import naming
 from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
@@ -48,13 +48,25 @@ class DeleteService:
     uid: str = ""
 
 
+class ControlAddress(NamedTuple):
+    """Where the operator reaches a job's store: the store pod's own IP (the pod the operator made, never what a
+    Service's endpoints say) and its control port. Built once, in one place (recovery.control_endpoint for the
+    planner, observing.read_store for the watch), and never parsed back from a string."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
 @dataclass(frozen=True)
 class StoreAction:
     """A nudge to the job's store through its control endpoint: remove, complete or restart, as the store's
     protocol types them (the controller's client writes them on the wire)."""
 
     request: protocol.Request
-    endpoint: str  # host:port of the control endpoint
+    endpoint: ControlAddress
     event: Event | None = None  # posted only when the store did it
 
     @property

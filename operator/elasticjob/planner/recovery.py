@@ -30,6 +30,7 @@ from elasticjob.models import FailureRecord
 from elasticjob.observe import PodView, StoreNode, StoreView
 from elasticjob.planner import nodes
 from elasticjob.planner.base import (
+    ControlAddress,
     CutOff,
     DeletePod,
     Event,
@@ -120,13 +121,13 @@ def show_plain_torchrun(plan: Plan, job: Job, store: StoreView, now: datetime) -
     set_condition(plan.status, WARM, False, "PlainTorchrun", store.plain_torchrun, now, job.generation)
 
 
-def control_endpoint(observed: Observed, job: Job) -> str | None:
+def control_endpoint(observed: Observed, job: Job) -> ControlAddress | None:
     """The store pod's own address and control port: the token goes to the pod the operator made, never to
     whatever the Service's endpoints say (anyone who may write an EndpointSlice could stand behind it)."""
     store = observed.store_pod
     if store is None or not store.ip:
         return None
-    return f"{store.ip}:{control_port(job.ref.spec.rendezvous.port)}"
+    return ControlAddress(store.ip, control_port(job.ref.spec.rendezvous.port))
 
 
 def by_address(observed: Observed) -> dict[str, list[PodView]]:
@@ -139,7 +140,7 @@ def by_address(observed: Observed) -> dict[str, list[PodView]]:
     return found
 
 
-def remove_dead(plan: Plan, job: Job, pods: dict[str, list[PodView]], store: StoreView, endpoint: str,
+def remove_dead(plan: Plan, job: Job, pods: dict[str, list[PodView]], store: StoreView, endpoint: ControlAddress,
                 now: datetime) -> set[str]:
     removed = set()
     for node in store.participants + store.waiting:
@@ -166,7 +167,7 @@ def death(node: StoreNode, pods: list[PodView], job: Job, now: datetime) -> tupl
 
 
 def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[str, list[PodView]],
-                          store: StoreView, endpoint: str, now: datetime) -> set[str]:
+                          store: StoreView, endpoint: ControlAddress, now: datetime) -> set[str]:
     if not store.complete or store.round is None:  # no round: drive_rendezvous never gets here
         return set()
     fresh = heartbeating(job, store, store.participants, now)
@@ -287,7 +288,8 @@ def stalled(store: StoreView) -> bool:
     return completed is None or progress.received_at is None or progress.received_at > completed
 
 
-def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
+def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: ControlAddress, why: str,
+              now: datetime) -> None:
     """Out of the rendezvous on the store's word alone; its pod, Ready to the operator, is left running and no
     failure is booked: the survivors go on, and the agent, once it wakes, finds its round gone and joins anew.
     Until then the round the survivors form does not wait for it (complete_early)."""
@@ -298,7 +300,8 @@ def leave_pod(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str
         f"{why}, as the store reports it; its pod is Ready, so it is not stopped")))
 
 
-def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: str, why: str, now: datetime) -> None:
+def fence(plan: Plan, job: Job, pod: PodView, node: StoreNode, endpoint: ControlAddress, why: str,
+          now: datetime) -> None:
     """Out of the rendezvous, and its pod stopped (the operator sees it silent too): a frozen process that wakes
     up must not write a stale checkpoint beside the new world. Recorded once, as an infrastructure failure."""
     plan.act(StoreAction(Remove(node.addr, (now - timedelta(seconds=stale_after(job))).timestamp()), endpoint))
@@ -323,7 +326,7 @@ def stop_cut_off(plan: Plan, job: Job, pod: PodView, why: str, now: datetime) ->
         f"place")))
 
 
-def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: str,
+def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, endpoint: ControlAddress,
                    removed: set[str]) -> None:
     """End torch's last call once every live agent is in the round: waiting longer can bring no one. A pod whose
     silent agent was taken out and left running (leave_pod) is no live agent: it is cut off, or frozen."""
