@@ -51,13 +51,30 @@ lint: $(VENV)/.installed ## ruff (pyproject.toml's rules), mypy (strict, the ope
 	$(VENV)/bin/mypy --python-version 3.10 -p elasticjob_store -p elasticjob_warm -p elasticjob_kit -p elasticjob_ckpt -p elasticjob_progress
 	$(VENV)/bin/lint-imports
 
-test: $(VENV)/.installed lint cluster-build host-packages ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
+# actionlint, built from its Go module into a cache path keyed by its version (as localcluster/build.sh builds
+# CoreDNS), once; the cache is build.sh's ($ELASTICJOB_CACHE, else ~/.cache/elasticjob).
+ACTIONLINT_VERSION ?= v1.7.12
+TOOLS_CACHE := $(or $(ELASTICJOB_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/elasticjob)
+ACTIONLINT := $(TOOLS_CACHE)/actionlint-$(ACTIONLINT_VERSION)/bin/actionlint
+
+$(ACTIONLINT):
+	@command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build actionlint" >&2; exit 1; }
+	@echo "building actionlint $(ACTIONLINT_VERSION) into $(@D) (first time only; about 25 s on 2 cores with cold Go caches)" >&2
+	CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags "-s -w" github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+# Not in `lint` (its first run needs Go and the module proxy, and shellcheck is a Debian package: root to
+# install); `test` runs it, after host-packages, as it already needs both.
+lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into ~/.cache/elasticjob) on .github/workflows/*.yml, shellcheck on each run: step
+	@command -v shellcheck >/dev/null || { echo "lint-workflows: shellcheck is missing (actionlint checks run: steps with it); \`make host-packages\` installs it" >&2; exit 1; }
+	$(ACTIONLINT) .github/workflows/*.yml
+
+test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
 	@status=0; \
 	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
 	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
 	exit $$status
 
-host-packages: ## Install (as root, where missing) the Debian packages real nodes and image builds need: containerd, runc, CNI plugins, buildah, mmdebstrap
+host-packages: ## Install (as root, where missing) the Debian packages real nodes, image builds and lint-workflows need: containerd, runc, CNI plugins, buildah, mmdebstrap, shellcheck
 	bash localcluster/host-packages.sh
 
 test-unit: $(VENV)/.installed ## Unit tests only (no cluster; seconds)
@@ -132,7 +149,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint lint-workflows test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)

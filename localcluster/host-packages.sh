@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the local cluster's real nodes and image builds need, where one is missing:
-# containerd and runc (the runtime), the CNI plugins, iptables, buildah and mmdebstrap (the images), and a static
-# busybox (the kit's launcher runs under it in the unit tests, as in job pods).
+# Installs the Debian packages the local cluster's real nodes, image builds and `make lint-workflows` need, where one
+# is missing: containerd and runc (the runtime), the CNI plugins, iptables, buildah and mmdebstrap (the images), a
+# static busybox (the kit's launcher runs under it in the unit tests, as in job pods) and shellcheck (actionlint
+# checks the workflows' run: steps with it).
 # Run as root; a no-op (and no apt-get update) when everything is there.
 set -euo pipefail
 declare -A wanted=(
   [containerd]=containerd [runc]=runc [buildah]=buildah [mmdebstrap]=mmdebstrap [iptables]=iptables
-  [nsenter]=util-linux [ip]=iproute2 [nft]=nftables
+  [nsenter]=util-linux [ip]=iproute2 [nft]=nftables [shellcheck]=shellcheck
 )
 missing=()
 for cmd in "${!wanted[@]}"; do command -v "$cmd" >/dev/null || missing+=("${wanted[$cmd]}"); done
