@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from elasticjob import builders, planner  # noqa: E402
 from elasticjob.domain import JobRef  # noqa: E402
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus  # noqa: E402
-from elasticjob.observe import ServiceView, observe_pod  # noqa: E402
+from elasticjob.observe import ServiceView, pod_view  # noqa: E402
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SIZES = (8, 64, 256, 1024)
@@ -61,9 +61,9 @@ def main() -> None:
     for nodes in SIZES:
         j = job(nodes)
         bodies = pod_bodies(j, nodes)
-        views = [observe_pod(b) for b in bodies]
+        views = [pod_view(b) for b in bodies]
         service = ServiceView("big-rdzv", "10.96.0.1")
-        observe_best, _ = best_of(lambda: [observe_pod(b) for b in bodies])
+        observe_best, _ = best_of(lambda: [pod_view(b) for b in bodies])
         plan_best, plan_median = best_of(lambda: planner.plan(j, planner.Observed(views, service), NOW))
         result = planner.plan(j, planner.Observed(views, service), NOW)
         assert not result.actions, "a steady job must plan no actions"

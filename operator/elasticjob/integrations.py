@@ -43,7 +43,7 @@ class IntegrationIO(Protocol):
         """What a job's loop remembers for it between reconciles (a fresh one per job)."""
         ...
 
-    async def observe(self, kube: k8s.Kube, memory: Any, ref: JobRef, settings: Settings) -> planner.Integration:
+    async def read(self, kube: k8s.Kube, memory: Any, ref: JobRef, settings: Settings) -> planner.Integration:
         """What it sees of one job, as the view the planner calls."""
         ...
 

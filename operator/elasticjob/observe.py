@@ -329,7 +329,7 @@ def rendezvous_failure(message: str) -> str | None:
     return found[-1] if found and _ERROR_TYPE.match(found[-1]) else None
 
 
-def observe_pod(body: Mapping[str, Any]) -> PodView:
+def pod_view(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     labels = meta.get("labels") or {}
     role = labels.get(naming.ROLE_LABEL, "")
@@ -441,7 +441,7 @@ def _int(value: Any) -> int | None:
     return int(value) if value is not None and str(value).isdigit() else None
 
 
-def observe_service(body: Mapping[str, Any]) -> ServiceView:
+def service_view(body: Mapping[str, Any]) -> ServiceView:
     meta = body.get("metadata") or {}
     ip = (body.get("spec") or {}).get("clusterIP")
     return ServiceView(name=meta.get("name", ""), cluster_ip=ip if ip not in ("", "None") else None,
@@ -451,7 +451,7 @@ def observe_service(body: Mapping[str, Any]) -> ServiceView:
                        serial=_int((meta.get("annotations") or {}).get(naming.SERIAL_ANNOTATION)) or 0)
 
 
-def observe_slice(body: Mapping[str, Any]) -> SliceView:
+def slice_view(body: Mapping[str, Any]) -> SliceView:
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     source = None

@@ -277,7 +277,7 @@ class Control(AgentReports):
         now = self.now()
         self.remove_departed(state, now)
         with self.lock:
-            completed = self.tracker.observe(state, now)
+            completed = self.tracker.track(state, now)
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
         self.read_agents(state, now)

@@ -44,7 +44,7 @@ class RoundTracker:
         """The store put a waiter into `round_restarted`: the next round to form is ours, not a failure."""
         self.restart_of = round_restarted
 
-    def observe(self, state: RendezvousState | None, now: float) -> CompletedRound | None:
+    def track(self, state: RendezvousState | None, now: float) -> CompletedRound | None:
         """Records the state's round if it is complete and later than the last; returns it then, else None."""
         if state is None or not state.complete:
             return None

@@ -142,7 +142,7 @@ def test_the_store_reads_a_verdict_only_for_rounds_that_were_probed():
     for round_number, members in ((1, (A, B)), (2, (A, B, C))):
         control = Control(tcp_store, "run-1", 1, 3, clock=lambda: clock[0], log=lambda _line: None)
         state = make_state(round=round_number, complete=True, participants=members)
-        control.tracker.observe(state, clock[0])
+        control.tracker.track(state, clock[0])
         tcp_store.set(links.key("run-1", round_number), verdict(outlier=None, world=len(members)))
         control.read_agents(state, clock[0])
         assert (control.links.describe() is not None) == (len(members) >= links.MIN_AGENTS), members

@@ -28,11 +28,11 @@ def test_events_during_a_reconcile_coalesce_into_one_more_reconcile():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: seen == [1])
         for v in (2, 3, 4):  # three events while the first reconcile runs
             state["v"] = v
-            loops.observe("k")
+            loops.ensure("k")
         gate.set()
         await until(lambda: len(seen) == 2)
         await asyncio.sleep(0.05)
@@ -51,7 +51,7 @@ def test_a_loop_keeps_its_memory_between_runs():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: runs == [1])
         loops.wake("k")
         await until(lambda: runs == [1, 2])
@@ -70,8 +70,8 @@ def test_a_failing_reconcile_is_retried_and_other_jobs_go_on():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("bad")
-        loops.observe("good")
+        loops.ensure("bad")
+        loops.ensure("good")
         await until(lambda: calls["bad"] == 1 and calls["good"] == 1)
         loops.wake("bad")
         await until(lambda: calls["bad"] == 2)
@@ -89,7 +89,7 @@ def test_forget_stops_the_loop():
             return 0.01
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: len(calls) >= 2)  # the requested delay wakes it by itself
         await loops.forget("k")
         stopped_at = len(calls)
@@ -110,10 +110,10 @@ def test_a_job_deleted_and_created_again_at_once_gets_a_loop_of_its_own():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        old = loops.observe("k")
+        old = loops.ensure("k")
         await until(lambda: runs == [old])
         ending = asyncio.ensure_future(loops.forget("k"))  # spawned, as watch.dispatch does
-        new = loops.observe("k")
+        new = loops.ensure("k")
         await ending
         await until(lambda: runs == [old, new])
         assert new is not old and "k" in loops
@@ -132,7 +132,7 @@ def test_a_loop_forgotten_just_as_it_was_woken_ends():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: runs == [1])
         await asyncio.sleep(0.01)  # the loop waits to be woken
         loops.wake("k")
@@ -158,10 +158,10 @@ def test_the_new_loop_of_a_name_starts_once_the_old_loop_has_ended():
             return 60.0
 
         loops = JobLoops(reconcile, LOG)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: events == ["start 0"])
         ending = asyncio.ensure_future(loops.forget("k"))
-        loops.observe("k")
+        loops.ensure("k")
         await ending
         await until(lambda: len(events) == 3)
         assert events == ["start 0", "old ended", "start 2"]
@@ -184,7 +184,7 @@ def test_reconciles_in_flight_are_bounded_and_the_waiting_ones_run_when_a_slot_f
         peak: list[int] = []
         loops = JobLoops(reconcile, LOG, concurrency=2)
         for key in range(5):
-            loops.observe(key)
+            loops.ensure(key)
         await until(lambda: len(running) == 2)
         await asyncio.sleep(0.05)  # give a third one the chance to start, were it allowed to
         assert len(running) == 2
@@ -205,9 +205,9 @@ def test_stopping_starts_no_pass_in_a_slot_the_stopped_loops_free():
             return 60.0
 
         loops = JobLoops(reconcile, LOG, concurrency=1)
-        loops.observe("holds the slot")
+        loops.ensure("holds the slot")
         await until(lambda: started == ["holds the slot"])
-        loops.observe("waits for it")
+        loops.ensure("waits for it")
         await loops.stop_all()
         assert started == ["holds the slot"] and len(loops) == 0
     asyncio.run(scenario())
@@ -241,7 +241,7 @@ def test_a_failing_reconcile_is_retried_on_the_schedule_which_a_success_starts_a
 
         clock = Clock()
         loops = JobLoops(reconcile, LOG, wait=clock.wait)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: len(clock.waits) == 13)
         assert clock.waits == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300, 3600]
         loops.wake("k")  # news: the next failures back off from the first step again
@@ -264,9 +264,9 @@ def test_a_wake_runs_a_backing_off_job_at_once():
             await wait_woken(wake, delay * 3600)
 
         loops = JobLoops(reconcile, LOG, wait=slow)
-        loops.observe("k")
+        loops.ensure("k")
         await until(lambda: waits == [1])
-        loops.observe("k")  # a watch event
+        loops.ensure("k")  # a watch event
         await until(lambda: waits == [1, 2])
         assert calls == [0, 1], "one run per wake, the failures counted on"
         await loops.stop_all()
@@ -300,10 +300,10 @@ def test_a_pass_that_asks_for_another_at_once_gets_it_in_its_slot_before_queued_
             return 60.0
 
         loops = JobLoops(reconcile, LOG, concurrency=1)
-        loops.observe("first")
+        loops.ensure("first")
         await until(lambda: order == ["first"])
         for key in ("b", "c"):
-            loops.observe(key)  # queued for the one slot
+            loops.ensure(key)  # queued for the one slot
         gate.set()
         await until(lambda: len(order) == 4)
         assert order == ["first", "first", "b", "c"]
@@ -320,8 +320,8 @@ def test_a_job_that_always_asks_at_once_frees_its_slot_after_its_follow_ups():
             return 0.0 if loop.key == "spin" else 60.0
 
         loops = JobLoops(reconcile, LOG, concurrency=1)
-        loops.observe("spin")
-        loops.observe("other")
+        loops.ensure("spin")
+        loops.ensure("other")
         await until(lambda: "other" in order)
         assert order.index("other") == FOLLOW_UPS + 1
         await loops.stop_all()

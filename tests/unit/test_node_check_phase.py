@@ -66,7 +66,7 @@ def test_the_store_refuses_a_report_with_any_field_wrong(raw, why):
 def test_the_store_reads_the_rounds_members_and_wakes_the_operator_when_one_reports(tcp_store):
     clock = [1_900_000_000.0]
     control = Control(tcp_store, "run-1", 1, 3, clock=lambda: clock[0], log=lambda _line: None)
-    control.tracker.observe(make_state(round=1, complete=True, participants=(A, B)), clock[0])
+    control.tracker.track(make_state(round=1, complete=True, participants=(A, B)), clock[0])
     tcp_store.set(nodechecks.key(A.addr), nodecheck.report_body(0.2, 0.1, clock[0] - 5))
     tcp_store.set(nodechecks.key("10.9.9.9"), nodecheck.report_body(9.0, 9.0, clock[0]))  # not a member
     control.read_agents(None, clock[0])

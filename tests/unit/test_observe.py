@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.observe import observe_pod, observe_service, parse_agent_message
+from elasticjob.observe import parse_agent_message, pod_view, service_view
 
 # The tail of a torchrun agent's log after its worker exited 3 on every restart (torch 2.13, measured).
 GAVE_UP = """E1122 23:01:44.105000 18 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 18) of binary: /usr/bin/python
@@ -55,40 +55,40 @@ def test_parse_agent_message(message, gave_up, code):
 
 
 def test_running_worker():
-    view = observe_pod(pod())
+    view = pod_view(pod())
     assert (view.name, view.role, view.index, view.phase, view.ready, view.node) == (
         "train-worker-1", "worker", 1, "Running", True, "node-a")
     assert view.active and view.exit_code is None
 
 
 def test_agent_that_gave_up_reports_the_workers_exit_code():
-    view = observe_pod(pod("Failed", {"exitCode": 1, "reason": "Error", "message": GAVE_UP,
+    view = pod_view(pod("Failed", {"exitCode": 1, "reason": "Error", "message": GAVE_UP,
                                       "finishedAt": "2026-11-22T23:01:45Z"}))
     assert (view.exit_code, view.worker_exit_code, view.agent_gave_up) == (1, 3, True)
     assert view.finished_at.isoformat() == "2026-11-22T23:01:45+00:00"
 
 
 def test_killed_pod_keeps_the_container_exit_code():
-    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error"}))
+    view = pod_view(pod("Failed", {"exitCode": 137, "reason": "Error"}))
     assert (view.worker_exit_code, view.agent_gave_up, view.says_store_lost) == (137, False, False)
 
 
 def test_a_killed_agent_is_not_blamed_on_a_worker_failure_it_survived():
     # The termination message is the log's tail: an earlier in-place restart's line is still in it.
     message = "E1123 21:33:06.225000 1 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 6)\nrank 0/1 resuming"
-    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
+    view = pod_view(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
     assert (view.exit_code, view.worker_exit_code, view.agent_gave_up) == (137, 137, False)
 
 
 def test_a_killed_agent_did_not_lose_its_store_for_a_heartbeat_it_once_missed():
     message = ("W1123 21:40:02.1 1 dynamic_rendezvous.py:1350] The node '10.244.0.3_1_0' has failed to send a "
                "keep-alive heartbeat to the rendezvous 'run' due to an error of type RendezvousConnectionError.")
-    view = observe_pod(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
+    view = pod_view(pod("Failed", {"exitCode": 137, "reason": "Error", "message": message}))
     assert (view.says_store_lost, view.worker_exit_code) == (False, 137)
 
 
 def test_a_pod_that_says_it_lost_its_store_only_says_so():
-    assert observe_pod(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).says_store_lost
+    assert pod_view(pod("Failed", {"exitCode": 1, "message": STORE_LOST})).says_store_lost
 
 
 def test_the_stores_last_restart_in_place_is_seen():
@@ -96,7 +96,7 @@ def test_the_stores_last_restart_in_place_is_seen():
     body["metadata"]["labels"]["elasticjob.dev/role"] = "rendezvous"
     body["status"]["containerStatuses"] = [{"name": "rendezvous", "state": {"running": {}}, "lastState": {
         "terminated": {"exitCode": 137, "finishedAt": "2026-11-22T23:01:45Z"}}}]
-    assert observe_pod(body).restarted_at.isoformat() == "2026-11-22T23:01:45+00:00"
+    assert pod_view(body).restarted_at.isoformat() == "2026-11-22T23:01:45+00:00"
 
 
 @pytest.mark.parametrize("extra, disruption", [
@@ -108,26 +108,26 @@ def test_the_stores_last_restart_in_place_is_seen():
     ({}, None),
 ])
 def test_disruptions(extra, disruption):
-    assert observe_pod(pod("Failed", {"exitCode": 137}, **extra)).disruption == disruption
+    assert pod_view(pod("Failed", {"exitCode": 137}, **extra)).disruption == disruption
 
 
 def test_unschedulable():
     body = pod("Pending")
     body["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                      "message": "0/3 nodes are available: 3 Insufficient cpu."}]
-    assert observe_pod(body).unschedulable == "0/3 nodes are available: 3 Insufficient cpu."
+    assert pod_view(body).unschedulable == "0/3 nodes are available: 3 Insufficient cpu."
 
 
 def test_terminating():
     body = pod()
     body["metadata"]["deletionTimestamp"] = "2026-11-22T23:00:00Z"
-    view = observe_pod(body)
+    view = pod_view(body)
     assert view.deleting and not view.active
 
 
 def test_service_without_ip():
-    assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "None"}}).cluster_ip is None
-    assert observe_service({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.9"}}).cluster_ip == "10.96.0.9"
+    assert service_view({"metadata": {"name": "s"}, "spec": {"clusterIP": "None"}}).cluster_ip is None
+    assert service_view({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.9"}}).cluster_ip == "10.96.0.9"
 
 
 @pytest.mark.parametrize("last_exit, backed_off", [(137, True), (1, False)])
@@ -136,8 +136,8 @@ def test_a_container_held_back_after_a_kill_is_told_from_one_that_cannot_start(l
     body["status"]["containerStatuses"][0].update({
         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
         "lastState": {"terminated": {"exitCode": last_exit, "finishedAt": "2026-01-01T12:00:00Z"}}})
-    assert observe_pod(body).killed_and_backed_off is backed_off
-    assert not observe_pod(pod()).killed_and_backed_off
+    assert pod_view(body).killed_and_backed_off is backed_off
+    assert not pod_view(pod()).killed_and_backed_off
 
 
 def test_a_container_that_cannot_start_is_named_with_the_kubelets_words():
@@ -145,9 +145,9 @@ def test_a_container_that_cannot_start_is_named_with_the_kubelets_words():
     body["status"]["initContainerStatuses"] = [{"name": "elasticjob-kit", "state": {"waiting": {
         "reason": "ImagePullBackOff", "message": 'Back-off pulling image "elasticjob-operator:0.1.0"'}}}]
     body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "PodInitializing"}}
-    assert observe_pod(body).cannot_start == ('container elasticjob-kit: ImagePullBackOff: Back-off pulling image '
+    assert pod_view(body).cannot_start == ('container elasticjob-kit: ImagePullBackOff: Back-off pulling image '
                                               '"elasticjob-operator:0.1.0"')
-    assert observe_pod(pod()).cannot_start is None
+    assert pod_view(pod()).cannot_start is None
 
 
 def test_a_long_pull_error_keeps_the_image_and_the_registrys_answer():
@@ -158,9 +158,9 @@ def test_a_long_pull_error_keeps_the_image_and_the_registrys_answer():
                '10.244.0.1:5000 failed with status code [manifests 0.1.0-cpu]: 401 Unauthorized')
     body = pod(phase="Pending")
     body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff", "message": message}}
-    seen = observe_pod(body).cannot_start or ""
+    seen = pod_view(body).cannot_start or ""
     assert seen.startswith('container worker: ImagePullBackOff: Back-off pulling image "10.244.0.1:5000/elasticjob/')
     assert seen.endswith("401 Unauthorized")
     body["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = "x" * 1000 + message
-    longer = observe_pod(body).cannot_start or ""
+    longer = pod_view(body).cannot_start or ""
     assert " ... " in longer and longer.endswith("401 Unauthorized") and len(longer) < 500

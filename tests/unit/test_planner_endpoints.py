@@ -15,7 +15,7 @@ from factory import NOW, SERVICE, job, observed, rdzv, running_status, worker
 from elasticjob import planner
 from elasticjob.controller.mirror import Mirror
 from elasticjob.models import ElasticJobStatus
-from elasticjob.observe import ServiceView, SliceView, observe_service, observe_slice
+from elasticjob.observe import ServiceView, SliceView, service_view, slice_view
 from elasticjob.planner import ownership
 
 TOKEN = "job-token"
@@ -73,8 +73,8 @@ def test_the_mirror_keeps_the_slices_of_rendezvous_services_by_job_without_any_l
         "endpointslice.kubernetes.io/managed-by": "endpointslicemirroring-controller.k8s.io"},
         ownerReferences=[{"apiVersion": "v1", "kind": "Endpoints", "name": "train-rdzv", "uid": "uid-ep",
                           "controller": True}])
-    assert observe_slice(mirrored).mirrored_from == ("train-rdzv", "uid-ep")
-    assert observe_slice(slice_body("evil", "train-rdzv")).mirrored_from is None
+    assert slice_view(mirrored).mirrored_from == ("train-rdzv", "uid-ep")
+    assert slice_view(slice_body("evil", "train-rdzv")).mirrored_from is None
 
 
 def status(service_uid: str | None = None, records: list | None = None) -> ElasticJobStatus:
@@ -114,5 +114,5 @@ def test_a_service_the_operator_did_not_make_is_replaced_not_adopted():
 
 
 def test_a_service_with_a_selector_is_seen_as_one():
-    assert observe_service({"metadata": {"name": "s"}, "spec": {"selector": {"a": "b"}}}).selector
-    assert not observe_service({"metadata": {"name": "s"}, "spec": {}}).selector
+    assert service_view({"metadata": {"name": "s"}, "spec": {"selector": {"a": "b"}}}).selector
+    assert not service_view({"metadata": {"name": "s"}, "spec": {}}).selector

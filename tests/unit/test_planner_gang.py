@@ -151,11 +151,11 @@ def test_scale_up_and_replacements_join_the_same_group_without_touching_it():
 def test_observing_a_pod_group_of_either_api():
     upstream = podgroup.pod_group(job(scheduling=WORKLOAD).ref, podgroup.desired(job(scheduling=WORKLOAD).ref))
     upstream["metadata"].update(uid="u1")
-    seen = podgroup.observe_pod_group(upstream)
+    seen = podgroup.pod_group_view(upstream)
     assert (seen.api_version, seen.min_member, seen.owner_uid, seen.uid) == (WORKLOAD_API, 1, UID, "u1")
     cosched = {"apiVersion": COSCHEDULING_API, "metadata": {"name": "g", "deletionTimestamp": "now"},
                "spec": {"minMember": 3, "scheduleTimeoutSeconds": 10}}
-    seen = podgroup.observe_pod_group(cosched)
+    seen = podgroup.pod_group_view(cosched)
     assert (seen.min_member, seen.timeout_seconds, seen.deleting, seen.owner_uid) == (3, 10, True, None)
 
 

@@ -293,16 +293,16 @@ LINE = "elasticjob_warm.torchrun: node check failed: matmul on cuda:1 gave a wro
     (86, "exit(86) from the script\n", None),  # the code without the line
 ])
 def test_a_failed_node_check_is_read_from_the_agents_exit_code_and_its_line(code, message, found):
-    from elasticjob.observe import observe_pod
+    from elasticjob.observe import pod_view
 
-    assert observe_pod(ended(code, message)).node_check_failed == found
+    assert pod_view(ended(code, message)).node_check_failed == found
 
 
 @pytest.mark.parametrize("count_infrastructure, charged", [(False, False), (True, True)])
 def test_a_node_that_fails_its_check_is_avoided_and_costs_no_restart(count_infrastructure, charged):
-    from elasticjob.observe import observe_pod
+    from elasticjob.observe import pod_view
 
-    pod = dataclasses.replace(observe_pod(ended(86, LINE)), owner_uid=job(running_status()).ref.uid)
+    pod = dataclasses.replace(pod_view(ended(86, LINE)), owner_uid=job(running_status()).ref.uid)
     result = planner.plan(job(running_status(), failurePolicy={"countInfrastructureFailures": count_infrastructure}),
                           observed([rdzv(), pod, worker(1, node="node-2")]), NOW)
     record = result.status.last_failures[-1]

@@ -14,7 +14,7 @@ from factory import NOW, failed, job, observed, rdzv, running_status, store, wor
 import elasticjob_progress
 from elasticjob import observe, planner
 from elasticjob.models import ElasticJobStatus, GoodputStatus
-from elasticjob.observe import observe_pod
+from elasticjob.observe import pod_view
 from elasticjob_warm import rdzvexit
 
 LINE = "elasticjob_warm.torchrun: the rendezvous ended this agent: RendezvousClosedError"
@@ -54,7 +54,7 @@ def test_the_operator_and_the_pods_programs_name_the_same_codes():
     (87, f"{rdzvexit.LINE}Rendezvous Closed: 'x'\n", None),  # not a type's name: nothing quoted from the log
 ], ids=["line-and-code", "line-only", "code-only", "not-a-type"])
 def test_an_agent_its_rendezvous_ended_is_read_from_its_exit_code_and_its_line(code, message, found):
-    assert observe_pod(ended(code, message)).rendezvous_failed == found
+    assert pod_view(ended(code, message)).rendezvous_failed == found
 
 
 @pytest.mark.parametrize("code, message, expired", [
@@ -63,7 +63,7 @@ def test_an_agent_its_rendezvous_ended_is_read_from_its_exit_code_and_its_line(c
     (85, "", True),  # the container's own code, no agent's verdict above it
 ], ids=["root-cause-85", "root-cause-1", "container-85"])
 def test_a_hold_that_expired_is_read_from_the_workers_exit_code(code, message, expired):
-    assert observe_pod(ended(code, message)).stop_expired is expired
+    assert pod_view(ended(code, message)).stop_expired is expired
 
 
 def two_workers(ended_pod) -> list:

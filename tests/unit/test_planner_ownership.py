@@ -9,7 +9,7 @@ from tests.unit.factory import NOW, SERVICE, UID, creates, failed, job, observed
 
 from elasticjob import planner
 from elasticjob.models import ElasticJobStatus
-from elasticjob.observe import PodView, ServiceView, observe_pod
+from elasticjob.observe import PodView, ServiceView, pod_view
 from elasticjob.planner import ownership
 
 TOKEN = "job-token"
@@ -62,7 +62,7 @@ def test_a_new_job_signs_its_pods_and_records_them_once_seen():
     assert annotations["elasticjob.dev/serial"] == "1"
     assert annotations["elasticjob.dev/mark"] == ownership.mark(TOKEN, "Pod", "train-rdzv", 1)
     body = {**store, "metadata": {**store["metadata"], "uid": "uid-r"}}
-    seen = observe_pod(body)
+    seen = pod_view(body)
     assert ownership.admit([seen], first.status, TOKEN) == [seen]
     later = planner.plan(job(first.status.model_dump(by_alias=True, mode="json")), observed([seen]), NOW,
                          token=TOKEN)
@@ -148,9 +148,9 @@ def test_a_service_made_before_serials_counts_by_its_uid_or_its_mark():
 def test_an_owner_reference_of_another_api_names_no_job():
     body = {"metadata": {"name": "train-worker-0", "uid": "u", "ownerReferences": [
         {"apiVersion": "evil.example/v1", "kind": "ElasticJob", "name": "train", "uid": UID, "controller": True}]}}
-    assert observe_pod(body).owner_uid is None
+    assert pod_view(body).owner_uid is None
     body["metadata"]["ownerReferences"][0]["apiVersion"] = "elasticjob.dev/v1alpha1"
-    assert observe_pod(body).owner_uid == UID
+    assert pod_view(body).owner_uid == UID
 
 
 def test_failed_forgeries_never_reach_the_count():

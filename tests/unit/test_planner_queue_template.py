@@ -25,7 +25,7 @@ def made_from(tmpl, conditions=ADMITTED, assigned=2):
     body = workloads.workload(job(labels=QUEUED, template=tmpl).ref, "lq", None)
     body["metadata"] |= {"uid": "uid-wl", "resourceVersion": "77", "generation": 1}
     body["status"] = {"conditions": list(conditions), **({"admission": admission(assigned)} if assigned else {})}
-    return workloads.observe_workload(body)
+    return workloads.workload_view(body)
 
 
 def plan(tmpl, pods, wl, suspend=False, status=None, labels=QUEUED):
@@ -81,7 +81,7 @@ def test_once_suspended_its_pods_stop_and_then_its_workload_is_deleted_for_a_new
     again = plan(BIG, [], None, suspend=True, status=gone.status.wire())
     (new,) = [a.manifest for a in again.actions if isinstance(a, planner.CreateObject)]
     assert new["kind"] == "Workload"
-    assert workloads.observe_workload(new).template_hash == workloads.template_hash(job(template=BIG).ref.spec)
+    assert workloads.workload_view(new).template_hash == workloads.template_hash(job(template=BIG).ref.spec)
     assert new["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "64"
 
 
@@ -95,7 +95,7 @@ def test_a_workload_made_before_hashes_were_kept_is_taken_as_matching():
     body = workloads.workload(job(labels=QUEUED, template=SMALL).ref, "lq", None)
     del body["spec"]["podSets"][0]["template"]["metadata"]["annotations"]
     body["status"] = {"conditions": ADMITTED, "admission": admission(2)}
-    result = plan(BIG, [rdzv(), worker(0)], workloads.observe_workload(body))
+    result = plan(BIG, [rdzv(), worker(0)], workloads.workload_view(body))
     assert creates(result) == ["train-worker-1"]
 
 

@@ -30,7 +30,7 @@ def cond(kind, status, reason="", message=""):
 
 
 def workload(conditions=(), admission=None, workers=(2, 1), **extra):
-    """A Workload as the API server sends it, seen through workloads.observe_workload."""
+    """A Workload as the API server sends it, seen through workloads.workload_view."""
     pod_sets = [{"name": "workers", "count": workers[0], **({"minCount": workers[1]} if workers[1] else {})},
                 {"name": "store", "count": 1}]
     status = {"conditions": list(conditions), **extra}
@@ -39,7 +39,7 @@ def workload(conditions=(), admission=None, workers=(2, 1), **extra):
     body = {"metadata": {"name": WL, "namespace": "ml", "uid": "uid-wl", "resourceVersion": "77", "generation": 1,
                          "ownerReferences": [{"controller": True, "uid": UID}]},
             "spec": {"queueName": "lq", "podSets": pod_sets}, "status": status}
-    return workloads.observe_workload(body)
+    return workloads.workload_view(body)
 
 
 def admission(workers=2, flavor="gpu-a"):

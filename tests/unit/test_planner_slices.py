@@ -42,7 +42,7 @@ def slice_(name=WL, count=2, conditions=ADMITTED, granted=None, replaces=None, c
     workers = {"name": "workers", "count": count, "template": {"spec": {"containers": [{"name": "w"}]}}}
     if minimum:
         workers["minCount"] = minimum
-    return workloads.observe_workload({"metadata": meta, "spec": {"queueName": "lq", "podSets": [
+    return workloads.workload_view({"metadata": meta, "spec": {"queueName": "lq", "podSets": [
         workers, {"name": "store", "count": 1}]}, "status": status})
 
 

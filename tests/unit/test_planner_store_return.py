@@ -16,7 +16,7 @@ import pytest
 from factory import NOW, UID, job, observed, running_status
 
 from elasticjob import naming, planner
-from elasticjob.observe import observe_pod
+from elasticjob.observe import pod_view
 
 RUNNING = {"running": {"startedAt": "2026-01-01T11:00:05Z"}}
 
@@ -49,7 +49,7 @@ def replay(steps, status: dict[str, Any]):
     job_status = status
     for i, (pods, *want) in enumerate(steps):
         now = NOW + timedelta(seconds=2 * i)
-        result = planner.plan(job(job_status, replicas=3), observed([observe_pod(p) for p in pods]), now)
+        result = planner.plan(job(job_status, replicas=3), observed([pod_view(p) for p in pods]), now)
         yield result, want
         job_status = result.status.model_dump(by_alias=True, mode="json")
 
@@ -125,7 +125,7 @@ def sidecar(ready: bool) -> dict[str, Any]:
     (sidecar(ready=True), True),
 ])
 def test_ready_is_the_kubelets_container_readiness(body, ready):
-    assert observe_pod(body).containers_ready is ready
+    assert pod_view(body).containers_ready is ready
 
 
 def test_a_job_restarting_when_its_store_is_lost_trains_on_and_is_not_pending():

@@ -256,7 +256,7 @@ def test_round_tracker_counts_failures_not_membership_changes():
         (completed(4, A2, B), 8.0, True, True),  # another agent at A's address: still the same nodes
     ]
     for state, now, recorded, failure in steps:
-        got = tracker.observe(state, now)
+        got = tracker.track(state, now)
         assert (got is not None) == recorded, (state.round, now)
         if got is not None:
             assert got.failure == failure and got.completed_at == now
@@ -267,27 +267,27 @@ def test_round_tracker_counts_failures_not_membership_changes():
 
 def test_round_tracker_does_not_charge_the_stores_own_restart():
     tracker = RoundTracker()
-    tracker.observe(completed(3, A, B), 1.0)
+    tracker.track(completed(3, A, B), 1.0)
     tracker.note_restart(3)
-    assert not tracker.observe(completed(4, A, B), 2.0).failure
-    assert tracker.observe(completed(5, A, B), 3.0).failure  # the next one is a failure again
+    assert not tracker.track(completed(4, A, B), 2.0).failure
+    assert tracker.track(completed(5, A, B), 3.0).failure  # the next one is a failure again
     assert tracker.failure_rounds == 1
 
 
 def test_round_tracker_ignores_rounds_that_go_back():
     # Two states written in turn (a stale agent, or anyone who can reach the store) must charge nothing.
     tracker = RoundTracker()
-    tracker.observe(completed(5, A, B), 1.0)
+    tracker.track(completed(5, A, B), 1.0)
     for poll in range(6):
-        tracker.observe(completed(4, A, B) if poll % 2 else completed(5, A, B), 2.0 + poll)
+        tracker.track(completed(4, A, B) if poll % 2 else completed(5, A, B), 2.0 + poll)
     assert tracker.failure_rounds == 0 and [r.round for r in tracker.rounds] == [5]
-    assert tracker.observe(completed(6, A, B), 9.0).failure  # a real next round still counts
+    assert tracker.track(completed(6, A, B), 9.0).failure  # a real next round still counts
     assert tracker.failure_rounds == 1
 
 
 def test_round_tracker_keeps_the_last_ten():
     tracker = RoundTracker()
     for i in range(15):
-        tracker.observe(completed(i, A, B) if i % 2 else completed(i, A, B, C), float(i))
+        tracker.track(completed(i, A, B) if i % 2 else completed(i, A, B, C), float(i))
     assert [r.round for r in tracker.rounds] == list(range(5, 15))
     assert tracker.failure_rounds == 0

@@ -97,7 +97,7 @@ class JobLoops:
         self._ending: dict[Hashable, asyncio.Task[Any]] = {}  # forgotten loops' tasks, until they have ended
         self._slots = asyncio.Semaphore(concurrency)
 
-    def observe(self, key: Hashable) -> JobLoop:
+    def ensure(self, key: Hashable) -> JobLoop:
         """Wake the job's loop, starting it on first sight (after the name's forgotten loop, if any, has ended)."""
         loop = self._loops.get(key)
         if loop is None:

@@ -19,7 +19,7 @@ import orjson
 
 from elasticjob import naming
 from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, labelled
-from elasticjob.observe import PodView, ServiceView, SliceView, observe_pod, observe_service, observe_slice
+from elasticjob.observe import PodView, ServiceView, SliceView, pod_view, service_view, slice_view
 from elasticjob.planner import Leftover
 
 __all__ = ["JobKey", "KindCache", "Mirror", "StoredJob", "without_managed_fields"]
@@ -29,14 +29,14 @@ def _pod(body: Mapping[str, Any]) -> tuple[str, Entry[PodView]] | None:
     if (found := labelled(body)) is None:
         return None
     meta, key = found
-    return meta["uid"], Entry(key, observe_pod(body))
+    return meta["uid"], Entry(key, pod_view(body))
 
 
 def _service(body: Mapping[str, Any]) -> tuple[str, Entry[ServiceView]] | None:
     if (found := labelled(body)) is None:
         return None
     meta, key = found
-    return meta["uid"], Entry(key, observe_service(body))
+    return meta["uid"], Entry(key, service_view(body))
 
 
 def _slice(body: Mapping[str, Any]) -> tuple[str, Entry[SliceView]] | None:
@@ -48,7 +48,7 @@ def _slice(body: Mapping[str, Any]) -> tuple[str, Entry[SliceView]] | None:
     job = naming.job_of_rendezvous_service(service)
     if job is None or not meta.get("uid"):
         return None
-    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), job), observe_slice(body))
+    return meta["uid"], Entry(naming.job_key(meta.get("namespace", ""), job), slice_view(body))
 
 
 def without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ async def observe(ctx: Context, memory: JobMemory, job: planner.Job, now: dateti
 
 async def integrations(ctx: Context, memory: JobMemory, ref: domain.JobRef) -> tuple[planner.Integration, ...]:
     """What each integration sees of the job, read by its own package, in the registry's order."""
-    return tuple([await i.observe(ctx.kube, ctx.memory_of(memory, i), ref, ctx.settings) for i in ctx.integrations])
+    return tuple([await i.read(ctx.kube, ctx.memory_of(memory, i), ref, ctx.settings) for i in ctx.integrations])
 
 
 async def node_readiness(ctx: Context, names: set[str]) -> dict[str, bool | None]:

@@ -84,7 +84,7 @@ def dispatch(ctx: Context, kind: str, keys: set[JobKey]) -> None:
         if kind != "elasticjobs":
             ctx.loops.wake(key)
         elif ctx.mirror.has_job(key):
-            ctx.loops.observe(key)
+            ctx.loops.ensure(key)
         elif key in ctx.loops:
             ctx.spawn(ctx.loops.forget(key))
             if ctx.watches is not None:

@@ -47,8 +47,8 @@ class GangIO:
     def memory(self) -> Memory:
         return Memory()
 
-    async def observe(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Gang:
-        return Gang(await observe(kube, memory, ref))
+    async def read(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Gang:
+        return Gang(await read_pod_group(kube, memory, ref))
 
     def handles(self, action: planner.Action) -> bool:
         return False
@@ -61,7 +61,7 @@ class GangIO:
         after_apply(memory, actions)
 
 
-async def observe(kube: k8s.Kube, memory: Memory, ref: JobRef) -> PodGroupView | None:
+async def read_pod_group(kube: k8s.Kube, memory: Memory, ref: JobRef) -> PodGroupView | None:
     want = podgroup.desired(ref)
     if want is None:
         return None
@@ -69,7 +69,7 @@ async def observe(kube: k8s.Kube, memory: Memory, ref: JobRef) -> PodGroupView |
     if known is not None and time.monotonic() - known[1] < RECHECK_SECONDS:
         return known[0]
     body = await kube.get_object(want.api_version, podgroup.PLURAL, ref.namespace, want.name)
-    view = podgroup.observe_pod_group(body) if body is not None else None
+    view = podgroup.pod_group_view(body) if body is not None else None
     if view is not None and view.owner_uid == ref.uid and not view.deleting:
         # Only a settled group of ours is remembered: one on its way out, or an earlier job's, is read
         # again at every reconcile until it is gone and ours can be made.

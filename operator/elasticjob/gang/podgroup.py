@@ -81,7 +81,7 @@ def pod_group(job: JobRef, want: PodGroupView) -> dict[str, Any]:
     }
 
 
-def observe_pod_group(body: Mapping[str, Any]) -> PodGroupView:
+def pod_group_view(body: Mapping[str, Any]) -> PodGroupView:
     meta, spec = body.get("metadata") or {}, body.get("spec") or {}
     if "minMember" in spec or body.get("apiVersion") == COSCHEDULING_API:
         minimum, timeout = spec.get("minMember", 0), spec.get("scheduleTimeoutSeconds")

@@ -20,7 +20,7 @@ from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, Watched, label
 from elasticjob.kueue import discovery, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.admission import Kueue
-from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, observe_flavor, observe_workload
+from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, flavor_view, workload_view
 
 WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 
@@ -35,7 +35,7 @@ def _workload(body: Mapping[str, Any]) -> tuple[str, Entry[WorkloadView]] | None
     if (found := labelled(body)) is None:
         return None
     meta, key = found
-    return meta["uid"], Entry(key, observe_workload(body))
+    return meta["uid"], Entry(key, workload_view(body))
 
 
 class Flavors:
@@ -48,7 +48,7 @@ class Flavors:
         return len(self.by_name)
 
     def apply(self, kind: str, body: Mapping[str, Any]) -> set[JobKey]:
-        view = observe_flavor(body)
+        view = flavor_view(body)
         if kind == "DELETED":
             self.by_name.pop(view.name, None)
         else:
@@ -56,7 +56,7 @@ class Flavors:
         return set()  # a job waiting for a flavor it was assigned looks again within seconds
 
     def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> set[JobKey]:
-        self.by_name = {view.name: view for view in map(observe_flavor, bodies)}
+        self.by_name = {view.name: view for view in map(flavor_view, bodies)}
         return set()
 
 
@@ -87,7 +87,7 @@ class KueueIO:
     def memory(self) -> Memory:
         return Memory()
 
-    async def observe(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Kueue:
+    async def read(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Kueue:
         """The job's Workloads, read without the label too: a job whose Workload exists keeps its gate
         (kueue/admission.py)."""
         if not settings.kueue:

@@ -125,7 +125,7 @@ class FlavorView:
 # --- what the operator reads ------------------------------------------------------------------------------
 
 
-def observe_workload(body: Mapping[str, Any]) -> WorkloadView:
+def workload_view(body: Mapping[str, Any]) -> WorkloadView:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     admission = status.get("admission") or {}
     assignments = tuple(
@@ -152,7 +152,7 @@ def charged_template_hash(sets: list[Mapping[str, Any]]) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def observe_flavor(body: Mapping[str, Any]) -> FlavorView:
+def flavor_view(body: Mapping[str, Any]) -> FlavorView:
     spec = body.get("spec") or {}
     return FlavorView(name=(body.get("metadata") or {}).get("name", ""),
                       node_labels=tuple(sorted((spec.get("nodeLabels") or {}).items())),
