@@ -15,7 +15,7 @@ import pytest
 from elasticjob.models import RendezvousSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs").glob("behaviour/*.md"))]
 
 
 def text(name: str) -> str:
