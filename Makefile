@@ -62,6 +62,18 @@ $(ACTIONLINT):
 	@echo "building actionlint $(ACTIONLINT_VERSION) into $(@D) (first time only; about 25 s on 2 cores with cold Go caches)" >&2
 	CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags "-s -w" github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
+# kind, pinned, built the same way (issue 56: kindest/node cannot be pulled here; the node image is another step).
+KIND_VERSION ?= v0.33.0
+KIND_BIN := $(TOOLS_CACHE)/kind-$(KIND_VERSION)/bin/kind
+
+$(KIND_BIN):
+	@command -v go >/dev/null || { echo "the Go toolchain (go) is needed to build kind" >&2; exit 1; }
+	@echo "building kind $(KIND_VERSION) into $(@D) (first time only)" >&2
+	CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags "-s -w" sigs.k8s.io/kind@$(KIND_VERSION)
+
+kind-tool: $(KIND_BIN) ## Build kind (KIND_VERSION) from its Go module into ~/.cache/elasticjob, once; prints its path
+	@echo $(KIND_BIN)
+
 # Not in `lint` (its first run needs Go and the module proxy, and shellcheck is a Debian package: root to
 # install); `test` runs it, after host-packages, as it already needs both.
 lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into ~/.cache/elasticjob) on .github/workflows/*.yml, shellcheck on each run: step
@@ -149,7 +161,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint lint-workflows test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)
@@ -173,5 +185,5 @@ chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check sc
 	$(PY) charts/values_table.py
 	$(PY) -m pytest tests/unit/test_chart.py tests/unit/test_chart_docs.py tests/unit/test_images.py -p no:cacheprovider
 
-e2e-kind: $(VENV)/.installed ## kind + images + chart, then every e2e scenario on it (needs Docker; exits 3 without)
-	$(MAKE) e2e E2E_CLUSTER=kind
+e2e-kind: $(VENV)/.installed $(KIND_BIN) ## kind (KIND_VERSION, built once) + images + chart, then every e2e scenario on it (needs Docker; exits 3 without)
+	KIND=$(KIND_BIN) $(MAKE) e2e E2E_CLUSTER=kind
