@@ -8,7 +8,7 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
 
     GET  /healthz                         no token: the liveness probe
     GET  /v1/state?after=N&epoch=E&wait=S StateQuery; the reply is report.describe's, which the operator
-                                          checks field by field (rendezvous_client.parse_state)
+                                          checks field by field (store_reply.parse_state)
     POST /v1/remove                       Remove   -> RemoveReply
     POST /v1/complete                     Complete -> CompleteReply
     POST /v1/restart                      Restart  -> RestartReply

@@ -10,7 +10,7 @@ import json
 import pytest
 from factory import NOW, job, observed, rdzv, running_status, store, worker
 
-from elasticjob import planner, rendezvous_client
+from elasticjob import planner, store_reply
 from elasticjob.observe import LinksView
 from elasticjob_store import links
 from elasticjob_store.report import describe
@@ -79,10 +79,10 @@ def test_a_verdict_that_is_not_the_rounds_is_not_taken(raw, addresses):
 def test_the_operator_reads_the_verdict_and_drops_one_that_is_not_valid():
     body = describe(None, RoundTracker(), now=1.0, epoch="ab", run_id="r", min_nodes=1, max_nodes=3,
                     links={"round": 7, "world": 3, "seconds": 0.1, "outlier": ADDRS[1], "reason": "slow\nlink"})
-    view = rendezvous_client.parse_state(json.dumps(body).encode())
+    view = store_reply.parse_state(json.dumps(body).encode())
     assert view is not None and view.links == LinksView(7, 3, 0.1, ADDRS[1], "slow link")
     body["links"]["outlier"] = "not-an-ip"
-    view = rendezvous_client.parse_state(json.dumps(body).encode())
+    view = store_reply.parse_state(json.dumps(body).encode())
     assert view is not None and view.links is None and view.round is None
 
 

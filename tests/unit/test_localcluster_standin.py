@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from elasticjob import builders
-from elasticjob.rendezvous_client import StoreClient, parse_state
+from elasticjob.rendezvous_client import StoreClient
+from elasticjob.store_reply import parse_state
 from elasticjob_store.auth import Credential
 from elasticjob_store.protocol import control_port
 from localcluster import containers, images, storestandin

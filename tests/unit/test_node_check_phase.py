@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from store_states import A, B, make_state
 
-from elasticjob import rendezvous_client
+from elasticjob import store_reply
 from elasticjob.observe import NodeCheckView, StoreNode, StoreView
 from elasticjob.planner import goodput, ledger
 from elasticjob_store import nodechecks
@@ -81,7 +81,7 @@ def test_the_store_reads_the_rounds_members_and_wakes_the_operator_when_one_repo
     assert control.node_checks.landmark() != before
     body = describe(None, control.tracker, now=clock[0], epoch="ab", run_id="run-1", min_nodes=1, max_nodes=3,
                     node_checks=control.node_checks.describe())
-    view = rendezvous_client.parse_state(json.dumps(body).encode())
+    view = store_reply.parse_state(json.dumps(body).encode())
     assert view is not None and [(c.addr, c.held) for c in view.node_checks] == [(A.addr, 0.1), (B.addr, 0.5)]
 
 
@@ -89,7 +89,7 @@ def test_the_operator_leaves_out_a_node_check_out_of_range_but_keeps_the_reply()
     reply = {"epoch": "ab12", "round": 1, "complete": True,
              "nodeChecks": [{"addr": "10.0.0.1", "held": -1, "at": 1.0}, {"addr": "10.0.0.2", "held": 0.5, "at": 1.0},
                             "x"]}
-    view = rendezvous_client.parse_state(json.dumps(reply).encode())
+    view = store_reply.parse_state(json.dumps(reply).encode())
     assert view is not None and [c.addr for c in view.node_checks] == ["10.0.0.2"]
 
 

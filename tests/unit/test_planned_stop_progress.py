@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 import elasticjob_progress
-from elasticjob import rendezvous_client
+from elasticjob import store_reply
 from elasticjob_progress import stop as progress_stop
 from elasticjob_progress.report import KEY
 from elasticjob_store import stop as store_stop
@@ -130,7 +130,7 @@ def test_the_operator_reads_the_stop_and_the_report_of_it_from_the_stores_state(
     control.stop_record = {"id": "5.000", "step": 123, "at": 6.0}
     reply = describe(None, RoundTracker(), now=12.0, epoch="ab12", run_id="run", min_nodes=1, max_nodes=2,
                      progress=control.progress.describe(control.now()), stop=control.stop_record)
-    view = rendezvous_client.parse_state(json.dumps(reply).encode())
+    view = store_reply.parse_state(json.dumps(reply).encode())
     assert view is not None and (view.stop_id, view.stop_step) == ("5.000", 123)
     assert view.progress is not None and view.progress.listens and view.progress.stopped_step == 123
 

@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 import elasticjob_progress
-from elasticjob import rendezvous_client
+from elasticjob import store_reply
 from elasticjob_progress.report import KEY, Report
 from elasticjob_store import progress as store_progress
 from elasticjob_store.control import Control
@@ -99,7 +99,7 @@ def test_the_store_reports_the_latest_report_with_the_time_it_saw_it(tcp_store):
     version = control.version
     seen = control.progress.describe(clock[0])
     assert seen["step"] == 7 and seen["pod"] == "train-worker-1" and seen["receivedAt"] == clock[0]
-    view = rendezvous_client.parse_progress(seen)
+    view = store_reply.parse_progress(seen)
     assert view is not None and view.step == 7 and view.first_step == 7
     clock[0] += 0.4  # under two of the writer's intervals (0.25 s at the least): no stall yet
     control.poll()  # unchanged bytes: the time it was first seen stands, and nobody is woken
@@ -132,7 +132,7 @@ def test_a_report_unchanged_past_a_few_steps_is_a_stall_that_wakes_the_operator(
     clock[0] += 0.02
     control.poll()
     assert control.progress.describe(clock[0])["stalled"] and control.version == version + 1, "a long-poll answers"
-    view = rendezvous_client.parse_progress(control.progress.describe(clock[0]))
+    view = store_reply.parse_progress(control.progress.describe(clock[0]))
     assert view is not None and view.stalled
     report(8)  # stepping again: not stalled, and the operator hears of it at once too
     assert not control.progress.describe(clock[0])["stalled"] and control.version == version + 2
@@ -169,7 +169,7 @@ def test_the_store_checks_every_field_of_what_anyone_may_write(raw, expected):
 
 def test_the_operator_refuses_a_report_out_of_range_but_keeps_the_reply():
     reply = {"epoch": "ab12", "round": 1, "complete": True, "progress": {"step": -5, "pod": "x"}}
-    view = rendezvous_client.parse_state(json.dumps(reply).encode())
+    view = store_reply.parse_state(json.dumps(reply).encode())
     assert view is not None and view.round == 1 and view.progress is None
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import elasticjob_progress
-from elasticjob import rendezvous_client
+from elasticjob import store_reply
 from elasticjob_progress import pace as worker_pace
 from elasticjob_store import pace as store_pace
 from elasticjob_store.control import Control
@@ -183,7 +183,7 @@ def test_a_slow_pod_wakes_the_operators_long_poll_and_reaches_its_view(tcp_store
     assert control.version == version + 1, "a pod 1.5 times slower than the others answers the long-poll"
     body = describe(None, control.tracker, now=clock[0], epoch="ab", run_id="run-1", min_nodes=1, max_nodes=3,
                     pace=control.pace.by_pod(clock[0]))
-    view = rendezvous_client.parse_state(json.dumps(body).encode())
+    view = store_reply.parse_state(json.dumps(body).encode())
     assert view is not None and [(p.pod, p.seconds) for p in view.pace] == [
         ("train-worker-0", 0.06), ("train-worker-1", 0.021), ("train-worker-2", 0.022)]
 
@@ -191,7 +191,7 @@ def test_a_slow_pod_wakes_the_operators_long_poll_and_reaches_its_view(tcp_store
 def test_the_operator_leaves_out_a_pace_out_of_range_but_keeps_the_reply():
     reply = {"epoch": "ab12", "round": 1, "complete": True,
              "pace": [{"pod": "w-0", "seconds": -1, "ranks": 1}, {"pod": "w-1", "seconds": 0.5, "ranks": 1}, "x"]}
-    view = rendezvous_client.parse_state(json.dumps(reply).encode())
+    view = store_reply.parse_state(json.dumps(reply).encode())
     assert view is not None and [p.pod for p in view.pace] == ["w-1"]
 
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from elasticjob import rendezvous_client
+from elasticjob import rendezvous_client, store_reply
 from elasticjob.observe import StoreNode
 from elasticjob_store import protocol
 
@@ -22,7 +22,7 @@ GOOD = {"epoch": "ab12", "round": 3, "complete": True, "closed": False, "failure
 
 
 def test_a_valid_state_becomes_a_store_view():
-    view = rendezvous_client.parse_state(json.dumps(GOOD).encode())
+    view = store_reply.parse_state(json.dumps(GOOD).encode())
     assert (view.epoch, view.round, view.complete, view.failure_rounds, view.nodes) == ("ab12", 3, True, 1, 1)
     assert view.participants == (StoreNode("10.244.0.5", 0.7),)
     assert view.waiting == (StoreNode("10.244.0.6", None),)
@@ -32,20 +32,20 @@ def test_a_valid_state_becomes_a_store_view():
 def test_the_current_rounds_completion_comes_from_the_stores_history():
     rounds = [{"round": 2, "nodes": ["10.244.0.5"], "completedAt": 1767268700.0},
               {"round": 3, "nodes": ["10.244.0.5"], "completedAt": 1767268800.0}]
-    view = rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
+    view = store_reply.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
     assert view.round_completed_at.isoformat() == "2026-01-01T12:00:00+00:00"
-    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).round_completed_at is None  # an older store
-    assert rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": [{"round": 3}]}).encode()) is None
+    assert store_reply.parse_state(json.dumps(GOOD).encode()).round_completed_at is None  # an older store
+    assert store_reply.parse_state(json.dumps({**GOOD, "rounds": [{"round": 3}]}).encode()) is None
 
 
 def test_the_latest_completed_rounds_agents_come_from_the_stores_history():
     rounds = [{"round": 3, "nodes": ["10.244.0.5", "10.244.0.6"], "completedAt": 1767268800.0},
               {"round": 2, "nodes": ["10.244.0.5"], "completedAt": 1767268700.0}]
-    view = rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
+    view = store_reply.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
     assert view.last_round_nodes == ("10.244.0.5", "10.244.0.6")
-    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).last_round_nodes == ()
+    assert store_reply.parse_state(json.dumps(GOOD).encode()).last_round_nodes == ()
     bad = [{"round": 3, "nodes": ["not-an-address"], "completedAt": 1767268800.0}]
-    assert rendezvous_client.parse_state(json.dumps({**GOOD, "rounds": bad}).encode()) is None
+    assert store_reply.parse_state(json.dumps({**GOOD, "rounds": bad}).encode()) is None
 
 
 @pytest.mark.parametrize("change", [
@@ -63,13 +63,13 @@ def test_the_latest_completed_rounds_agents_come_from_the_stores_history():
     {"lastFailureRoundAt": -5},
 ])
 def test_malformed_replies_are_rejected(change):
-    assert rendezvous_client.parse_state(json.dumps({**GOOD, **change}).encode()) is None
+    assert store_reply.parse_state(json.dumps({**GOOD, **change}).encode()) is None
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[]", b"null", b'"text"', b"{" * 5000,
                                  json.dumps({**GOOD, "pad": "x" * (2 << 20)}).encode()])
 def test_garbage_and_oversized_replies_are_rejected(raw):
-    assert rendezvous_client.parse_state(raw) is None
+    assert store_reply.parse_state(raw) is None
 
 
 def test_tokens_differ_per_job_and_per_key():
@@ -148,18 +148,18 @@ def test_nothing_listening_is_unknown():
 
 def test_a_store_that_turned_its_nudges_off_says_why():
     off = {**GOOD, "torch": {"version": "2.5.1+cu124", "nudges": False, "why": "torch 2.5.1+cu124 is old"}}
-    assert rendezvous_client.parse_state(json.dumps(off).encode()).nudges_off == "torch 2.5.1+cu124 is old"
+    assert store_reply.parse_state(json.dumps(off).encode()).nudges_off == "torch 2.5.1+cu124 is old"
     on = {**GOOD, "torch": {"version": "2.13.0", "nudges": True, "why": "checked"}}
-    assert rendezvous_client.parse_state(json.dumps(on).encode()).nudges_off is None
-    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).nudges_off is None  # an older store
+    assert store_reply.parse_state(json.dumps(on).encode()).nudges_off is None
+    assert store_reply.parse_state(json.dumps(GOOD).encode()).nudges_off is None  # an older store
 
 
 def test_agents_that_ran_plain_torchrun_are_counted_with_the_reason():
     plain = {**GOOD, "torch": {"version": "2.7.1", "nudges": True, "why": "ok",
                                "plainTorchrun": {"agents": 2, "why": "torch 2.99.0 is outside the range"}}}
-    view = rendezvous_client.parse_state(json.dumps(plain).encode())
+    view = store_reply.parse_state(json.dumps(plain).encode())
     assert "2 agent start(s) ran plain torchrun" in view.plain_torchrun and "2.99.0" in view.plain_torchrun
-    assert rendezvous_client.parse_state(json.dumps(GOOD).encode()).plain_torchrun is None
+    assert store_reply.parse_state(json.dumps(GOOD).encode()).plain_torchrun is None
 
 
 # --- what a store (the tenant's image) may send ------------------------------------------------------------
@@ -172,19 +172,19 @@ def nodes(count: int) -> list[dict]:
 
 @pytest.mark.parametrize("field", ["participants", "waiting"])
 def test_more_agents_than_the_jobs_max_replicas_is_refused(field):
-    assert rendezvous_client.parse_state(json.dumps({**GOOD, field: nodes(8)}).encode(), max_nodes=8) is not None
-    assert rendezvous_client.parse_state(json.dumps({**GOOD, field: nodes(9)}).encode(), max_nodes=8) is None
+    assert store_reply.parse_state(json.dumps({**GOOD, field: nodes(8)}).encode(), max_nodes=8) is not None
+    assert store_reply.parse_state(json.dumps({**GOOD, field: nodes(9)}).encode(), max_nodes=8) is None
     # And never more than any job may have, whatever the caller allows.
-    raw = json.dumps({**GOOD, field: nodes(rendezvous_client.MAX_NODES + 1)}).encode()
-    assert rendezvous_client.parse_state(raw, max_nodes=1 << 20) is None
+    raw = json.dumps({**GOOD, field: nodes(store_reply.MAX_NODES + 1)}).encode()
+    assert store_reply.parse_state(raw, max_nodes=1 << 20) is None
 
 
 def test_the_largest_valid_reply_fits_and_anything_over_128_kib_is_refused():
     biggest = json.dumps({**GOOD, "participants": nodes(1024), "waiting": nodes(1024)}).encode()
-    assert len(biggest) <= rendezvous_client.MAX_REPLY_BYTES == 128 << 10
-    assert rendezvous_client.parse_state(biggest, max_nodes=1024) is not None
+    assert len(biggest) <= store_reply.MAX_REPLY_BYTES == 128 << 10
+    assert store_reply.parse_state(biggest, max_nodes=1024) is not None
     padded = json.dumps({**GOOD, "pad": "x" * (128 << 10)}).encode()
-    assert rendezvous_client.parse_state(padded) is None
+    assert store_reply.parse_state(padded) is None
 
 
 @pytest.mark.parametrize("key", [b"", b"k" * 31])
@@ -210,7 +210,7 @@ def test_a_stores_words_are_truncated_and_stripped_of_control_characters():
     finally:
         server.shutdown()
     for text in (reply.reason, reply.refused):
-        assert len(text) <= rendezvous_client.MAX_STORE_TEXT and text.isprintable()
+        assert len(text) <= store_reply.MAX_STORE_TEXT and text.isprintable()
         assert text.startswith("bad [31m  FAKE LOG LINE")
 
 
@@ -268,7 +268,7 @@ def test_the_pace_refills_one_turn_per_interval_up_to_the_burst(idle, at_once):
 def test_what_a_store_says_of_its_torch_reaches_the_job_without_control_characters():
     """torch.why and plainTorchrun.why become the job's condition messages and Events."""
     said = "old torch\x1b[2J\r\nWarning FakeEvent"
-    view = rendezvous_client.parse_state(json.dumps({**GOOD, "torch": {
+    view = store_reply.parse_state(json.dumps({**GOOD, "torch": {
         "version": "2.1\n", "nudges": False, "why": said,
         "plainTorchrun": {"agents": 1, "why": said}}}).encode())
     assert view is not None and view.nudges_off is not None and view.plain_torchrun is not None

@@ -18,7 +18,7 @@ from factory import job, observed, rdzv, running_status, worker
 from store_states import make_state
 
 from elasticjob import planner
-from elasticjob.rendezvous_client import parse_state
+from elasticjob.store_reply import parse_state
 from elasticjob_store.auth import Credential
 from elasticjob_store.control import Control
 from elasticjob_store.server import make_server
