@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticjob.observe import parse_agent_message, pod_view, service_view
+from elasticjob.agent_messages import parse_agent_message
+from elasticjob.observe import pod_view, service_view
 
 # The tail of a torchrun agent's log after its worker exited 3 on every restart (torch 2.13, measured).
 GAVE_UP = """E1122 23:01:44.105000 18 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3) local_rank: 0 (pid: 18) of binary: /usr/bin/python

@@ -12,7 +12,7 @@ import pytest
 from factory import NOW, failed, job, observed, rdzv, running_status, store, worker
 
 import elasticjob_progress
-from elasticjob import observe, planner
+from elasticjob import agent_messages, planner
 from elasticjob.models import ElasticJobStatus, GoodputStatus
 from elasticjob.observe import pod_view
 from elasticjob_warm import rdzvexit
@@ -42,8 +42,8 @@ def ended(code: int, message: str) -> dict:
 
 
 def test_the_operator_and_the_pods_programs_name_the_same_codes():
-    assert observe.RENDEZVOUS_EXIT == rdzvexit.RENDEZVOUS_EXIT
-    assert observe.STOP_EXPIRED_EXIT == elasticjob_progress.STOP_EXPIRED_EXIT
+    assert agent_messages.RENDEZVOUS_EXIT == rdzvexit.RENDEZVOUS_EXIT
+    assert agent_messages.STOP_EXPIRED_EXIT == elasticjob_progress.STOP_EXPIRED_EXIT
     assert LINE.startswith(rdzvexit.LINE)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 import elasticjob_progress
-from elasticjob import observe
+from elasticjob import agent_messages
 from elasticjob_progress import stop as progress_stop
 from elasticjob_store import stop as store_stop
 from helpers import wait_for
@@ -139,7 +139,7 @@ def test_the_agents_sigterm_reads_deep_json_as_no_stop_and_no_report():
 
 
 def test_the_operator_knows_the_stop_expired_code():
-    assert observe.STOP_EXPIRED_EXIT == elasticjob_progress.STOP_EXPIRED_EXIT
+    assert agent_messages.STOP_EXPIRED_EXIT == elasticjob_progress.STOP_EXPIRED_EXIT
 
 
 # --- the store's side: the counts it reads and writes (elasticjob_store/stop.py) ----------------------------------

@@ -8,8 +8,9 @@ import time
 from datetime import datetime
 
 from elasticjob import builders, domain, k8s, naming, planner
+from elasticjob.agent_messages import last_worker_failure
 from elasticjob.controller.context import Context, JobMemory
-from elasticjob.observe import PodView, ServiceView, StoreView, last_worker_failure, parse_time
+from elasticjob.observe import PodView, ServiceView, StoreView, parse_time
 from elasticjob_store.protocol import control_port
 
 # Agents' logs are read only when the store reports a new in-place restart (paced: JobMemory.log_reads), from at

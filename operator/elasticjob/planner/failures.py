@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from elasticjob.agent_messages import STOP_EXPIRED_EXIT
 from elasticjob.models import MAX_FAILURES_KEPT, ElasticJobStatus, FailureRecord, Phase
-from elasticjob.observe import STOP_EXPIRED_EXIT, PodView
+from elasticjob.observe import PodView
 from elasticjob.planner import nodes
 from elasticjob.planner.base import DeletePod, Job, Observed, Plan, RoundFailure, enter_phase, since, stamp
 
@@ -44,7 +45,7 @@ NOT_THE_NODE = ("FatalExitCode", "MaxRestartsExceeded", "OOMKilled")
 # countInfrastructureFailures says), no node avoided, booked and shown. A rank held after a planned stop that nobody
 # ended left with STOP_EXPIRED_EXIT (a stop written by someone who reached the store, or the operator's own left
 # unfinished); the kit's agent left because of its rendezvous (closed, its state refused, no store, no round in
-# time) with no worker of it failed (observe.RENDEZVOUS_EXIT).
+# time) with no worker of it failed (agent_messages.RENDEZVOUS_EXIT).
 STOP_EXPIRED = "StopExpired"
 RENDEZVOUS_FAILED = "RendezvousFailed"
 NOT_THE_TRAINING = (STOP_EXPIRED, RENDEZVOUS_FAILED)
