@@ -29,6 +29,16 @@ def stop_events(events: list[dict], after: float) -> list[dict]:
     return [e for e in events if e.get("event") == "checkpoint-on-stop" and e["time"] >= after]
 
 
+def job_events(jobs, since: float) -> str:
+    """The job's Events from `since` on, in seconds after it: what to read when the ledger is not as expected."""
+    found = []
+    for event in jobs.core.list_namespaced_event(jobs.namespace).items:
+        when = event.event_time or event.last_timestamp or event.first_timestamp
+        if when is not None and when.timestamp() >= since - 30:
+            found.append((when.timestamp() - since, f"{event.involved_object.name} {event.reason}: {event.message}"))
+    return "\n  ".join(f"{at:+.1f} s {what}" for at, what in sorted(found))
+
+
 def closed_incident(jobs, kind: str, name: str | None = None) -> dict:
     ledger = wait_for(lambda: (jobs.status(name) if name else jobs.status()).get("goodput") or {},
                       RECOVERY_TIMEOUT, f"a {kind} incident closed",
@@ -57,7 +67,8 @@ def test_a_scale_down_stops_at_an_agreed_step_and_loses_none(operator, jobs, pro
     assert shrunk["time"] - scaled_at < GRACE, "the pods went on the grace, not on the stop"
     record_recovery("planned scale 3 -> 2", shrunk["time"] - scaled_at, 2, jobs.status().get("restarts"))
     incident = closed_incident(jobs, "ScaleChange")
-    assert incident.get("stoppedStep") == step and incident["phases"]["recompute"] == 0.0, incident
+    assert incident.get("stoppedStep") == step and incident["phases"]["recompute"] == 0.0, (
+        f"{incident}\nledger: {jobs.status().get('goodput')}\nevents: {job_events(jobs, scaled_at)}")
     finish(jobs, progress, STEPS)
     status = jobs.status()
     assert (status.get("restarts"), status.get("infrastructureFailures")) == (0, 0), summary(status)

@@ -182,6 +182,30 @@ def test_the_ledger_shows_no_step_recomputed_for_a_planned_scale_down():
     assert result.status.restarts == 0 and result.status.last_failures == []  # nothing charged
 
 
+def test_a_scale_down_the_operator_did_not_stop_first_is_booked_from_the_stop_its_leaving_agent_asked():
+    """The training did not listen yet (or an incident was open): the leaving pod is deleted at once, its agent asks
+    the stop on SIGTERM, and the training steps on until every rank saved. Those steps do not close the scale-down
+    at 0 s (seen in CI: the saved step was then booked nowhere)."""
+    result = plan(ledger_status(), progress=progress(listens=False))
+    assert deletes(result) == [("train-worker-2", None)] and result.status.planned_stop is None
+    going = worker(2, deleting=True)
+    result = plan(result.status, at(1), pods=[worker(0), worker(1), going],
+                  progress=progress(step=110, step_at=at(0.9), listens=False))
+    ledger = result.status.goodput
+    assert ledger.incidents == 0 and ledger.open_incident.kind == "ScaleChange"
+    assert (ledger.open_incident.start_time, ledger.open_incident.last_step) == (precise(at(0.9)), 110)
+    saved = dict(stop_id=f"{at(1).timestamp():.3f}", stop_step=123,
+                 progress=progress(step=123, step_at=at(2.5), stopped_step=123, stopped_at=at(2.8), listens=False))
+    result = plan(result.status, at(3), pods=[worker(0), worker(1), going], **saved)
+    assert result.status.planned_stop.reason == "AgentAsked"
+    assert result.status.goodput.open_incident.stopped_step == 123
+    fresh = progress(started_at=at(5), step=124, step_at=at(7), first_step=124, first_step_at=at(7),
+                     loading_at=at(6), loaded_step=123, loaded_at=at(6.5), step_seconds=0.1)
+    result = plan(result.status, at(8), pods=[worker(0), worker(1)], round=5, progress=fresh)
+    closed = result.status.goodput.last_incidents[-1]
+    assert (closed.kind, closed.stopped_step, closed.phases.recompute) == ("ScaleChange", 123, 0.0)
+
+
 def test_kueues_preemption_waits_for_the_stop_then_stops_every_pod_and_queues():
     pods = [rdzv(), worker(0), worker(1)]
     seen = factory.store(round=4, progress=progress())

@@ -32,7 +32,7 @@ from elasticjob.models import (
     Phase,
 )
 from elasticjob.observe import ProgressView, StoreView
-from elasticjob.planner import goodput
+from elasticjob.planner import goodput, planned_stop
 from elasticjob.planner.base import CutOff, Job, Observed, Plan, precise
 from elasticjob.planner.failures import is_round_record
 
@@ -71,8 +71,9 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     account_round(plan, ledger, store, progress, now)
     for queued in ledger.queued_incidents:
         advance(queued, plan, observed, now, job.ref.spec.node_check.enabled)
+    leaving = planned_stop.leaving(observed, status.desired_replicas)
     while (incident := ledger.open_incident) is not None:
-        stepping_on(incident, progress)
+        stepping_on(incident, progress, leaving)
         saved_first(incident, plan, progress)
         advance(incident, plan, observed, now, job.ref.spec.node_check.enabled)
         end = resumed(incident, ledger, progress, now, awaiting_stop(plan))
@@ -218,12 +219,14 @@ def stopped_before(progress: ProgressView | None, now: datetime, round_at: datet
     return now
 
 
-def stepping_on(incident: Incident, progress: ProgressView | None) -> None:
-    """A stop of every worker (a preemption, a suspension) that the training has not reached yet: it steps on
-    until its pods go, so the time lost starts at its last step, not at the stop's notice, and its steps since are
-    not a training that stepped through the fault (that closed such an incident at 0 s: torchrun run as written,
-    preempted, lost 52.6 s and booked none of it)."""
-    if incident.kind not in STOPS_EVERY_WORKER or progress is None or progress.step_at is None:
+def stepping_on(incident: Incident, progress: ProgressView | None, leaving: bool = False) -> None:
+    """A stop of every worker (a preemption, a suspension), or a scale-down whose pods are still `leaving`, that the
+    training has not reached yet: it steps on until those pods go, so the time lost starts at its last step, not at
+    the notice, and its steps since are not a training that stepped through the fault (that closed such an incident
+    at 0 s: torchrun run as written, preempted, lost 52.6 s and booked none of it; a scale-down whose leaving agent
+    asked the stop on SIGTERM, its saved step booked nowhere)."""
+    scaling_down = incident.reason == "ScaleDown" and leaving
+    if (incident.kind not in STOPS_EVERY_WORKER and not scaling_down) or progress is None or progress.step_at is None:
         return
     start = parse(incident.start_time)
     if start is not None and kept_on(incident, progress, start):
