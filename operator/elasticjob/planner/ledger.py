@@ -76,7 +76,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
         stepping_on(incident, progress, leaving)
         saved_first(incident, plan, progress)
         advance(incident, plan, observed, now, job.ref.spec.node_check.enabled)
-        end = resumed(incident, ledger, progress, now, awaiting_stop(plan))
+        end = resumed(incident, ledger, progress, now)
         if end is None and not status.phase.finished and now - (parse(incident.start_time) or now) <= GIVE_UP:
             return
         close(plan, ledger, incident, progress, now)
@@ -322,24 +322,15 @@ def node_check_held(store: StoreView | None, checking: bool, start: datetime) ->
     return max((said[addr].held for addr in members if said[addr].at > start), default=0.0)
 
 
-def awaiting_stop(plan: Plan) -> bool:
-    """A planned stop asked and not yet saved nor expired: the training steps on towards the step the ranks agreed
-    on, which is not a training that stepped through the fault (seen in CI: a scale-down closed at 0 s while the
-    training stepped to its stop, and the step it then saved was booked nowhere)."""
-    stop = plan.status.planned_stop
-    return stop is not None and stop.stopped_time is None and not stop.expired
-
-
 def resumed(incident: Incident, ledger: GoodputStatus, progress: ProgressView | None,
-            now: datetime, stopping: bool = False) -> datetime | None:
+            now: datetime) -> datetime | None:
     """When the training stepped again after the incident: its new process's first step, or the moment a process
-    that kept on stepping was seen past the fault (not while it steps towards a planned stop: `stopping`);
-    without any reports, the group re-formed."""
+    that kept on stepping was seen past the fault; without any reports, the group re-formed."""
     start = parse(incident.start_time) or now
     if progress is not None and progress.step is not None:
         if progress.started_at is not None and progress.started_at > start and progress.first_step_at is not None:
             return progress.first_step_at
-        if kept_on(incident, progress, start) and not stopping:
+        if kept_on(incident, progress, start):
             return now
         return None
     if not ledger.progress_reported:
