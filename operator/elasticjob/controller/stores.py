@@ -14,9 +14,9 @@ from elasticjob.observe import StoreView
 from elasticjob.planner import ControlAddress
 from elasticjob.rendezvous_client import StoreClient
 
-# (job uid, host, port, maxReplicas): a store replaced at another address, a new job of the same name, or a new
-# bound on the agents a reply may list, needs a new watch.
-Target = tuple[str, str, int, int]
+# (job uid, control address, maxReplicas): a store replaced at another address, a new job of the same name, or a
+# new bound on the agents a reply may list, needs a new watch.
+Target = tuple[str, ControlAddress, int]
 
 
 class StoreWatches:
@@ -31,7 +31,7 @@ class StoreWatches:
     def view(self, key: JobKey, uid: str, address: ControlAddress, max_nodes: int) -> StoreView | None:
         """The store's latest state, watching it from now on; a reply listing more than `max_nodes` agents (the
         job's maxReplicas) is refused, and the last good one kept."""
-        target = (uid, address.host, address.port, max_nodes)
+        target = (uid, address, max_nodes)
         current = self._watches.get(key)
         if current is None or current[0] != target:
             self.stop(key)
