@@ -194,6 +194,11 @@ def test_a_scale_down_the_operator_did_not_stop_first_is_booked_from_the_stop_it
     ledger = result.status.goodput
     assert ledger.incidents == 0 and ledger.open_incident.kind == "ScaleChange"
     assert (ledger.open_incident.start_time, ledger.open_incident.last_step) == (precise(at(0.9)), 110)
+    # The same step seen again (a doubled answer, or the operator restarted from this status) moves nothing.
+    again = plan(result.status, at(1.5), pods=[worker(0), worker(1), going],
+                 progress=progress(step=110, step_at=at(0.9), listens=False)).status.goodput
+    assert (again.incidents, again.open_incident.start_time, again.open_incident.last_step) == \
+        (0, precise(at(0.9)), 110)
     saved = dict(stop_id=f"{at(1).timestamp():.3f}", stop_step=123,
                  progress=progress(step=123, step_at=at(2.5), stopped_step=123, stopped_at=at(2.8), listens=False))
     result = plan(result.status, at(3), pods=[worker(0), worker(1), going], **saved)
