@@ -260,7 +260,8 @@ def measure(setup, api: Api, minutes: float, faults: list[gm.Fault]) -> gm.Resul
     incidents = gm.in_window(list(run.incidents.values()), start, end) if setup.has_ledger else None
     return gm.Result(setup.name, end - start, gm.ettr(found, start, end),
                      (end - start) - gm.productive_seconds(found, start, end),
-                     gm.lost_per_fault(found, start, end, run.made), incidents, run.skipped, start)
+                     gm.lost_per_fault(found, start, end, run.made), incidents, run.skipped, start,
+                     gm.ettr(found, start, end, weighted=True))
 
 
 # --- the tables -------------------------------------------------------------------------------------------

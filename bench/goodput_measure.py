@@ -50,33 +50,43 @@ def process(record: dict) -> tuple:
     return record["host"], record["pid"], record["started"]
 
 
-def step_spans(records: list[dict]) -> list[tuple[float, float]]:
-    """(start, end) of each of rank 0's steps that count, oldest first."""
+def step_spans(records: list[dict]) -> list[tuple[float, float, int | None]]:
+    """(start, end, world size) of each of rank 0's steps that count, oldest first."""
     rank0 = sorted((r for r in records if r.get("rank") == 0), key=lambda r: r["time"])
     last_of_step = {r["step"]: r["time"] for r in rank0}
     previous: dict[tuple, float] = {}
-    spans: list[tuple[float, float | None]] = []
+    spans: list[tuple[float, float | None, int | None]] = []
     for record in rank0:
         before = previous.get(process(record))
         previous[process(record)] = record["time"]
         if last_of_step[record["step"]] != record["time"]:
             continue  # done again later: lost
-        spans.append((record["time"], None if before is None else record["time"] - before))
-    known = [took for _, took in spans if took is not None]
+        spans.append((record["time"], None if before is None else record["time"] - before, record.get("world_size")))
+    known = [took for _, took, _ in spans if took is not None]
     typical = statistics.median(known) if known else 0.0
-    return [(end - (typical if took is None else took), end) for end, took in spans]
+    return [(end - (typical if took is None else took), end, world) for end, took, world in spans]
 
 
-def productive_seconds(records: list[dict], start: float, end: float) -> float:
-    """Seconds of [start, end] spent on steps that count."""
-    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in step_spans(records))
+def full_size(records: list[dict]) -> int | None:
+    """The job's world size at full size: the largest any step ran at (the bench starts it at full size)."""
+    return max((r["world_size"] for r in records if r.get("world_size")), default=None)
 
 
-def ettr(records: list[dict], start: float, end: float) -> float | None:
-    """Percent of [start, end] spent on steps that count; None for an empty window."""
+def productive_seconds(records: list[dict], start: float, end: float, full: int | None = None) -> float:
+    """Seconds of [start, end] spent on steps that count; with `full`, each weighted by its world size over
+    `full` (a step trained by 2 of 3 nodes is two thirds of a step)."""
+    def weight(world: int | None) -> float:
+        return 1.0 if not full or not world else min(1.0, world / full)
+    return sum(max(0.0, min(b, end) - max(a, start)) * weight(world) for a, b, world in step_spans(records))
+
+
+def ettr(records: list[dict], start: float, end: float, weighted: bool = False) -> float | None:
+    """Percent of [start, end] spent on steps that count; `weighted`: by world size over the full size. None for
+    an empty window."""
     if end <= start:
         return None
-    return 100.0 * productive_seconds(records, start, end) / (end - start)
+    full = full_size(records) if weighted else None
+    return 100.0 * productive_seconds(records, start, end, full) / (end - start)
 
 
 def lost_per_fault(records: list[dict], start: float, end: float, faults: list[Fault]) -> list[tuple[str, float]]:
@@ -143,15 +153,17 @@ class Result:
     incidents: list[dict] | None  # None: no ledger (no operator)
     skipped: list[str]
     start: float = 0.0  # the window's start (unix seconds)
+    weighted: float | None = None  # ETTR with each step weighted by its world size over the full size
 
 
 def summary_rows(results: list[Result]) -> list[list[str]]:
-    header = ["setup", "ETTR %", "lost s (measured)", "lost s (ledger)", "within 10%", *PHASES, "skipped"]
+    header = ["setup", "ETTR %", "weighted %", "lost s (measured)", "lost s (ledger)", "within 10%", *PHASES, "skipped"]
     rows = [header]
     for r in results:
         ledger = None if r.incidents is None else ledger_lost(r.incidents)
         sums = phase_sums(r.incidents) if r.incidents is not None else {}
-        rows.append([r.setup, "-" if r.ettr is None else f"{r.ettr:.2f}", f"{r.measured_lost:.1f}",
+        rows.append([r.setup, "-" if r.ettr is None else f"{r.ettr:.2f}",
+                     "-" if r.weighted is None else f"{r.weighted:.2f}", f"{r.measured_lost:.1f}",
                      "-" if ledger is None else f"{ledger:.1f} ({len(r.incidents or [])})",
                      "-" if ledger is None else ("yes" if agrees(r.measured_lost, ledger) else "no"),
                      *("-" if sums.get(p) is None else f"{sums[p]:.1f}" for p in PHASES),

@@ -33,8 +33,11 @@ LOST_SECONDS = Histogram("elasticjob_lost_seconds", "Training seconds lost per c
 JOB_PHASE = Gauge("elasticjob_job_phase", "1 for the phase each unfinished job is in", ["namespace", "job", "phase"])
 JOB_RESTARTS = Gauge("elasticjob_job_restarts", "Restarts charged to each unfinished job", ["namespace", "job"])
 JOB_GOODPUT = Gauge("elasticjob_job_goodput_percent", "Each unfinished job's ETTR (status.goodput.goodputPercent): "
-                    "percent of its wall time spent training, as of its last incident closed; absent before one",
+                    "percent of its wall time spent training, as of its ledger's last account; absent before one",
                     ["namespace", "job"])
+JOB_WEIGHTED_GOODPUT = Gauge("elasticjob_job_weighted_goodput_percent", "Each unfinished job's ETTR weighted by the "
+                             "nodes that trained over the nodes wanted (status.goodput.weightedGoodputPercent); "
+                             "absent before the ledger's first account", ["namespace", "job"])
 # 1 while this replica holds the Lease and reconciles (always, without --leader-elect); 0 while it waits idle.
 LEADER = Gauge("elasticjob_operator_leader", "1 if this operator replica is the leader and reconciles")
 
@@ -46,7 +49,8 @@ for _name in PHASES:  # every phase's series exists from the start, at 0 (the da
     JOBS.labels(_name)
 
 
-def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: float | None = None) -> None:
+def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: float | None = None,
+                weighted: float | None = None) -> None:
     """The job's phase now: the fleet gauge, and the per-job series while it is unfinished."""
     _move((namespace, job), phase)
     if phase in FINISHED:
@@ -57,6 +61,8 @@ def observe_job(namespace: str, job: str, phase: str, restarts: int, goodput: fl
     JOB_RESTARTS.labels(namespace, job).set(restarts)
     if goodput is not None:
         JOB_GOODPUT.labels(namespace, job).set(goodput)
+    if weighted is not None:
+        JOB_WEIGHTED_GOODPUT.labels(namespace, job).set(weighted)
 
 
 def forget_job(namespace: str, job: str) -> None:
@@ -79,7 +85,8 @@ def _move(key: tuple[str, str], phase: str | None) -> None:
 
 def _forget_series(namespace: str, job: str) -> None:
     label_sets = [(JOB_PHASE, (namespace, job, name)) for name in PHASES] + [
-        (JOB_RESTARTS, (namespace, job)), (JOB_GOODPUT, (namespace, job))]
+        (JOB_RESTARTS, (namespace, job)), (JOB_GOODPUT, (namespace, job)),
+        (JOB_WEIGHTED_GOODPUT, (namespace, job))]
     for metric, labels in label_sets:
         try:
             metric.remove(*labels)

@@ -48,6 +48,16 @@ def test_other_ranks_records_do_not_count_twice():
     assert gm.ettr(records, 0.0, 10.0) == pytest.approx(100.0)
 
 
+def test_weighted_a_step_at_2_of_3_nodes_counts_two_thirds():
+    # 10 s at world size 3, then 6 s at 2 (a cut-off pod's survivors), then 3 again.
+    full = [{**r, "world_size": 3} for r in steps(1, 100, 0.1)]
+    short = [{**r, "world_size": 2} for r in steps(101, 160, 10.1)]
+    back = [{**r, "world_size": 3} for r in steps(161, 200, 16.1)]
+    records = full + short + back
+    assert gm.ettr(records, 0.0, 20.0) == pytest.approx(100.0)
+    assert gm.ettr(records, 0.0, 20.0, weighted=True) == pytest.approx(100.0 * (20.0 - 6.0 / 3) / 20.0)
+
+
 def test_loss_is_split_by_fault():
     records = steps(1, 50, 0.0) + steps(41, 200, 7.0, pid=2)
     faults = [gm.Fault(4.95, "rank0"), gm.Fault(15.0, "scale")]
@@ -111,9 +121,10 @@ def test_the_ledger_agrees_within_ten_percent(measured, ledger, agrees):
 def test_the_summary_shows_a_setup_without_a_ledger_as_such():
     results = [gm.Result("operator", 600, 97.5, 15.0, [("rank0", 5.0)], [incident("Rank0Lost", "x", 14.0)], []),
                gm.Result("by hand", 600, 80.0, 120.0, [("rank0", 60.0)], None, ["preemption"])]
+    results[0].weighted = 95.25
     rows = gm.summary_rows(results)
-    assert rows[1][:5] == ["operator", "97.50", "15.0", "14.0 (1)", "yes"]
-    assert rows[2][:5] == ["by hand", "80.00", "120.0", "-", "-"] and rows[2][-1] == "preemption"
+    assert rows[1][:6] == ["operator", "97.50", "95.25", "15.0", "14.0 (1)", "yes"]
+    assert rows[2][:6] == ["by hand", "80.00", "-", "120.0", "-", "-"] and rows[2][-1] == "preemption"
     assert gm.per_kind_rows(results)[1] == ["rank0", "5.0 (1)", "60.0 (1)"]
 
 

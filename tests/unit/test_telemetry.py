@@ -73,14 +73,17 @@ def test_jobs_by_phase_and_per_job_series_only_while_unfinished():
     from elasticjob import metrics
 
     metrics.observe_job("ml", "a", "Running", 0)
-    metrics.observe_job("ml", "b", "Running", 2, goodput=97.25)
+    metrics.observe_job("ml", "b", "Running", 2, goodput=97.25, weighted=91.5)
     assert value("elasticjob_jobs", phase="Running") >= 2
     assert value("elasticjob_job_restarts", namespace="ml", job="b") == 2
     assert value("elasticjob_job_goodput_percent", namespace="ml", job="b") == 97.25
+    assert value("elasticjob_job_weighted_goodput_percent", namespace="ml", job="b") == 91.5
     assert REGISTRY.get_sample_value("elasticjob_job_goodput_percent", {"namespace": "ml", "job": "a"}) is None
     metrics.observe_job("ml", "b", "Succeeded", 2)
     assert REGISTRY.get_sample_value("elasticjob_job_restarts", {"namespace": "ml", "job": "b"}) is None
     assert REGISTRY.get_sample_value("elasticjob_job_goodput_percent", {"namespace": "ml", "job": "b"}) is None
+    assert REGISTRY.get_sample_value("elasticjob_job_weighted_goodput_percent", {"namespace": "ml", "job": "b"}) \
+        is None
     assert value("elasticjob_jobs", phase="Succeeded") >= 1
     metrics.forget_job("ml", "a")
     assert REGISTRY.get_sample_value("elasticjob_job_phase", {"namespace": "ml", "job": "a", "phase": "Running"}) is None

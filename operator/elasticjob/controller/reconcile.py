@@ -130,8 +130,9 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         return planner.RESYNC_SECONDS
     finally:
         post_all(ctx, memory, body, outbox, log)
+    ledger = plan.status.goodput
     metrics.observe_job(ref.namespace, ref.name, plan.status.phase.value, plan.status.restarts,
-                        plan.status.goodput.goodput_percent if plan.status.goodput else None)
+                        ledger.goodput_percent if ledger else None, ledger.weighted_goodput_percent if ledger else None)
     delay = remember_refusal(ctx, memory, plan, applied.refusal, body, now, log)
     if "Service" in applied.created or applied.taken:
         return 0.0  # the workers wait for its ClusterIP, which the mirror now holds; or a taken name is renamed

@@ -17,7 +17,7 @@ from elasticjob.models.base import (
     VERSION,
     Model,
 )
-from elasticjob.models.ledger import GoodputStatus, Incident, LostPhases, PlannedStop
+from elasticjob.models.ledger import GoodputStatus, Incident, LostPhases, PlannedStop, ShortOfSize
 from elasticjob.models.spec import (
     CleanPodPolicy,
     ElasticJobSpec,
@@ -50,5 +50,6 @@ __all__ = [
     "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "NodeCheckSpec", "OwnedPod",
     "PLURAL", "Phase",
     "PlannedStop", "RendezvousSpec", "RendezvousStatus", "RunPolicy", "SHORT_NAMES", "SINGULAR", "SchedulingSpec",
+    "ShortOfSize",
     "Straggler", "StragglerSpec", "VERSION", "WatchdogSpec",
 ]

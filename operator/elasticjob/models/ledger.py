@@ -81,17 +81,38 @@ class Incident(Model):
     phases: LostPhases | None = Field(None, description="The seconds lost per phase, once closed.")
 
 
+class ShortOfSize(Model):
+    """A stretch in which the training runs with fewer nodes than the job wants, not yet added to
+    capacityLostSeconds."""
+
+    since: str = Field(description="When it began: the round with fewer nodes seen, or the incident that left it "
+                       "closed (RFC 3339, UTC).")
+    nodes: int = Field(description="The nodes in the training's round (the store's latest complete round).")
+    desired: int = Field(description="The workers the job wanted meanwhile (status.desiredReplicas).")
+
+
 class GoodputStatus(Model):
     """The job's downtime ledger: how much of its wall time trained (ETTR, goodput), and where the rest went."""
 
     since: str | None = Field(None, description="When the ledger started: the job's first Running (RFC 3339).")
-    wall_seconds: float = Field(0.0, description="Seconds from `since` to the last incident's close (the ledger "
-                                "is written when an incident opens or closes, not every second).")
+    wall_seconds: float = Field(0.0, description="Seconds from `since` to the ledger's last account: an "
+                                "incident's close, or the end of a stretch short of the job's size (the ledger "
+                                "is written when one of those changes, not every second).")
     lost_seconds: float = Field(0.0, description="Training seconds lost in closed incidents, over all phases "
                                 "seen.")
     goodput_percent: float | None = Field(None, description="100 x (wallSeconds - lostSeconds) / wallSeconds: "
-                                          "the share of wall time spent training (ETTR); null before any incident "
-                                          "closed.")
+                                          "the share of wall time spent training (ETTR); null before the ledger's "
+                                          "first account (an incident closed, a stretch short of size ended).")
+    capacity_lost_seconds: float = Field(0.0, description="Outside incidents, the seconds the training ran with "
+                                         "fewer nodes than desiredReplicas, each weighted by the share missing: "
+                                         "a second at 2 of 3 nodes counts 1/3. A stretch still going is in "
+                                         "shortOfSize, not yet here.")
+    weighted_goodput_percent: float | None = Field(None, description="100 x (wallSeconds - lostSeconds - "
+                                                   "capacityLostSeconds) / wallSeconds: ETTR with each second "
+                                                   "weighted by the nodes that trained over the nodes wanted; "
+                                                   "null like goodputPercent.")
+    short_of_size: ShortOfSize | None = Field(None, description="The stretch short of the job's size being "
+                                              "counted now, if any.")
     incidents: int = Field(0, description="Incidents closed.")
     progress_reported: bool = Field(False, description="Whether the training reports its steps "
                                     "(elasticjob_progress): without it the phases after the round are null.")

@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import ledger, links, nodes, ownership, peers, planned_stop, stragglers
+from elasticjob.planner import capacity, ledger, links, nodes, ownership, peers, planned_stop, stragglers
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -68,6 +68,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     nodes.taint(result, job, settings, now)
     # 5. The downtime ledger: what this reconcile booked opens an incident, what it saw advances or closes one.
     ledger.track(result, job, observed, now)
+    capacity.track(result, observed, now)
     return result
 
 
