@@ -206,6 +206,7 @@ class StoreView:
     stop_id: str | None = None  # the planned stop the store last wrote (protocol.Stop), and its step
     stop_step: int | None = None
     round_completed_at: datetime | None = None  # when the store saw the current round complete (its clock)
+    round_forming_since: datetime | None = None  # ... and the round before it first break up (an agent re-forming)
     last_round_nodes: tuple[str, ...] = ()  # the addresses of the latest round the store saw complete
     pace: tuple[PaceView, ...] = ()  # each pod's forward time, where the script watches its model
     peers: PeersView | None = None  # the store's gate; None: the store answers every peer

@@ -90,6 +90,8 @@ class _Round(_Strict):
     model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
     round: int = Field(ge=0, le=1 << 40)
     completed_at: float = Field(alias="completedAt", ge=0, le=1e11)
+    # When the store first saw the round before it break up (an agent re-forming); absent from older stores.
+    forming_since: float | None = Field(None, alias="formingSince", ge=0, le=1e11)
     nodes: list[str] = Field(default_factory=list, max_length=MAX_NODES)
 
     @field_validator("nodes")
@@ -190,7 +192,9 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
     if len(state.participants) > max_nodes or len(state.waiting) > max_nodes:
         return None
     at = state.last_failure_round_at
-    completed = next((r.completed_at for r in state.rounds if r.round == state.round), None)
+    current = next((r for r in state.rounds if r.round == state.round), None)
+    completed = current.completed_at if current is not None else None
+    forming = current.forming_since if current is not None else None
     last = max(state.rounds, key=lambda r: r.round, default=None)
     return StoreView(
         epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
@@ -202,6 +206,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,
+        round_forming_since=datetime.fromtimestamp(forming, UTC) if forming is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
         pace=parse_pace(state.pace), peers=_peers(state.peers), node_checks=parse_node_checks(state.node_checks),
         links=parse_links(state.links),

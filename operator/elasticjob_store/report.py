@@ -60,8 +60,8 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
         "round": None, "complete": False, "closed": False, "deadlineIn": None,
         "participants": [], "waiting": [], "redundant": [],
         "failureRounds": tracker.failure_rounds, "lastFailureRoundAt": tracker.last_failure_at,
-        "rounds": [{"round": r.round, "nodes": list(r.nodes), "completedAt": r.completed_at}
-                   for r in tracker.rounds],
+        "rounds": [{"round": r.round, "nodes": list(r.nodes), "completedAt": r.completed_at,
+                    "formingSince": r.forming_since} for r in tracker.rounds],
         "waiterActive": has_waiter(state),
     }
     if state is None:

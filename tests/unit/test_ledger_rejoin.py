@@ -71,6 +71,27 @@ def test_an_agent_joining_the_running_group_is_a_rejoin_from_the_last_step():
     assert closed.lost_seconds == 2.6
 
 
+def test_a_rejoin_of_a_script_that_reports_no_steps_starts_when_its_round_began_to_form():
+    """A plain torchrun script: no step is reported, so the pause is bound by the store's marks: the round before
+    broke up at 0.3 s (an agent left it to re-form), the new one completed at 1.0 s, seen at 1.2 s. It was booked
+    0.0 s before (from the completion as seen); the rest stays unknown, never 0."""
+    status = accounted()
+    status.goodput.progress_reported = False
+    store = StoreView(epoch="e1", round=6, complete=True, received_at=seconds(1.2),
+                      participants=tuple(StoreNode(IP[i], 0.5) for i in range(3)),
+                      round_completed_at=seconds(1.0), round_forming_since=seconds(0.3))
+    job = factory.job(status.model_dump(by_alias=True, mode="json"), replicas=3)
+    plan = planner.plan(job, observed([worker(0), worker(1), worker(2), rdzv()], store=store), seconds(1.2))
+    closed = plan.status.goodput.last_incidents[-1]
+    assert (closed.kind, closed.start_time) == ("Rejoin", "2026-01-01T12:00:00.300Z")
+    assert closed.lost_seconds == 0.9 and closed.phases.rendezvous == 0.9
+    assert closed.phases.worker_start is None and closed.phases.recompute is None, "not seen: unknown"
+    # A mark from longer ago than a round can take to form is not this pause's: the completion is.
+    stale = StoreView(**{**store.__dict__, "round_forming_since": seconds(-600)})
+    plan = planner.plan(job, observed([worker(0), worker(1), worker(2), rdzv()], store=stale), seconds(1.2))
+    assert plan.status.goodput.last_incidents[-1].start_time == "2026-01-01T12:00:01.000Z"
+
+
 def test_no_rejoin_without_a_new_complete_round_of_the_same_store():
     assert step(accounted(), 1.0, 5, old_process()).status.goodput.open_incident is None, "the same round"
     assert step(accounted(), 1.0, 6, old_process(), complete=False).status.goodput.open_incident is None, \

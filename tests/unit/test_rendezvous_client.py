@@ -35,6 +35,12 @@ def test_the_current_rounds_completion_comes_from_the_stores_history():
     view = store_reply.parse_state(json.dumps({**GOOD, "rounds": rounds}).encode())
     assert view.round_completed_at.isoformat() == "2026-01-01T12:00:00+00:00"
     assert store_reply.parse_state(json.dumps(GOOD).encode()).round_completed_at is None  # an older store
+    assert view.round_forming_since is None, "a store from before formingSince"
+    forming = [{**rounds[1], "formingSince": 1767268799.5}]
+    view = store_reply.parse_state(json.dumps({**GOOD, "rounds": forming}).encode())
+    assert view.round_forming_since.isoformat() == "2026-01-01T11:59:59.500000+00:00"
+    assert store_reply.parse_state(json.dumps({**GOOD, "rounds": [{**forming[0], "formingSince": -1}]}).encode()) \
+        is None
     assert store_reply.parse_state(json.dumps({**GOOD, "rounds": [{"round": 3}]}).encode()) is None
 
 

@@ -265,6 +265,17 @@ def test_round_tracker_counts_failures_not_membership_changes():
                                                                (1, ("10.0.0.1", "10.0.0.2"))]
 
 
+def test_a_round_says_when_the_round_before_it_began_to_break_up():
+    tracker = RoundTracker()
+    assert tracker.track(make_state(round=0, participants=[A]), 1.0) is None
+    assert tracker.track(completed(0, A, B), 2.0).forming_since == 1.0, "the first round: first seen forming"
+    assert tracker.track(completed(0, A, B, waiting=[C]), 3.0) is None  # C waits: the round still trains
+    assert tracker.track(completed(0, B), 4.0) is None  # A left it to re-form: its workers stopped by now
+    assert tracker.track(make_state(round=1, participants=[A]), 4.25) is None
+    assert tracker.track(completed(1, A, B, C), 5.0).forming_since == 4.0
+    assert tracker.track(completed(2, A, B), 6.0).forming_since is None, "formed between two polls: not seen"
+
+
 def test_round_tracker_does_not_charge_the_stores_own_restart():
     tracker = RoundTracker()
     tracker.track(completed(3, A, B), 1.0)

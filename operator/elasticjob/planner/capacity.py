@@ -21,7 +21,7 @@ from elasticjob.models import GoodputStatus, ShortOfSize
 from elasticjob.observe import StoreView
 from elasticjob.planner import goodput
 from elasticjob.planner.base import Observed, Plan, precise
-from elasticjob.planner.ledger import parse
+from elasticjob.planner.rejoin import parse
 
 
 def track(plan: Plan, observed: Observed, now: datetime) -> None:

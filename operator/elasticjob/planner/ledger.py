@@ -4,8 +4,9 @@ what the operator sees, closed once the training steps again, and the seconds lo
 An incident opens on a failure booked (failures.py: a worker, rank 0, a node), an agent cut off for its silence
 (recovery.py: a partition, whether its pod was stopped or left running; Plan.cut_off), the store lost
 (rendezvous.py), a change of the desired workers, a suspension, a preemption by Kueue, or a round of the store that
-no booked fault explains (a Rejoin: account_round); a fault while one is open belongs to it when it began before
-that one's training stepped again, and is the next incident when it began after (open_next). It starts at the
+no booked fault explains (a Rejoin: account_round, the rounds read by rejoin.py); a fault while one is open belongs
+to it when it began before that one's training stepped again, and is the next incident when it began after
+(open_next). It starts at the
 operator's evidence of the fault, moved later to the training's last step where that is better evidence
 (goodput.fault_start). Where the training stopped and saved at an agreed step first (planned_stop.py; on an eviction
 or a drain, the worker's agent asks it: elasticjob_warm/evicted.py), no step is recomputed, and the incident of the
@@ -24,7 +25,6 @@ from datetime import datetime, timedelta
 
 from elasticjob.models import (
     MAX_INCIDENTS_KEPT,
-    ElasticJobStatus,
     FailureRecord,
     GoodputStatus,
     Incident,
@@ -35,6 +35,7 @@ from elasticjob.observe import ProgressView, StoreView
 from elasticjob.planner import goodput, planned_stop
 from elasticjob.planner.base import CutOff, Job, Observed, Plan, precise
 from elasticjob.planner.failures import is_round_record
+from elasticjob.planner.rejoin import parse, regrouped, rejoined, resumed_round, rode_out
 
 # An incident still open after this long is closed with what was seen (a training that never steps again).
 GIVE_UP = timedelta(minutes=10)
@@ -44,10 +45,6 @@ KINDS = {"NodeLost": "NodeLost", "Partitioned": "Partition", "Preempted": "Preem
          "RendezvousLost": "StoreLost"}
 PREEMPTED = ("Preempted", "Evicted")
 STOPS_EVERY_WORKER = ("Preemption", "Suspend")
-
-
-def parse(value: str | None) -> datetime | None:
-    return None if not value else datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
@@ -153,70 +150,6 @@ def account_round(plan: Plan, ledger: GoodputStatus, store: StoreView | None, pr
 
 def stepped(incident: Incident, progress: ProgressView | None, now: datetime) -> bool:
     return progress is not None and kept_on(incident, progress, parse(incident.start_time) or now)
-
-
-def rode_out(status: ElasticJobStatus, incident: Incident) -> bool:
-    """No worker pod ended since the store was lost: its agents rode the loss out (elasticjob_warm/outage.py) and
-    the training stepped on until they restarted it on the store that came back. Those steps may never show:
-    the training reports them to the store, which was gone, and agents that find it back at once restart the
-    workers before any reaches the new one (the loss was booked from the store's kill, 3.2 s, for a 1.1 s
-    restart)."""
-    start = parse(incident.start_time)
-    ended = [parse(f.time) for f in status.last_failures if f.time and not is_round_record(f)]
-    return start is not None and not any(at is not None and at >= start for at in ended)
-
-
-def resumed_round(status: ElasticJobStatus, ledger: GoodputStatus, store: StoreView | None,
-                  progress: ProgressView | None) -> bool:
-    """The agents wrote the round they ran back into a store that came back (elasticjob_warm/resume.py): the
-    round last accounted, under the new store's epoch, and no training process begun since the loss (where one
-    reports). Nothing restarted: no Rejoin."""
-    if store is None or not store.complete or ledger.round is None or ledger.epoch is None:
-        return False
-    if store.epoch == ledger.epoch or store.round != ledger.round:
-        return False
-    lost = parse(status.rendezvous.last_lost_time)
-    began = progress.started_at if progress is not None else None
-    return lost is None or began is None or began <= lost
-
-
-def regrouped(ledger: GoodputStatus, store: StoreView | None) -> bool:
-    """A round completed past the last one accounted for: a later one of the same store, or one of a new store."""
-    if store is None or not store.complete or store.round is None or ledger.round is None:
-        return False
-    return store.epoch != ledger.epoch or store.round > ledger.round
-
-
-def rejoined(ledger: GoodputStatus, store: StoreView | None, progress: ProgressView | None,
-             now: datetime) -> Incident | None:
-    """A round completed past the last one accounted for, with no incident open: torch restarted every worker
-    because an agent joined (a lost pod's replacement, an agent back from a partition, a late starter), or its
-    agents re-formed on a store that came back, and no fault the operator booked explains it. It starts where
-    stopped_before puts the training's stop."""
-    if store is None or not regrouped(ledger, store):
-        return None
-    return Incident(kind="Rejoin", reason="AgentJoined" if store.epoch == ledger.epoch else "StoreReturned",
-                    start_time=precise(stopped_before(progress, now, store.round_completed_at)))
-
-
-def stopped_before(progress: ProgressView | None, now: datetime, round_at: datetime | None = None) -> datetime:
-    """When the training stopped for a restart seen only now: its last reported step; or, where the report is
-    already rank 0's new process's (begun within the last few seconds: the warm start loads and steps within a
-    second of the round) and the old one's last step is gone with it, just before the new one began (what went
-    before that is not known: the count is short by the rendezvous); else now. A report last changed before the
-    round completed (`round_at`; both the store's clock) is the old process's, however recently that began: a
-    newcomer rejoining just after another recovery restarts the process that recovery started."""
-    def recent(at: datetime | None) -> bool:
-        return at is not None and timedelta(0) <= now - at <= timedelta(seconds=goodput.MAX_CARRY_SECONDS)
-    if progress is None:  # none reached this store yet (one that came back): the round is the nearest mark
-        return round_at if round_at is not None and recent(round_at) and round_at <= now else now
-    began, last = progress.started_at, progress.step_at
-    before_round = round_at is not None and progress.received_at is not None and progress.received_at <= round_at
-    if recent(began) and began is not None and not before_round:
-        return began - timedelta(milliseconds=1)
-    if recent(last) and last is not None:
-        return last
-    return now
 
 
 def stepping_on(incident: Incident, progress: ProgressView | None, leaving: bool = False) -> None:
