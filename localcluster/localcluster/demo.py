@@ -6,7 +6,8 @@ Starts the local cluster on real nodes (upstream kubelet, containerd, runc, CNI,
 registry if none runs (its `up` builds the images and pushes them there), pushes charts/elasticjob-operator to the
 registry as an OCI chart and installs (or upgrades) it from there through Helm's SDK, watching the `default`
 namespace; the nodes pull the operator's image (and the kit with it) and the worker image from the registry with
-the pull secret `elasticjob-registry`. Then it applies examples/elasticjob.yaml there, its worker image the
+the pull secret `elasticjob-registry`. Then it makes the script's ConfigMap from examples/train_ddp.py and applies
+examples/elasticjob.yaml there, its worker image the
 registry's.
 - story (default): grow the job to 3 nodes with `kubectl scale`, SIGKILL the pod that holds rank 0, SIGKILL the
   rendezvous store, let it finish; a live view meanwhile and a table of what each fault cost at the end.
@@ -27,7 +28,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from . import controlplane, diagnose, liveview, operatorchart, registry
+from . import controlplane, diagnose, examplescript, liveview, operatorchart, registry
 from .story import Story, StoryError, summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         install_operator(console, cluster.kubeconfig, api)
         clear_previous(client.CustomObjectsApi(api), job, console)
+        examplescript.apply(api, NAMESPACE)  # the example mounts the script from it, as README says to make it
         started = time.monotonic()
         phase = basic(api, job, console) if args.scenario == "basic" else story(api, cluster.kubeconfig, job, console)
     except SystemExit as stop:

@@ -55,3 +55,33 @@ def test_a_pytorchjob_example_converts(path: Path) -> None:
     (job,) = [doc for doc in convert_text(path.read_text()).documents if doc.get("kind") == "ElasticJob"]
     spec = ElasticJobSpec.model_validate(job["spec"])
     assert lifecycle.validate(JobRef(namespace="default", name=job["metadata"]["name"], uid="u", spec=spec)) == []
+
+
+SCRIPT_CONFIGMAP = "train-ddp"
+
+
+@pytest.mark.parametrize("name, doc", jobs(), ids=[name for name, _ in jobs()])
+def test_an_example_runs_a_public_image_with_the_one_script_from_a_configmap(name: str, doc: dict[str, Any]) -> None:
+    """Any cluster can run it: PyTorch's public image, and examples/train_ddp.py as a ConfigMap the header says how
+    to make (kubectl create configmap ... --from-file), never a copy of the script."""
+    pod = doc["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("pytorch/pytorch:"), name
+    mounts = {v["name"]: v for v in pod["volumes"]}
+    script = next(v for v in mounts.values() if (v.get("configMap") or {}).get("name") == SCRIPT_CONFIGMAP)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == script["name"]]
+    assert container["command"] == ["torchrun", f"{mount['mountPath']}/train_ddp.py"], name
+    header = (EXAMPLES / name).read_text()
+    assert f"kubectl create configmap {SCRIPT_CONFIGMAP}" in header and "--from-file=examples/train_ddp.py" in header
+
+
+@pytest.mark.parametrize("name, doc", [(n, d) for n, d in jobs() if n != "elasticjob.yaml"],
+                         ids=[n for n, _ in jobs() if n != "elasticjob.yaml"])
+def test_a_gpu_example_is_guaranteed_with_shared_memory_and_the_gpu_taint_tolerated(name: str,
+                                                                                     doc: dict[str, Any]) -> None:
+    pod = doc["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+    assert requests == limits, f"{name}: not Guaranteed, so the kubelet aligns no cores with the GPUs"
+    assert any(m["mountPath"] == "/dev/shm" for m in container["volumeMounts"]), name
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations") or []), name

@@ -55,7 +55,11 @@ kubectl -n "$NAMESPACE" rollout status deployment/elasticjob-elasticjob-operator
 kubectl wait --for=condition=Established crd/elasticjobs.elasticjob.dev --timeout=60s
 
 kubectl -n "$SMOKE_NAMESPACE" delete elasticjob ddp-example --ignore-not-found --wait=true
-kubectl -n "$SMOKE_NAMESPACE" apply -f examples/elasticjob.yaml
+kubectl -n "$SMOKE_NAMESPACE" create configmap train-ddp --from-file=examples/train_ddp.py --dry-run=client -o yaml \
+    | kubectl apply -f -
+# The example as README gives it, but for its public image: the worker image just loaded into the nodes.
+sed "s#image: pytorch/pytorch:[^ ]*#image: $WORKER_IMAGE#" examples/elasticjob.yaml \
+    | kubectl -n "$SMOKE_NAMESPACE" apply -f -
 if ! kubectl -n "$SMOKE_NAMESPACE" wait elasticjob/ddp-example --for=jsonpath='{.status.phase}'=Succeeded \
         --timeout=600s; then
     kubectl -n "$SMOKE_NAMESPACE" get elasticjob,pods,services -o wide || true
