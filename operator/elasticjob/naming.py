@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 
-from elasticjob.models import GROUP, KIND
+from elasticjob.models import GROUP
 
 JOB_LABEL = f"{GROUP}/job-name"
 ROLE_LABEL = f"{GROUP}/role"
@@ -106,30 +105,3 @@ def rendezvous_labels(job: str) -> dict[str, str]:
 
 def worker_selector(job: str) -> str:
     return f"{JOB_LABEL}={job},{ROLE_LABEL}={ROLE_WORKER}"
-
-
-# --- gangs and queues ---------------------------------------------------------------------------------------
-
-# Kueue manages a job carrying this label (the LocalQueue's name); the optional priority label names a
-# WorkloadPriorityClass, as for Kueue's own integrations.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-PODSET_LABEL = "kueue.x-k8s.io/podset"
-PODSET_WORKERS = "workers"
-PODSET_STORE = "store"
-# scheduler-plugins' Coscheduling: a pod joins a PodGroup by this label.
-COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
-COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
-
-
-def pod_group_name(job: str) -> str:
-    """The gang of the job's workers (either API); the store pod is not in it."""
-    return f"{job}-workers"
-
-
-def workload_name(job: str, uid: str) -> str:
-    """Kueue's own scheme for a job's Workload (jobframework GetWorkloadNameForOwnerWithGVK): the kind and
-    name, then 5 hex digits of a hash of kind, group, name and uid, so a recreated job gets a new one."""
-    digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job}\n{uid}".encode()).hexdigest()[:5]
-    return f"{KIND.lower()}-{job}"[:253 - 6] + f"-{digest}"

@@ -17,6 +17,7 @@ from elasticjob.controller.context import Context, JobMemory
 from elasticjob.controller.mirror import Mirror
 from elasticjob.domain import JobRef, Settings
 from elasticjob.gang.planning import Gang
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue.admission import Kueue
 from elasticjob.rendezvous_client import StoreClient
 
@@ -72,7 +73,7 @@ def test_without_kueue_its_view_is_empty_and_still_gates():
 
 @pytest.mark.parametrize("scheduling, labels, kind, plural", [
     ({"gang": "Workload"}, {}, "PodGroup", "podgroups"),
-    (None, {naming.QUEUE_LABEL: "lq"}, "Workload", "workloads"),
+    (None, {kueue_names.QUEUE_LABEL: "lq"}, "Workload", "workloads"),
 ])
 def test_an_integrations_object_is_created_under_the_plural_it_names(scheduling, labels, kind, plural):
     """The client knows the core kinds' collections only: an integration's own kind is created where the

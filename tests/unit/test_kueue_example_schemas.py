@@ -22,8 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from elasticjob import naming
 from elasticjob.domain import JobRef
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
 from elasticjob.models import ElasticJobSpec
 
@@ -160,7 +160,7 @@ def test_the_operators_workload_for_the_example_job_fits_the_example_cluster_que
                  for key in ((container.get("resources") or {}).get("requests") or {})}
         # Kueue cannot admit a Workload asking for a resource its ClusterQueue does not cover.
         assert asked <= set(group["coveredResources"]), (pod_set["name"], asked)
-    workers = next(p for p in body["spec"]["podSets"] if p["name"] == naming.PODSET_WORKERS)
+    workers = next(p for p in body["spec"]["podSets"] if p["name"] == kueue_names.PODSET_WORKERS)
     assert workers["minCount"] == ref.spec.min_replicas
 
 

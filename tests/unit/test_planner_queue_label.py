@@ -7,11 +7,12 @@ import pytest
 from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running_status, worker
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
-from elasticjob import naming, planner
+from elasticjob import planner
 from elasticjob.domain import Settings
+from elasticjob.kueue import names as kueue_names
 from elasticjob.models import Phase
 
-QUEUED = {naming.QUEUE_LABEL: "lq"}
+QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
 ABSENT, OFF = Settings(kueue=False, kueue_mode="auto"), Settings(kueue=False, kueue_mode="off")
 
 
@@ -83,7 +84,7 @@ def test_a_job_without_a_queue_is_held_where_one_is_required(settings, labels, h
         assert creates(result) == [] and [n for n, _ in deletes(result)] == [p.name for p in pods[1:]]  # store last
         assert result.status.phase == Phase.QUEUED and result.status.admission is None
         admitted = next(c for c in result.status.conditions if c.type == "Admitted")
-        assert admitted.status == "False" and naming.QUEUE_LABEL in admitted.message
+        assert admitted.status == "False" and kueue_names.QUEUE_LABEL in admitted.message
         assert [e.reason for e in result.events if e.type == "Warning"] == ["QueueNameRequired"]
 
 

@@ -7,14 +7,15 @@ import pytest
 from factory import NOW, SERVICE, creates, deletes, failed, job, observed, rdzv, running_status, template, worker
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission
 
-from elasticjob import naming, planner
+from elasticjob import planner
 from elasticjob.domain import Settings
 from elasticjob.kueue import actions as kueue_actions
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
 from elasticjob.models import Phase
 
 KUEUE = Settings(kueue=True)
-QUEUED = {naming.QUEUE_LABEL: "lq"}
+QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
 SMALL = template(resources={"requests": {"cpu": "1"}})
 BIG = template(resources={"requests": {"cpu": "64", "nvidia.com/gpu": "8"},
                           "limits": {"nvidia.com/gpu": "8"}})

@@ -9,15 +9,16 @@ from datetime import timedelta
 import pytest
 from factory import NOW, SERVICE, UID, condition, creates, deletes, failed, job, observed, rdzv, running_status, worker
 
-from elasticjob import naming, planner
+from elasticjob import planner
 from elasticjob.domain import Settings
 from elasticjob.kueue import actions as kueue_actions
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView, Priority
 
 KUEUE = Settings(kueue=True)
 CLAMPED = Settings(kueue=True, kueue_slices=False)  # Kueue without workload slices: the admitted count is a cap
-QUEUED = {naming.QUEUE_LABEL: "lq"}
+QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
 WL = "elasticjob-train-e0019"  # what Kueue's GetWorkloadNameForOwnerWithGVK makes of (train, UID), run in Go
 FLAVORS = {"gpu-a": FlavorView("gpu-a", (("pool", "a100"),), ({"key": "gpu", "operator": "Exists",
                                                                 "effect": "NoSchedule"},))}

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, running_status, worker
 
-from elasticjob import naming, planner
+from elasticjob import planner
 from elasticjob.domain import Settings
 from elasticjob.kueue import actions as kueue_actions
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView
 
@@ -47,7 +48,7 @@ def slice_(name=WL, count=2, conditions=ADMITTED, granted=None, replaces=None, c
 
 
 def plan(replicas, pods, *workloads, settings=KUEUE):
-    j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=replicas,
+    j = job(running_status(), labels={kueue_names.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=replicas,
             runPolicy={"suspend": False})
     seen = observed(pods, SERVICE, workloads=workloads, flavors=FLAVORS)
     return planner.plan(j, seen, NOW, settings)
@@ -155,7 +156,7 @@ def test_without_slices_the_admitted_count_is_a_cap():
 def test_an_evicted_job_drops_its_pending_slice():
     evicted = ADMITTED + [cond("Evicted", "True", "Preempted", "preempted")]
     pending = slice_(f"{WL}-s1", 4, PENDING, replaces=WL, created="2026-01-01T11:01:00Z")
-    j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
+    j = job(running_status(), labels={kueue_names.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
             runPolicy={"suspend": True})
     seen = (slice_(conditions=evicted), pending)
     result = planner.plan(j, observed([rdzv()], SERVICE, workloads=seen, flavors=FLAVORS), NOW, KUEUE)
@@ -169,7 +170,7 @@ def test_a_preempted_slice_is_requeued_as_a_new_workload_that_kueue_may_admit_in
     # again, left the job waiting for good (seen on real nodes with Kueue).
     released = [cond("QuotaReserved", "False", "Pending"), cond("Evicted", "True", "Preempted", "preempted")]
     current = slice_(f"{WL}-s1", 4, released, replaces=WL, created="2026-01-01T11:01:00Z")
-    j = job(running_status(), labels={naming.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
+    j = job(running_status(), labels={kueue_names.QUEUE_LABEL: "lq"}, minReplicas=1, maxReplicas=4, replicas=4,
             runPolicy={"suspend": True})
     seen = (slice_(conditions=REPLACED), current)
     result = planner.plan(j, observed([], SERVICE, workloads=seen, flavors=FLAVORS), NOW, KUEUE)

@@ -19,6 +19,7 @@ from typing import Any
 from elasticjob import naming
 from elasticjob.builders import owner_reference
 from elasticjob.domain import JobRef, Placement
+from elasticjob.gang import names as gang_names
 from elasticjob.models import ElasticJobSpec, GangMode
 
 WORKLOAD_API = "scheduling.k8s.io/v1alpha2"
@@ -53,7 +54,7 @@ def scheduler_name(spec: ElasticJobSpec) -> str | None:
     if spec.scheduling.gang != GangMode.COSCHEDULING:
         return None
     own = (spec.template.get("spec") or {}).get("schedulerName")
-    return spec.scheduling.scheduler_name or own or naming.COSCHEDULING_SCHEDULER
+    return spec.scheduling.scheduler_name or own or gang_names.COSCHEDULING_SCHEDULER
 
 
 def desired(job: JobRef) -> PodGroupView | None:
@@ -61,7 +62,7 @@ def desired(job: JobRef) -> PodGroupView | None:
     if api is None:
         return None
     timeout = job.spec.scheduling.schedule_timeout_seconds if api == COSCHEDULING_API else None
-    return PodGroupView(api, naming.pod_group_name(job.name), job.spec.min_replicas, timeout)
+    return PodGroupView(api, gang_names.pod_group_name(job.name), job.spec.min_replicas, timeout)
 
 
 def pod_group(job: JobRef, want: PodGroupView) -> dict[str, Any]:
@@ -96,11 +97,11 @@ def pod_group_view(body: Mapping[str, Any]) -> PodGroupView:
 def worker_placement(job: JobRef) -> Placement:
     """How a worker joins the gang: spec.schedulingGroup (the Workload API), or Coscheduling's label and
     scheduler."""
-    mode, group = job.spec.scheduling.gang, naming.pod_group_name(job.name)
+    mode, group = job.spec.scheduling.gang, gang_names.pod_group_name(job.name)
     if mode == GangMode.WORKLOAD:
         return Placement(scheduling_group=group)
     if mode == GangMode.COSCHEDULING:
-        return Placement(labels=((naming.COSCHEDULING_LABEL, group),), scheduler_name=scheduler_name(job.spec))
+        return Placement(labels=((gang_names.COSCHEDULING_LABEL, group),), scheduler_name=scheduler_name(job.spec))
     return Placement()
 
 

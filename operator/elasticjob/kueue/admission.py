@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from elasticjob import naming
 from elasticjob.domain import Settings
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import slices, view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.view import KueueObserved
@@ -65,7 +65,7 @@ class Kueue(KueueObserved):
 def queue(job: Job, settings: Settings, observed: Observed) -> str | None:
     if not settings.kueue:
         return None
-    label = job.ref.label(naming.QUEUE_LABEL)
+    label = job.ref.label(kueue_names.QUEUE_LABEL)
     if label is not None:
         return label
     # The label was removed, but the job's Workload still holds (or asks for) quota: the gate stays, or the
@@ -82,7 +82,7 @@ def own_workload(job: Job, observed: Observed) -> WorkloadView | None:
 def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: datetime) -> Allowance | None:
     """None: the job must not run now (it is queued, or being suspended or resumed); else what it may run."""
     name = queue(job, settings, observed)
-    label = job.ref.label(naming.QUEUE_LABEL)
+    label = job.ref.label(kueue_names.QUEUE_LABEL)
     if name is None and label is not None:
         without_kueue(plan, job, observed, label, settings, now)
         return None
@@ -151,7 +151,7 @@ def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings
     else:
         reason, why = "KueueAbsent", "Kueue's API (kueue.x-k8s.io Workloads) is not served on this cluster"
         todo = "install Kueue (the operator notices it within a minute)"
-    message = (f"labelled {naming.QUEUE_LABEL}={label} but {why}: not started; {todo}, or remove the label "
+    message = (f"labelled {kueue_names.QUEUE_LABEL}={label} but {why}: not started; {todo}, or remove the label "
                f"to run without a quota")
     if job.ref.spec.run_policy.suspend:
         message += " and set spec.runPolicy.suspend to false"
@@ -168,7 +168,7 @@ def without_queue(plan: Plan, job: Job, observed: Observed, now: datetime) -> No
     """This installation requires every job to be queued (Kueue's manageJobsWithoutQueueName): one without the
     label is held, never run outside a quota."""
     message = (f"this installation requires every job to name a Kueue LocalQueue (--require-queue-name): not "
-               f"started; label it {naming.QUEUE_LABEL}=<LocalQueue>")
+               f"started; label it {kueue_names.QUEUE_LABEL}=<LocalQueue>")
     stop(plan, observed, now)
     plan.status.admission = None
     plan.status.start_time = None
@@ -190,8 +190,8 @@ def requeue_for_template(plan: Plan, job: Job, observed: Observed, wl: WorkloadV
         return None
     stop(plan, observed, now)
     slices.drop_pending(plan, observed)
-    if job.ref.label(naming.QUEUE_LABEL) is None:
-        queued(plan, job, "TemplateChanged", message + f"restore the template or the label {naming.QUEUE_LABEL}",
+    if job.ref.label(kueue_names.QUEUE_LABEL) is None:
+        queued(plan, job, "TemplateChanged", message + f"restore the template or the label {kueue_names.QUEUE_LABEL}",
                now)
         return None
     if not observed.pods and not wl.deleting:
@@ -233,8 +233,8 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
         plan.soon(2)
         return None
-    asked = (wl.pod_set(naming.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
-    granted = (wl.assignment(naming.PODSET_WORKERS) or workloads.Assignment("", None)).count
+    asked = (wl.pod_set(kueue_names.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
+    granted = (wl.assignment(kueue_names.PODSET_WORKERS) or workloads.Assignment("", None)).count
     # Kueue counts the lesser: a slice shrunk in place keeps its admission's count (pkg/workload usage).
     workers = asked if granted is None else min(granted, asked)
     if suspended:
@@ -244,20 +244,20 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         return None
     status = admission_of(plan)
     status.cluster_queue = wl.cluster_queue
-    status.flavors = dict((wl.assignment(naming.PODSET_WORKERS) or workloads.Assignment("", None)).flavors) or None
+    status.flavors = dict((wl.assignment(kueue_names.PODSET_WORKERS) or workloads.Assignment("", None)).flavors) or None
     transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
     if settings.kueue_slices:
         workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
     status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
-    return Allowance(workers=workers, worker=workloads.placement(wl, naming.PODSET_WORKERS, flavors),
-                     store=workloads.placement(wl, naming.PODSET_STORE, flavors))
+    return Allowance(workers=workers, worker=workloads.placement(wl, kueue_names.PODSET_WORKERS, flavors),
+                     store=workloads.placement(wl, kueue_names.PODSET_STORE, flavors))
 
 
 def first_workload_name(job: Job, observed: Observed) -> str:
     """The name of a Workload that starts the job's admission over: the job's usual one, or, where a Workload of
     that name is left (Finished, replaced by a slice that was preempted since), the next slice's name."""
-    usual = naming.workload_name(job.ref.name, job.ref.uid)
+    usual = kueue_names.workload_name(job.ref.name, job.ref.uid)
     return usual if all(w.name != usual for w in slices.own(observed)) else slices.next_slice_name(job, observed)
 
 

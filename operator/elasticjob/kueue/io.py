@@ -18,6 +18,7 @@ from elasticjob import k8s, naming, planner
 from elasticjob.domain import JobRef, Settings
 from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, Watched, labelled
 from elasticjob.kueue import discovery, workloads
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.admission import Kueue
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, flavor_view, workload_view
@@ -95,7 +96,7 @@ class KueueIO:
         key = naming.job_key(ref.namespace, ref.name)
         owned = tuple(w for w in self.workloads.of(key) if w.owner_uid == ref.uid)
         found = None
-        if ref.label(naming.QUEUE_LABEL) is not None:  # for a Workload about to be made: the first, or a slice
+        if ref.label(kueue_names.QUEUE_LABEL) is not None:  # for a Workload about to be made: the first, or a slice
             found = await priority(kube, memory, ref)
         return Kueue(owned, self.flavors.by_name, found)
 
@@ -113,7 +114,8 @@ class KueueIO:
 async def priority(kube: k8s.Kube, memory: Memory, ref: JobRef) -> Priority | None:
     """What Kueue's jobframework puts in a Workload: the WorkloadPriorityClass the job's label names, else the
     PriorityClass of its pod template. (A cluster's global default PriorityClass is not looked up.)"""
-    wanted = (ref.label(naming.WORKLOAD_PRIORITY_LABEL), (ref.spec.template.get("spec") or {}).get("priorityClassName"))
+    wanted = (ref.label(kueue_names.WORKLOAD_PRIORITY_LABEL),
+              (ref.spec.template.get("spec") or {}).get("priorityClassName"))
     if memory.priority is not None and memory.priority[0] == wanted:
         return memory.priority[1]
     workload_class, pod_class = wanted

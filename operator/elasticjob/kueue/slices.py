@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from elasticjob import naming
+from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.workloads import WorkloadView
@@ -39,7 +39,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
     admission = admission_of(plan)
     admission.requested = None
     if desired < admitted:
-        if (active.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
+        if (active.pod_set(kueue_names.PODSET_WORKERS) or (0, None))[0] != desired:
             plan.act(PatchWorkload(active.name, active.resource_version, workloads.with_workers(active, desired),
                                    active.queue_name or "", Event(
                                        "Normal", "ScaledDown", f"Workload {active.name} shrunk in place from "
@@ -57,7 +57,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
             f"({admitted} workers) once admitted; until then the job runs {admitted}"), plural=workloads.WORKLOADS))
         admission.message = f"{admitted} workers admitted; {desired} asked of Kueue in Workload {name}"
     else:
-        if (keep.pod_set(naming.PODSET_WORKERS) or (0, None))[0] != desired:
+        if (keep.pod_set(kueue_names.PODSET_WORKERS) or (0, None))[0] != desired:
             plan.act(PatchWorkload(keep.name, keep.resource_version, workloads.with_workers(keep, desired),
                                    keep.queue_name or ""))
         reserved = keep.condition("QuotaReserved") or {}
@@ -84,7 +84,7 @@ def finish_replaced(plan: Plan, observed: Observed, active: WorkloadView, now: d
 def next_slice_name(job: Job, observed: Observed) -> str:
     """`<the job's Workload>-s<n>`, n above every slice of the job seen, finished ones included: a name is never
     reused, and two plans from the same view ask for the same one (the second is refused as existing)."""
-    base = naming.workload_name(job.ref.name, job.ref.uid)
+    base = kueue_names.workload_name(job.ref.name, job.ref.uid)
     pattern = re.compile(re.escape(base) + r"-s(\d+)$")
     seen = [int(m.group(1)) for w in own(observed) if (m := pattern.match(w.name))]
     return f"{base}-s{max(seen, default=0) + 1}"

@@ -21,6 +21,7 @@ from typing import Any
 from elasticjob import kit, naming
 from elasticjob.builders import owner_reference, rendezvous_pod, worker_container
 from elasticjob.domain import JobRef, Placement
+from elasticjob.kueue import names as kueue_names
 from elasticjob.models import ElasticJobSpec
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -146,7 +147,7 @@ def workload_view(body: Mapping[str, Any]) -> WorkloadView:
 
 
 def charged_template_hash(sets: list[Mapping[str, Any]]) -> str | None:
-    workers = next((p for p in sets if p.get("name") == naming.PODSET_WORKERS), {})
+    workers = next((p for p in sets if p.get("name") == kueue_names.PODSET_WORKERS), {})
     annotations = ((workers.get("template") or {}).get("metadata") or {}).get("annotations") or {}
     found = annotations.get(TEMPLATE_HASH_ANNOTATION)
     return found if isinstance(found, str) else None
@@ -160,7 +161,7 @@ def flavor_view(body: Mapping[str, Any]) -> FlavorView:
 
 
 def queue_name(labels: Mapping[str, str]) -> str | None:
-    return labels.get(naming.QUEUE_LABEL) or None
+    return labels.get(kueue_names.QUEUE_LABEL) or None
 
 
 # --- what the operator makes ------------------------------------------------------------------------------
@@ -201,11 +202,11 @@ def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     copied = kit.copied_from(spec, kit_image)  # none where the job's image carries the kit (spec.kit: Image)
     if copied and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
         kit.add_to_pod(template["spec"], copied)
-    workers: dict[str, Any] = {"name": naming.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
+    workers: dict[str, Any] = {"name": kueue_names.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
     if spec.min_replicas < spec.desired_replicas:
         workers["minCount"] = spec.min_replicas
     store = rendezvous_pod(job, kit_image=kit_image)
-    return [workers, {"name": naming.PODSET_STORE, "count": 1,
+    return [workers, {"name": kueue_names.PODSET_STORE, "count": 1,
                       "template": {"metadata": {}, "spec": store["spec"]}}]
 
 
@@ -218,8 +219,8 @@ def workload(job: JobRef, queue: str, priority: Priority | None, kit_image: str 
     return {
         "apiVersion": API_VERSION,
         "kind": "Workload",
-        "metadata": {"name": name or naming.workload_name(job.name, job.uid), "namespace": job.namespace,
-                     "labels": {**naming.job_labels(job.name), naming.KUEUE_JOB_UID_LABEL: job.uid},
+        "metadata": {"name": name or kueue_names.workload_name(job.name, job.uid), "namespace": job.namespace,
+                     "labels": {**naming.job_labels(job.name), kueue_names.KUEUE_JOB_UID_LABEL: job.uid},
                      "ownerReferences": [owner_reference(job)]},
         "spec": spec,
     }
@@ -232,11 +233,11 @@ def workload_slice(job: JobRef, queue: str, priority: Priority | None, kit_image
     of an elastic slice, so a slice is admitted whole or waits."""
     body = workload(job, queue, priority, kit_image)
     body["metadata"]["name"] = name
-    workers_set = next(p for p in body["spec"]["podSets"] if p["name"] == naming.PODSET_WORKERS)
+    workers_set = next(p for p in body["spec"]["podSets"] if p["name"] == kueue_names.PODSET_WORKERS)
     workers_set["count"] = workers
     workers_set.pop("minCount", None)
     body["metadata"]["annotations"] = {ELASTIC_ANNOTATION: "true", REPLACES_ANNOTATION: replaced.key,
-                                       SLICE_NAME_ANNOTATION: naming.workload_name(job.name, job.uid)}
+                                       SLICE_NAME_ANNOTATION: kueue_names.workload_name(job.name, job.uid)}
     return body
 
 
@@ -259,7 +260,7 @@ def with_workers(view: WorkloadView, workers: int) -> list[dict[str, Any]]:
     place (every other field of an admitted pod set is immutable)."""
     sets = [copy.deepcopy(dict(p)) for p in view.spec_pod_sets]
     for pod_set in sets:
-        if pod_set.get("name") == naming.PODSET_WORKERS:
+        if pod_set.get("name") == kueue_names.PODSET_WORKERS:
             pod_set["count"] = workers
     return sets
 
@@ -268,7 +269,7 @@ def pod_sets_match(view: WorkloadView, job: JobRef, queue: str) -> bool:
     """Whether the Workload asks for what the spec says now: queue, counts and the template (by its hash)."""
     spec = job.spec
     minimum = spec.min_replicas if spec.min_replicas < spec.desired_replicas else None
-    return (view.queue_name == queue and view.pod_set(naming.PODSET_WORKERS) == (spec.desired_replicas, minimum)
+    return (view.queue_name == queue and view.pod_set(kueue_names.PODSET_WORKERS) == (spec.desired_replicas, minimum)
             and not template_changed(view, job))
 
 
@@ -289,7 +290,7 @@ def placement(view: WorkloadView, pod_set: str, flavors: Mapping[str, FlavorView
         if flavor is not None:
             selector.update(dict(flavor.node_labels))
             tolerations += [copy.deepcopy(t) for t in flavor.tolerations]
-    return Placement(labels=((naming.PODSET_LABEL, pod_set),), node_selector=tuple(sorted(selector.items())),
+    return Placement(labels=((kueue_names.PODSET_LABEL, pod_set),), node_selector=tuple(sorted(selector.items())),
                      tolerations=tuple(tolerations))
 
 
