@@ -231,7 +231,7 @@ def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime, c
     """The marks the operator sees: every wanted worker running, then the group re-formed in the store, and what
     the node check held that group's join (`checking`: the job's agents check their nodes)."""
     if incident.replaced_time is None:
-        running = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None]
+        running = [p for p in observed.workers if p.running]
         if len(running) >= plan.status.desired_replicas > 0:
             incident.replaced_time = precise(now)
     store = observed.store

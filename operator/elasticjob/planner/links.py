@@ -44,4 +44,4 @@ def replace_slow_link(plan: Plan, job: Job, observed: Observed, now: datetime) -
 def named(links: LinksView, workers: list[PodView], desired: int) -> PodView | None:
     """The running worker at the outlier's address, not already on its way out; None for any other."""
     return next((p for p in workers if p.ip == links.outlier and p.index is not None and p.index < desired
-                 and p.phase == "Running" and not p.deleting and p.finished_at is None), None)
+                 and p.running), None)

@@ -174,8 +174,7 @@ def leaving(observed: Observed, desired: int) -> bool:
 
 def replaced(observed: Observed, desired: int) -> bool:
     """A worker the operator keeps is going or not running yet: the pod that asked for the stop is replaced."""
-    running = {p.index for p in observed.workers if p.index is not None and p.index < desired and not p.deleting
-               and p.phase == "Running" and p.finished_at is None}
+    running = {p.index for p in observed.workers if p.index is not None and p.index < desired and p.running}
     return len(running) < desired
 
 

@@ -181,7 +181,7 @@ def restart_after_cut_off(plan: Plan, job: Job, observed: Observed, pods: dict[s
             # of a round whose peer died may go quiet while it restarts (seen after rank 0's pod was killed),
             # and a store cut off from every agent looks the same. torch's own expiry takes it out if need be.
             continue
-        live = [p for p in pods.get(node.addr, []) if p.finished_at is None and not p.deleting]
+        live = [p for p in pods.get(node.addr, []) if p.live]
         if len(live) != 1:
             continue
         found = cut_off(node, live[0], observed, store, job, now, plan)
@@ -258,7 +258,7 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
     if not left:
         return
     seen = heartbeating(job, store, store.participants + store.waiting, now)
-    running = {p.uid: p for p in observed.workers if p.finished_at is None and not p.deleting and p.ip not in seen}
+    running = {p.uid: p for p in observed.workers if p.live and p.ip not in seen}
     settling = store_just_back(plan, now)
     for uid in left:
         pod = running.get(uid)
@@ -338,8 +338,7 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
         # about to join, and joining after the round would restart the whole group before any step.
         return
     left_out = set(plan.status.rendezvous.left_out)
-    live = [p for p in observed.workers if p.active and p.phase == "Running" and p.finished_at is None
-            and p.uid not in left_out]
+    live = [p for p in observed.workers if p.running and p.uid not in left_out]
     last = set(store.last_round_nodes)
     if store.round and present and {n.addr for n in present} <= last:
         # Survivors re-forming after a loss: a pod that had no agent in the last round (a deleted pod's

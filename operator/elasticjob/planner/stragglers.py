@@ -36,9 +36,7 @@ Found = tuple[PodView, PaceView, float]
 def slowest(paces: tuple[PaceView, ...], workers: list[PodView], desired: int) -> Found | None:
     """The slowest of the job's running workers that report a pace, its pace, and how many times the median of
     the others' it is; None for fewer than two such workers."""
-    running = {p.name: p for p in workers
-               if p.index is not None and p.index < desired and p.phase == "Running" and not p.deleting
-               and p.finished_at is None}
+    running = {p.name: p for p in workers if p.index is not None and p.index < desired and p.running}
     found = sorted(((running[pace.pod], pace) for pace in paces if pace.pod in running),
                    key=lambda pair: (pair[1].seconds, pair[0].name))
     if len(found) < 2:
