@@ -25,6 +25,10 @@ GC_DELAY = 90.0  # an owned object may outlive its job this long (the garbage co
 # least 2 s for its kill). Kubernetes promises nothing about that window (as for a StatefulSet's pods): the
 # replacement may run beside the old processes that long. Longer is a violation.
 FORCE_DELETE_OVERLAP = 10.0
+# A kubelet learns of a force delete only through the API server. Across its restart a kubelet's watch stayed broken
+# (the node authorizer refusing it) and a force-deleted pod's containers ran on for 65 s beside its replacement (seen
+# in CI, seed 549492): for a pod force-deleted, the overlap is tolerated this long after the API server restarted.
+API_RESTART_OVERLAP = 90.0
 
 INVARIANTS = {
     "two-live-pods": "never two live pods for one (job, replica index)",
@@ -135,6 +139,7 @@ class Objects:
         self._real = faults.real_nodes(state_dir) is not None
         self.force_deleted: dict[str, float] = {}  # Chaos's: pod name -> when it was force-deleted
         self.tolerated: set[str] = set()  # overlaps right after a force delete, as Kubernetes allows
+        self.api_restarted_at = float("-inf")  # when the soak last restarted the API server (time.monotonic())
 
     def check(self, jobs: dict[str, dict]) -> None:
         try:
@@ -165,7 +170,9 @@ class Objects:
         for name, uids in alive.items():
             if len(uids) <= 1:
                 continue
-            if time.monotonic() - self.force_deleted.get(name, float("-inf")) <= FORCE_DELETE_OVERLAP:
+            now = time.monotonic()
+            if now - self.force_deleted.get(name, float("-inf")) <= FORCE_DELETE_OVERLAP or (
+                    name in self.force_deleted and now - self.api_restarted_at <= API_RESTART_OVERLAP):
                 self.tolerated.add(f"{name}/{sorted(uids)}")
                 continue
             self.violations.add("two-live-pods", f"proc/{name}/{sorted(uids)}",

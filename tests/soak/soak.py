@@ -100,6 +100,7 @@ def run(config: Config, api, kubeconfig: Path, namespace: str, workdir: Path) ->
         else:
             restarts.restart(ROOT, what, down_seconds=rng.uniform(0, 3), log=lambda line: None)
             chaos.counts[f"{what} restarts"] += 1
+            objects.api_restarted_at = time.monotonic()  # invariants.API_RESTART_OVERLAP
 
     while (elapsed := time.monotonic() - started) < duration:
         while schedule and schedule[0][0] <= elapsed:

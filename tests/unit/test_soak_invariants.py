@@ -87,3 +87,22 @@ def test_steady_means_final_suspended_or_every_desired_worker_ready():
     waiting = job(1)
     waiting["status"]["readyReplicas"] = 1
     assert not steady(waiting, [])
+
+
+def test_a_force_deleted_pods_processes_beside_its_replacement_are_tolerated_briefly(monkeypatch):
+    """10 s after the force delete; 90 s after an API server restart, across which a kubelet's watch stayed broken
+    and the old containers ran on for 65 s (CI, seed 549492). Past both, a violation."""
+    import invariants
+
+    o, v = objects()
+    monkeypatch.setattr(o, "_alive_on_process_nodes", lambda: {"a-worker-0": {"old", "new"}})
+    now = iter([100.0, 130.0, 300.0])
+    monkeypatch.setattr(invariants.time, "monotonic", lambda: next(now))
+    o.force_deleted["a-worker-0"] = 95.0
+    o._live_processes()  # 5 s after the force delete
+    assert v.count("two-live-pods") == 0 and len(o.tolerated) == 1
+    o.api_restarted_at = 80.0
+    o._live_processes()  # 35 s after the force delete, 50 s after the API server's restart
+    assert v.count("two-live-pods") == 0
+    o._live_processes()  # long past both
+    assert v.count("two-live-pods") == 1
