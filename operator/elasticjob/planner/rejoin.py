@@ -81,9 +81,9 @@ def stopped_before(progress: ProgressView | None, now: datetime, round_at: datet
     if progress is None:
         if round_at is None or not recent(round_at):
             return now
-        formed_in = round_at - forming if forming is not None else None
-        return forming if forming is not None and formed_in is not None and timedelta(0) <= formed_in <= MAX_FORMING \
-            else round_at
+        if forming is not None and timedelta(0) <= round_at - forming <= MAX_FORMING:
+            return forming
+        return round_at
     began, last = progress.started_at, progress.step_at
     before_round = round_at is not None and progress.received_at is not None and progress.received_at <= round_at
     if recent(began) and began is not None and not before_round:
