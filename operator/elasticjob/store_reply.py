@@ -222,11 +222,8 @@ def _peers(peers: _Peers | None) -> PeersView | None:
 
 def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
     """The training's report, or None when there is none or it is not valid (the rest of the reply stands)."""
-    if raw is None:
-        return None
-    try:
-        found = _Progress.model_validate(raw)
-    except ValidationError:
+    found = valid_one(raw, _Progress)
+    if found is None:
         return None
 
     def at(value: float | None) -> datetime | None:
@@ -241,6 +238,16 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
         loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
         received_at=at(found.received_at), listens=found.listens, stalled=found.stalled,
         stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
+
+
+def valid_one(raw: dict[str, Any] | None, model: type[M]) -> M | None:
+    """An optional object of the reply if it is there and valid; None otherwise (the rest of the reply stands)."""
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def valid_entries(raw: list[Any], model: type[M]) -> list[M]:
@@ -269,11 +276,8 @@ def parse_node_checks(raw: list[Any]) -> tuple[NodeCheckView, ...]:
 
 def parse_links(raw: dict[str, Any] | None) -> LinksView | None:
     """The link probe's verdict, or None when there is none or it is not valid (the rest of the reply stands)."""
-    if raw is None:
-        return None
-    try:
-        found = _Links.model_validate(raw)
-    except ValidationError:
+    found = valid_one(raw, _Links)
+    if found is None:
         return None
     reason = printable(found.reason) if found.reason is not None and found.outlier is not None else None
     return LinksView(round=found.round, world=found.world, seconds=found.seconds, outlier=found.outlier,
