@@ -12,8 +12,9 @@ and (4) checks the result's types and shape field by field. Whatever else goes w
 RecursionError, a hostile object's own methods) is a StateError too, and no message quotes the bytes: the
 store refuses, logs and polls again, four times a second.
 
-The classes are torch's private ones: this module must run the agents' exact torch version, which it does
-because the rendezvous pod runs the worker image.
+The store decodes into stand-ins of torch's private classes (rdzv_classes.py) and writes them back under torch's
+names, so it never imports torch; the agent's decoder (elasticjob_warm.statecheck) asks for torch's own classes
+(`kinds=torch_kinds()`). compat.py checks at the store's start that this torch reads what the stand-ins write.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ import pickle
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as NodeDesc
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState as RendezvousState
-
 from elasticjob_store.pickle_walk import NODE_GLOBAL, StateError, check_structure
+from elasticjob_store.rdzv_classes import RDZV_MODULE, STANDINS, Kinds, NodeDesc, RendezvousState, dumps, torch_kinds
 
-__all__ = ["NodeDesc", "RendezvousState", "StateError", "NO_STATE", "state_key", "decode", "encode", "validate"]
+__all__ = ["NodeDesc", "RendezvousState", "StateError", "NO_STATE", "Kinds", "torch_kinds", "state_key", "decode",
+           "decode_as", "encode", "validate"]
 
 # What the backend writes before the first real state ("no state yet"); see C10dRendezvousBackend.__init__.
 NO_STATE = b"Y2FuaW1hZGFt"
@@ -38,17 +38,21 @@ NO_STATE = b"Y2FuaW1hZGFt"
 MAX_STATE_BYTES = 1 << 20
 MAX_ADDR_CHARS = 255
 
-_RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 # Found by pickling real states: nothing else is ever named. The agents pickle with Python's default protocol
 # (4 since Python 3.8; 5 would name the same). Protocols 2 and 3 would also need builtins.set and the GLOBAL
 # opcode; no agent writes them, so they are refused.
 ALLOWED_GLOBALS = {
-    (_RDZV_MODULE, "_RendezvousState"): RendezvousState,
+    (RDZV_MODULE, "_RendezvousState"): RendezvousState,
     NODE_GLOBAL: NodeDesc,  # the walk checks the kinds of its fields by this name
     ("datetime", "datetime"): datetime,
     ("datetime", "timezone"): timezone,
     ("datetime", "timedelta"): timedelta,
 }
+
+
+def _allowed(kinds: Kinds) -> dict[tuple[str, str], Any]:
+    """ALLOWED_GLOBALS, torch's two names given the classes `kinds` names."""
+    return {**ALLOWED_GLOBALS, (RDZV_MODULE, "_RendezvousState"): kinds.state, NODE_GLOBAL: kinds.node}
 
 
 def state_key(run_id: str) -> str:
@@ -57,9 +61,13 @@ def state_key(run_id: str) -> str:
 
 
 class _StateUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, kinds: Kinds = STANDINS) -> None:
+        super().__init__(file)
+        self._globals = _allowed(kinds)
+
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return ALLOWED_GLOBALS[(module, name)]
+            return self._globals[(module, name)]
         except KeyError:
             raise StateError(f"pickle names {_global_name(module, name)}, which a rendezvous state never "
                              "contains") from None
@@ -79,6 +87,11 @@ def _global_name(module: object, name: object) -> str:
 
 def decode(raw: bytes) -> RendezvousState | None:
     """The state under the key, or None before the agents wrote one. Raises StateError for anything else."""
+    return cast("RendezvousState | None", decode_as(raw, STANDINS))
+
+
+def decode_as(raw: bytes, kinds: Kinds) -> Any:
+    """decode(), the state made of `kinds`' classes (torch's own, for an agent)."""
     if not isinstance(raw, bytes):
         raise StateError(f"expected bytes, got {type(raw).__name__}")
     if raw in (b"", NO_STATE):
@@ -86,28 +99,29 @@ def decode(raw: bytes) -> RendezvousState | None:
     if len(raw) > MAX_STATE_BYTES:
         raise StateError(f"state is {len(raw)} bytes, more than the {MAX_STATE_BYTES} this program reads")
     try:
-        state = _load(raw)
+        state = _load(raw, kinds)
     except StateError:
         raise
     except Exception as err:  # whatever else hostile bytes make the unpickler or hashing raise: refused the same
         raise StateError(f"state does not unpickle: {type(err).__name__}") from None
-    validate(state)
-    return cast(RendezvousState, state)
+    validate(state, kinds)
+    return state
 
 
-def _load(raw: bytes) -> object:
+def _load(raw: bytes, kinds: Kinds) -> object:
     try:
         data = base64.b64decode(raw, validate=True)
     except binascii.Error as err:
         raise StateError(f"state is not base64: {err}") from None  # binascii's words name no byte
     check_structure(data)
-    return _StateUnpickler(io.BytesIO(data)).load()
+    return _StateUnpickler(io.BytesIO(data), kinds).load()
 
 
 def encode(state: RendezvousState) -> bytes:
-    """base64(pickle(state)) as the agents write it (default protocol, like their `pickle.dumps`)."""
+    """base64(pickle(state)) as the agents write it (default protocol, like their `pickle.dumps`), torch's class
+    names in it."""
     validate(state)
-    return base64.b64encode(pickle.dumps(state))
+    return base64.b64encode(dumps(state))
 
 
 _STATE_FIELDS = {"round", "complete", "deadline", "closed", "participants", "wait_list", "redundancy_list",
@@ -115,21 +129,22 @@ _STATE_FIELDS = {"round", "complete", "deadline", "closed", "participants", "wai
 _NODE_FIELDS = {"addr", "pid", "local_id"}
 
 
-def validate(state: object) -> None:
-    """Raises StateError unless `state` has exactly the fields and types torch's _RendezvousState has.
+def validate(state: object, kinds: Kinds = STANDINS) -> None:
+    """Raises StateError unless `state` is a `kinds.state` with exactly the fields and types torch's
+    _RendezvousState has.
 
     Its messages name types, never values: a value is the writer's, and the repr of one (a tuple of 10**10
     leaves by memo references) ran 67 s into MemoryError."""
     try:
-        _check_state(state)
+        _check_state(state, kinds)
     except StateError:
         raise
     except Exception as err:  # a hostile object's own methods (hash, eq) failing: refused like the rest
         raise StateError(f"state fails its checks with {type(err).__name__}") from None
 
 
-def _check_state(state: object) -> None:
-    if type(state) is not RendezvousState:
+def _check_state(state: Any, kinds: Kinds) -> None:
+    if type(state) is not kinds.state:
         raise StateError(f"state is {_a(state)}, not a _RendezvousState")
     fields = vars(state)
     _check_fields("state", fields, _STATE_FIELDS)
@@ -143,18 +158,18 @@ def _check_state(state: object) -> None:
     if type(state.participants) is not dict:
         raise StateError(f"participants is {_a(state.participants)}, not a dict")
     for node, rank in state.participants.items():
-        _check_node(node)
+        _check_node(node, kinds)
         if not _is_int(rank) or rank < 0:
             raise StateError(f"a participant's rank is {_a(rank)}, not a non-negative int")
     for name in ("wait_list", "redundancy_list"):
         if type(fields[name]) is not set:
             raise StateError(f"{name} is not a set but {_a(fields[name])}")
         for node in fields[name]:
-            _check_node(node)
+            _check_node(node, kinds)
     if type(state.last_heartbeats) is not dict:
         raise StateError(f"last_heartbeats is {_a(state.last_heartbeats)}, not a dict")
     for node, beat in state.last_heartbeats.items():
-        _check_node(node)
+        _check_node(node, kinds)
         _check_time("a heartbeat", beat)
 
 
@@ -178,8 +193,8 @@ def _is_int(value: object) -> bool:
     return type(value) is int  # bool is an int subclass; a rank of True is not a state torch wrote
 
 
-def _check_node(node: object) -> None:
-    if type(node) is not NodeDesc:
+def _check_node(node: Any, kinds: Kinds) -> None:
+    if type(node) is not kinds.node:
         raise StateError(f"node is {_a(node)}, not a _NodeDesc")
     _check_fields("node", vars(node), _NODE_FIELDS)
     if type(node.addr) is not str or not node.addr or len(node.addr) > MAX_ADDR_CHARS:

@@ -3,9 +3,10 @@
 torch's agents keep the whole rendezvous in one key of the job's store, `torch.rendezvous.<run_id>`, as
 base64(pickle(state)), and read it back with `pickle.loads` (dynamic_rendezvous: _BackendRendezvousStateHolder.sync).
 Anyone who reaches the store's port could write a pickle there that every agent would run. Here the name `pickle`
-that torch's module sees is pickle itself but for `loads`, which is elasticjob_store.state.decode: the opcodes
-walked without running them, five globals allowed, every field checked; the same decoder the store uses. The kit
-copies both packages into one lib/, so it is always at hand where the kit starts the agent.
+that torch's module sees is pickle itself but for `loads`, which is elasticjob_store.state.decode_as with torch's
+own classes (the store builds stand-ins of them): the opcodes walked without running them, five globals allowed,
+every field checked; the same decoder the store uses. The kit copies both packages into one lib/, so it is always
+at hand where the kit starts the agent.
 
 A state the decoder refuses is logged once and read as nothing new: the agent keeps the state it last read (an
 empty one before its first read) under the refused bytes' token, so that its next write (a heartbeat, a join,
@@ -43,7 +44,8 @@ def _decode(data: bytes) -> Any:
 
     holder = getattr(_current, "holder", None)
     try:
-        decoded = state.decode(base64.b64encode(data))  # the decoder takes the store's bytes, base64 and all
+        # The decoder takes the store's bytes, base64 and all.
+        decoded = state.decode_as(base64.b64encode(data), state.torch_kinds())
         if decoded is None:
             raise state.StateError("the backend's no-state marker where a state was written")
     except state.StateError as error:

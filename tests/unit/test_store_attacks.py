@@ -8,14 +8,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
-import pickle
 import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import torch.distributed as dist
 from factory import job, observed, rdzv, running_status, worker
-from store_states import make_state
+from store_states import agent_pickle, make_state
 
 from elasticjob import planner
 from elasticjob.store_reply import parse_state
@@ -46,7 +45,7 @@ class Store:
         """What an attacker at port 29400 does: torch's own compare-and-set, with a state of its choosing."""
         key = state_key(RUN_ID)
         current = self.tcp.get(key) if self.tcp.check([key]) else b""
-        raw = base64.b64encode(pickle.dumps(state))
+        raw = base64.b64encode(agent_pickle(state))
         assert self.tcp.compare_set(key, current, raw) == raw
 
     def answer(self):

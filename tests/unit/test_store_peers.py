@@ -5,13 +5,12 @@ agent's pod IP), and the store's poller on a real TCPStore."""
 from __future__ import annotations
 
 import base64
-import pickle
 import socket
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
-from store_states import make_state
+from store_states import agent_pickle, make_state
 
 from elasticjob_store import peers
 from elasticjob_store.control import Control
@@ -82,7 +81,7 @@ def store():
                            timeout=timedelta(seconds=10))
     key = state_key("run-1")
     state = make_state(round=3, complete=True, participants=(AGENT, SILENT, OTHER))
-    server.set(key, base64.b64encode(pickle.dumps(state)))
+    server.set(key, base64.b64encode(agent_pickle(state)))
     return server
 
 

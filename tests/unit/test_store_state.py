@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from store_states import NOW, A, B, C, fields, make_state
+from store_states import NOW, A, B, C, agent_pickle, fields, make_state
 
 from elasticjob_store import state as store_state
+from elasticjob_store.rdzv_classes import dumps
 from elasticjob_store.state import NO_STATE, NodeDesc, RendezvousState, StateError, decode, encode
 
 
@@ -30,7 +31,7 @@ def test_real_states_round_trip(state):
 @pytest.mark.parametrize("protocol", [4, 5])
 def test_the_protocols_agents_write_decode(protocol):
     state = make_state(round=2, complete=True, deadline=NOW, participants=[A, B], waiting=[C])
-    assert fields(decode(base64.b64encode(pickle.dumps(state, protocol=protocol)))) == fields(state)
+    assert fields(decode(base64.b64encode(agent_pickle(state, protocol)))) == fields(state)
 
 
 @pytest.mark.parametrize("protocol", [0, 1, 2, 3])
@@ -38,13 +39,13 @@ def test_older_protocols_no_agent_writes_are_refused(protocol):
     # They name classes with the GLOBAL opcode and build sets by calling builtins.set.
     state = make_state(round=2, complete=True, participants=[A, B], waiting=[C])
     with pytest.raises(StateError, match="GLOBAL"):
-        decode(base64.b64encode(pickle.dumps(state, protocol=protocol)))
+        decode(base64.b64encode(agent_pickle(state, protocol)))
 
 
 def test_agents_bytes_decode():
     # Exactly what torch's backend writes: b64encode(pickle.dumps(state)) (c10d_rendezvous_backend.set_state).
     state = make_state(round=1, complete=True, participants=[A, B])
-    assert fields(decode(base64.b64encode(pickle.dumps(state)))) == fields(state)
+    assert fields(decode(base64.b64encode(agent_pickle(state)))) == fields(state)
 
 
 @pytest.mark.parametrize("raw", [b"", NO_STATE])
@@ -79,7 +80,7 @@ def hostile_payloads(marker: str) -> dict[str, bytes]:
 def _state_with_rank(rank) -> bytes:
     state = make_state(participants=[A])
     state.participants[A] = rank
-    return pickle.dumps(state)
+    return dumps(state)
 
 
 def test_hostile_pickles_are_refused_without_running(tmp_path):
@@ -129,20 +130,20 @@ def test_a_node_that_contains_itself_is_an_error_not_a_crash():
     state = make_state()
     state.participants = participants
     with pytest.raises(StateError):
-        decode(base64.b64encode(pickle.dumps(state)))
+        decode(base64.b64encode(dumps(state)))
 
 
 def _with(**changes) -> bytes:
     state = make_state(round=1, complete=True, participants=[A, B])
     for name, value in changes.items():
         setattr(state, name, value)
-    return base64.b64encode(pickle.dumps(state))
+    return base64.b64encode(dumps(state))
 
 
 @pytest.mark.parametrize("raw, message", [
     (b"!!not base64!!", "not base64"),
     (base64.b64encode(b"\x80\x04K\x01."), "not a _RendezvousState"),
-    (base64.b64encode(pickle.dumps(NodeDesc("10.0.0.1", 1, 0))), "not a _RendezvousState"),
+    (base64.b64encode(dumps(NodeDesc("10.0.0.1", 1, 0))), "not a _RendezvousState"),
     (base64.b64encode(b"\x80\x04K"), "malformed"),
     (_with(round=-1), "round"),
     (_with(round=True), "round"),

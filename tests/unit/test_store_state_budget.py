@@ -10,10 +10,11 @@ import pickletools
 import time
 
 import pytest
-from store_states import A, fields, make_state
+from store_states import A, agent_pickle, fields, make_state
 
 from elasticjob_store import pickle_walk
 from elasticjob_store import state as store_state
+from elasticjob_store.rdzv_classes import dumps
 from elasticjob_store.state import NodeDesc, StateError, decode, validate
 from elasticjob_warm import statecheck
 
@@ -112,7 +113,7 @@ def test_a_real_state_of_max_nodes_decodes_far_inside_the_budget(participants, w
     # MAX_NODES (elasticjob.models) is 1024: a job's largest state has that many in each list.
     state = make_state(round=7, complete=True, participants=_nodes(1, participants), waiting=_nodes(2, waiting),
                        redundant=_nodes(3, redundant))
-    data = pickle.dumps(state)
+    data = agent_pickle(state)
     expanded = pickle_walk.check_structure(data)
     assert expanded * 7 <= pickle_walk.MAX_EXPANDED, f"a real state expands to {expanded}"
     start = time.perf_counter()
@@ -126,7 +127,7 @@ def test_real_nodes_at_the_edges_of_their_ranges_decode_and_use_only_32_bit_ints
         return [NodeDesc(f"worker-{subnet}-{i}.job.ns.svc.cluster.local", 2**22 - 1 - i, i) for i in range(1024)]
 
     state = make_state(round=2**31 - 1, participants=nodes(1), waiting=nodes(2), redundant=nodes(3))
-    data = pickle.dumps(state)
+    data = agent_pickle(state)
     assert {op.name for op, _, _ in pickletools.genops(data)}.isdisjoint({"LONG1", "LONG4"})
     start = time.perf_counter()
     assert fields(decode(_b64(data))) == fields(state)
@@ -227,7 +228,7 @@ def test_messages_never_quote_what_was_written(data, match):
 
 def test_a_node_whose_fields_are_wrong_is_named_by_types():
     node = NodeDesc("10.0.0.1", "x" * 100_000, 0)
-    error = _refused(_b64(pickle.dumps(make_state(participants=[node]))), "_NodeDesc a str pid")
+    error = _refused(_b64(dumps(make_state(participants=[node]))), "_NodeDesc a str pid")
     assert "xxxx" not in str(error) and "10.0.0.1" not in str(error)
 
 
