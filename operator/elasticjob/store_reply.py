@@ -55,6 +55,7 @@ class _Torch(_Strict):
     version: str = Field("", max_length=64)
     nudges: bool = True
     why: str = Field("", max_length=1000)
+    checking: bool = False
     plain_torchrun: _Plain | None = Field(None, alias="plainTorchrun")
 
 
@@ -203,6 +204,7 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         failure_rounds=state.failure_rounds,
         last_failure_round_at=datetime.fromtimestamp(at, UTC) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),
+        nudges_checked=state.torch is None or not state.torch.checking,
         plain_torchrun=_plain_torchrun(state.torch), progress=parse_progress(state.progress),
         stop_id=state.stop.id if state.stop else None, stop_step=state.stop.step if state.stop else None,
         round_completed_at=datetime.fromtimestamp(completed, UTC) if completed is not None else None,

@@ -104,6 +104,7 @@ class StoreView:
     version: int = 0
     waiter_active: bool = False
     nudges_off: str | None = None  # why the store turned its nudges off on its torch (compat.py); None: on
+    nudges_checked: bool = True  # False while a new store still checks its torch (off until then, not for good)
     plain_torchrun: str | None = None  # agents whose warm wrapper ran plain torchrun, and why; None: none did
     received_at: datetime | None = None  # the operator's clock when the answer came: ages grow from there
     progress: ProgressView | None = None  # the training's report (elasticjob_progress); None without one

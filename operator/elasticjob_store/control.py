@@ -284,7 +284,7 @@ class Control(AgentReports):
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
                     self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark(),
-                    self.links.describe())
+                    self.links.describe(), self.verdict)  # the verdict: a long poll wakes when the check ends
         if seen != self._summary:
             self._summary = seen
             with self.changed:

@@ -22,7 +22,8 @@ import os
 import signal
 import sys
 import threading
-from datetime import timedelta
+import time
+from pathlib import Path
 from typing import Any
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -50,7 +51,7 @@ def _int_env(name: str, default: int | None, low: int, high: int = NO_LIMIT) -> 
 
 
 def main() -> None:
-    # Usually blocked already by __main__ before torch was imported; blocking again is harmless.
+    # Usually blocked already by __main__ before any thread started; blocking again is harmless.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         port = _int_env("ELASTICJOB_RDZV_PORT", None, 1, 65534)
@@ -66,56 +67,58 @@ def main() -> None:
         print(f"{PROGRAM}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
 
-    import torch.distributed
-
-    dist: Any = torch.distributed  # TCPStore is not in its stubs
-
-    from elasticjob_store import compat, gate, wire
+    from elasticjob_store import compat, gate, peers, wire
     from elasticjob_store.auth import TOKEN_MIN_BYTES, Credential
+    from elasticjob_store.c10d_server import C10dServer
+    from elasticjob_store.control import Control, start_poller
     from elasticjob_store.protocol import control_port
+    from elasticjob_store.server import make_server
 
-    verdict = compat.probe()
-    print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)
     log = lambda line: print(line, flush=True)  # noqa: E731
     fence: gate.Gate | None = None
-    # multi_tenant: agents of every round share this one store; wait_for_workers=False: agents come and go.
-    if peer_check:  # the TCPStore on the loopback alone, the gate on the store's port in front of it
+    # The pure-Python c10d server: no torch imported before the agents are served (c10d_server.py).
+    if peer_check:  # the store on the loopback alone, the gate on the store's port in front of it
         inner = gate.inner_socket()
-        inner_port = inner.getsockname()[1]
-        store = dist.TCPStore("127.0.0.1", inner_port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                              timeout=timedelta(seconds=read_timeout), master_listen_fd=inner.fileno())
-        fence = gate.Gate(port, inner_port, log=log)
+        server = C10dServer(sock=inner, log=log).start()
+        fence = gate.Gate(port, inner.getsockname()[1], log=log)
         wire.listen_or_exit(PROGRAM, port, fence.start)
-    else:  # listens on every address whatever the host; the host is where the store's own client connects
-        store = wire.listen_or_exit(PROGRAM, port, lambda: dist.TCPStore(
-            "127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True,
-            timeout=timedelta(seconds=read_timeout)))
+    else:  # every address: the store's own client is a LocalStore, no socket between
+        server = wire.listen_or_exit(PROGRAM, port, lambda: C10dServer(None, port, log=log).start())
     credential = Credential.from_env()
     control_at = control_port(port)
-    try:
-        from elasticjob_store.control import Control, start_poller
-        from elasticjob_store.server import make_server
-    except ImportError as err:  # this torch lacks a name the state decoder imports: plain c10d only
-        from elasticjob_store.plain import make_plain_server
-        if verdict.nudges:
-            verdict = compat.Verdict(verdict.torch, False, str(err))
-        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_plain_server(
-            verdict, "", control_at, credential, gate.peers_route(fence), fence.report if fence else None))
-    else:
-        from elasticjob_store import peers
-
-        control = Control(store, run_id, min_nodes, max_nodes, log=log, stale_after=stale_ms / 1000,
-                          verdict=verdict, connections=lambda: peers.connected(port),
-                          gate=fence.report if fence else None)
-        server = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential,
-                                                                              fence))
-        start_poller(control, threading.Event())
-    threading.Thread(target=server.serve_forever, name="control-http", daemon=True).start()
+    control = Control(server.local(read_timeout), run_id, min_nodes, max_nodes, log=log,
+                      stale_after=stale_ms / 1000, verdict=compat.checking(), connections=lambda: peers.connected(port),
+                      gate=fence.report if fence else None)
+    http = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential, fence))
+    start_poller(control, threading.Event())
+    threading.Thread(target=http.serve_forever, name="control-http", daemon=True).start()
+    threading.Thread(target=_check_torch, args=(control,), name="torch-check", daemon=True).start()
     auth = "token required" if credential.configured() else \
         f"no token configured (or one shorter than {TOKEN_MIN_BYTES} bytes): control requests refused"
     peers_said = "the job's pods only" if fence else "every peer"
     print(f"elasticjob rendezvous store listening on port {port} ({peers_said}), control on {control_at} ({auth}); "
-          f"run {run_id}, nodes {min_nodes}..{max_nodes}", flush=True)
+          f"run {run_id}, nodes {min_nodes}..{max_nodes}; serving {_since_start()} after its process started",
+          flush=True)
     signal.sigwait(STOP_SIGNALS)
     print("elasticjob rendezvous store stopping", flush=True)
-    os._exit(0)  # the store's server thread is C++ with no clean shutdown path; skip its destructor
+    os._exit(0)  # the daemon threads hold no state worth a clean shutdown; the agents see the port close
+
+
+def _since_start() -> str:
+    """Seconds since this process started, from the kernel's start time (field 22 of /proc/self/stat, in clock
+    ticks since boot): what a container start costs before the store serves (docs/benchmarks.md)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return f"{time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf('SC_CLK_TCK'):.2f} s"
+    except (OSError, ValueError, IndexError, AttributeError):
+        return "(unknown) s"
+
+
+def _check_torch(control: Any) -> None:
+    """The torch check (seconds of CPU: it imports torch) in a child process at the lowest priority, while the
+    store already serves: the nudges stay off until it says they may be on."""
+    from elasticjob_store import compat
+
+    verdict = compat.probe_in_child()
+    control.verdict = verdict
+    print(f"{PROGRAM}: nudges {'on' if verdict.nudges else 'OFF'}: {verdict.why}", flush=True)

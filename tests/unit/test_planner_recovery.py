@@ -279,6 +279,19 @@ def test_a_store_with_its_nudges_off_gets_none_and_the_job_says_why_once():
     assert [e for e in again.events if e.reason == "RendezvousNudgesOff"] == []
 
 
+def test_a_new_store_still_checking_its_torch_gets_no_nudge_and_no_warning_until_its_verdict():
+    checking = dataclasses.replace(view(node(0), node(1), node(2)), nudges_checked=False,
+                                   nudges_off="checking this torch's rendezvous (nudges are off until it is done)")
+    result = plan([worker(0), killed(1), worker(2)], checking, replicas=3)
+    assert nudges(result) == []
+    assert not any(c.type == "RendezvousNudges" for c in result.status.conditions)
+    assert [e for e in result.events if e.reason == "RendezvousNudgesOff"] == []
+    status = result.status.model_dump(by_alias=True, exclude_none=True)
+    checked = planner.plan(job(status, replicas=3), observed([rdzv(), worker(0), killed(1), worker(2)],
+                                                             store=view(node(0), node(1), node(2))), NOW)
+    assert nudges(checked)
+
+
 def test_a_store_with_its_nudges_on_adds_no_condition():
     result = plan([worker(0), killed(1), worker(2)], view(node(0), node(1), node(2)), replicas=3)
     assert nudges(result) and not any(c.type == "RendezvousNudges" for c in result.status.conditions)

@@ -158,6 +158,10 @@ def test_a_store_that_turned_its_nudges_off_says_why():
     on = {**GOOD, "torch": {"version": "2.13.0", "nudges": True, "why": "checked"}}
     assert store_reply.parse_state(json.dumps(on).encode()).nudges_off is None
     assert store_reply.parse_state(json.dumps(GOOD).encode()).nudges_off is None  # an older store
+    checking = {**GOOD, "torch": {"version": "2.13.0", "nudges": False, "why": "checking", "checking": True}}
+    view = store_reply.parse_state(json.dumps(checking).encode())
+    assert view.nudges_off == "checking" and view.nudges_checked is False
+    assert store_reply.parse_state(json.dumps(off).encode()).nudges_checked is True
 
 
 def test_agents_that_ran_plain_torchrun_are_counted_with_the_reason():

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from elasticjob_store import compat
@@ -35,6 +36,15 @@ ALTERATIONS = {
                             "def more(self):\n    init(self); self.generation = 0\n"
                             "d._RendezvousState.__init__ = more"),
 }
+# torch's import held for a minute: only the check's child imports torch, so only it waits.
+SLOW_TORCH = """
+import sys, threading
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            threading.Event().wait(60)
+sys.meta_path.insert(0, Slow())
+"""
 
 
 
@@ -49,11 +59,17 @@ def request(port: int, method: str, path: str, body: dict | None = None) -> tupl
         conn.close()
 
 
+def ready(port: int, checked: bool) -> bool:
+    """The store answers; with `checked`, its check of torch is done too."""
+    status, state = request(port, "GET", "/v1/state")
+    return status == 200 and not (checked and state["torch"]["checking"])
+
+
 @pytest.fixture
 def store(tmp_path):
     started = []
 
-    def start(alteration: str | None) -> int:
+    def start(alteration: str | None, checked: bool = True) -> int:
         site = tmp_path / "site"
         site.mkdir(exist_ok=True)
         if alteration:
@@ -62,9 +78,11 @@ def store(tmp_path):
                "ELASTICJOB_RDZV_RUN_ID": "compat",
                "ELASTICJOB_RDZV_TOKEN_SHA256": hashlib.sha256(TOKEN.encode()).hexdigest()}
         proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, tmp_path / "store.log",
-                                         lambda port: request(port, "GET", "/v1/state"))
+                                         lambda port: ready(port, checked))
         started.append(proc)
         return port
+
+    start.started = started
 
     yield start
     for proc in started:
@@ -93,6 +111,27 @@ def test_an_unproven_torch_gets_plain_c10d_and_no_nudges(store, tmp_path, name):
 def test_the_version_is_named_in_the_report(store):
     status, state = request(store(ALTERATIONS["a version outside the range"]), "GET", "/v1/state")
     assert state["torch"]["version"] == "2.99.0" and "2.99.0 is outside" in state["torch"]["why"]
+
+
+@in_range_only
+def test_the_store_process_never_loads_torch_and_turns_the_nudges_on_once_its_child_proved_it(store):
+    port = store(None)
+    status, state = request(port, "GET", "/v1/state")
+    assert state["torch"]["nudges"] is True and state["torch"]["checking"] is False, state
+    assert state["torch"]["version"] == torch.__version__
+    maps = Path(f"/proc/{store.started[-1].pid}/maps").read_text()
+    assert "libtorch" not in maps and "libc10" not in maps
+
+
+def test_while_torch_is_checked_the_store_serves_c10d_and_refuses_nudges_as_checking(store, tmp_path):
+    port = store(SLOW_TORCH, checked=False)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("agent-key", b"v")
+    assert client.get("agent-key") == b"v"
+    status, state = request(port, "GET", "/v1/state")
+    assert state["torch"]["checking"] is True and state["torch"]["nudges"] is False, state
+    status, answer = request(port, "POST", "/v1/restart", {"round": 0})
+    assert "checking this torch" in json.dumps(answer), answer
 
 
 @in_range_only

@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import json
 import logging
-import pickle
 import subprocess
 import sys
 import threading
@@ -36,8 +35,8 @@ from elasticjob_store.auth import Credential
 from elasticjob_store.compat import Verdict
 from elasticjob_store.control import Control
 from elasticjob_store.gate import Gate
-from elasticjob_store.plain import make_plain_server
 from elasticjob_store.progress import KEY as PROGRESS_KEY
+from elasticjob_store.rdzv_classes import dumps
 from elasticjob_store.server import make_server
 from elasticjob_store.state import NodeDesc, RendezvousState, state_key
 
@@ -74,7 +73,7 @@ class Store:
     def write(self, state: RendezvousState) -> None:
         key = state_key(JOB.ref.uid)
         current = self.tcp.get(key) if self.tcp.check([key]) else b""
-        self.tcp.compare_set(key, current, base64.b64encode(pickle.dumps(state)))
+        self.tcp.compare_set(key, current, base64.b64encode(dumps(state)))  # as an agent's pickle.dumps
 
     def close(self) -> None:
         self.server.shutdown()
@@ -254,20 +253,18 @@ def test_every_refusal_reads_as_an_error_reply(store, method, path, body, token,
     assert got == status and said in reply.error
 
 
-def test_a_state_the_store_refuses_to_read_and_a_store_without_nudges_answer_error_replies(store):
+def test_a_state_the_store_refuses_to_read_answers_an_error_and_a_store_without_nudges_refuses_each_nudge(store):
     store.tcp.set(state_key(JOB.ref.uid), b"not torch's state")
     got, reply = raw_call(store.port, "POST", protocol.path(protocol.Complete), b'{"liveNodes": 2}')
     assert got == 500 and "rendezvous state refused" in reply.error
-    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-    plain = make_plain_server(Verdict("2.99.0", False, "untested torch"), "127.0.0.1", 0, Credential(digest=digest))
-    threading.Thread(target=plain.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        for kind in protocol.REQUESTS:
-            got, reply = raw_call(plain.server_address[1], "POST", protocol.path(kind), b"{}")
-            assert got == 409 and reply.error == "nudges are off: untested torch"
-    finally:
-        plain.shutdown()
-        plain.server_close()
+    store.control.verdict = Verdict("2.99.0", False, "untested torch")
+    for request_ in (protocol.Remove("10.0.0.1", 12.5), protocol.Complete(2), protocol.Restart(4)):
+        conn = http.client.HTTPConnection("127.0.0.1", store.port, timeout=10)
+        conn.request("POST", protocol.path(type(request_)), body=json.dumps(request_.to_wire()).encode(),
+                     headers={"Authorization": f"Bearer {TOKEN}"})
+        answer = json.loads(conn.getresponse().read())
+        conn.close()
+        assert "nudges are off: untested torch" in json.dumps(answer), (request_, answer)
 
 
 @pytest.mark.parametrize("message", [
