@@ -55,6 +55,9 @@ TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-dow
 
 
 STORE_FAULTS = ("store", "delete-store")
+# The table's phase columns, medians of the operator's runs; "store serving": the new store's process start to its
+# port served, in its own log.
+PHASES = ("agent removed", "round formed", "store serving")
 AFTER_BACK = 3.0  # seconds of training looked at after the agents found the store again
 
 
@@ -211,8 +214,20 @@ def trained_through(api: Api, ns: str, fault: float) -> Sample:
     times = sorted(r["time"] for r in records(ns) if r["rank"] == 0)
     marks = [max((t for t in times if t <= fault), default=fault), *(t for t in times if fault < t <= until)]
     restarted = first_step_after(ns, fault) is not None
-    return Sample(max(b - a for a, b in zip(marks, marks[1:])),
-                  {"store back": back - fault, "new processes": 1.0 if restarted else 0.0})
+    found = {"store back": back - fault, "new processes": 1.0 if restarted else 0.0}
+    if (serving := store_serving(api, ns)) is not None:
+        found["store serving"] = serving
+    return Sample(max(b - a for a, b in zip(marks, marks[1:])), found)
+
+
+def store_serving(api: Api, ns: str) -> float | None:
+    """The new store's own word: seconds from its process's start to serving (elasticjob_store/main.py)."""
+    try:
+        log = api.core.read_namespaced_pod_log("train-rdzv", ns)
+    except Exception:  # noqa: BLE001 - a store not there (yet) says nothing
+        return None
+    said = re.findall(r"serving (\d+\.\d+) s after its process started", log)
+    return float(said[-1]) if said else None
 
 
 def drain(api: Api, ns: str) -> None:
@@ -337,18 +352,17 @@ def cell(samples: list[Sample]) -> str:
 def print_table(scenarios: list[str], modes: list[str], results: dict, hand: list[float]) -> None:
     print("\nfault -> next completed step (store, delete-store: the longest pause in rank 0's steps), seconds: "
           "median [min-max] (runs)\n")
-    header = ["fault", *modes, "by hand", "target", "agent removed", "round formed"]
+    header = ["fault", *modes, "by hand", "target", *PHASES]
     rows = []
     for scenario in scenarios:
         # The phases of one mode: the first of the operator's that ran, never two mixed.
         ours = next((got for m in modes if m.endswith("operator")
                      if (got := results.get((scenario, m)))), [])
-        phase = {name: statistics.median(vals) for name in ("agent removed", "round formed")
+        phase = {name: statistics.median(vals) for name in PHASES
                  if (vals := [s.phases[name] for s in ours if name in s.phases])}
         rows.append([scenario, *(cell(results.get((scenario, m), [])) for m in modes),
                      median_range(hand) if scenario == "start" else "",
-                     TARGETS.get(scenario, ""), *(f"{phase[n]:.2f}" if n in phase else "-"
-                                                  for n in ("agent removed", "round formed"))])
+                     TARGETS.get(scenario, ""), *(f"{phase[n]:.2f}" if n in phase else "-" for n in PHASES)])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
         print(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)))

@@ -1,8 +1,8 @@
 """How soon a fresh store process answers, on this machine: seconds from starting `python` to a torch client's GET
-answered, (a) for the store's pure-Python c10d server (elasticjob_store/c10d_server.py; torch is never imported,
-the child checks) and (b) for torch's own TCPStore(is_master=True) server, as `python -m elasticjob_store` hosts
-it today (importing torch included). The two alternate run by run, so that a busy machine weighs on both alike.
-Prints a table of medians [min-max] over --runs runs.
+answered, (a) for the store as its pod runs it, `python -m elasticjob_store` (its pure-Python c10d server behind
+the peer gate; its check of torch runs in a child process after it serves) and (b) for torch's own
+TCPStore(is_master=True) server, as the store hosted it before (importing torch included). The two alternate run
+by run, so that a busy machine weighs on both alike. Prints a table of medians [min-max] over --runs runs.
 
     .venv/bin/python bench/store_start.py --runs 5
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -30,22 +31,16 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 60.0
 
-OURS = textwrap.dedent("""
-    import sys, threading
-    from elasticjob_store.c10d_server import C10dServer
-    C10dServer(None, int(sys.argv[1])).start()
-    assert "torch" not in sys.modules, "the pure-Python store imported torch"
-    threading.Event().wait()
-""")
-# As elasticjob_store/main.py starts it without the peer check.
-TORCHS = textwrap.dedent("""
+OURS = ["-m", "elasticjob_store"]  # the port from ELASTICJOB_RDZV_PORT
+# As elasticjob_store/main.py started it before, without the peer check.
+TORCHS = ["-c", textwrap.dedent("""
     import sys, threading
     from datetime import timedelta
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
                           multi_tenant=True, timeout=timedelta(seconds=60))
     threading.Event().wait()
-""")
+"""), "{port}"]
 
 
 def free_port() -> int:
@@ -62,13 +57,14 @@ def listening(port: int) -> bool:
         return False
 
 
-def start(program: str) -> tuple[float, float]:
+def start(argv: list[str]) -> tuple[float, float]:
     """Seconds from launching the store to its port taking a connection, and to a torch client's GET answered."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator"), "ELASTICJOB_RDZV_PORT": str(port),
+           "ELASTICJOB_RDZV_RUN_ID": "bench"}
     began = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-c", program, str(port)], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, *(a.format(port=port) for a in argv)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         while not listening(port):
             if child.poll() is not None:
@@ -82,7 +78,7 @@ def start(program: str) -> tuple[float, float]:
         assert client.get("bench") == b"1"
         return listened, time.monotonic() - began
     finally:
-        child.kill()
+        os.killpg(child.pid, signal.SIGKILL)  # the store's torch check runs in a child of its own
         child.wait()
 
 
@@ -99,12 +95,12 @@ def main() -> None:
     for run in range(args.runs):
         ours.append(start(OURS))
         torchs.append(start(TORCHS))
-        print(f"run {run + 1}: GET answered {ours[-1][1]:.3f} s (pure Python), {torchs[-1][1]:.3f} s (torch's)",
+        print(f"run {run + 1}: GET answered {ours[-1][1]:.3f} s (ours), {torchs[-1][1]:.3f} s (torch's)",
               file=sys.stderr, flush=True)
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, Python {sys.version.split()[0]}, "
           f"torch {torch.__version__}; medians [min-max] of {args.runs} runs, seconds from `python` started\n")
     print("| store | port listening | a torch client's GET answered |\n|---|---|---|")
-    print(f"| (a) elasticjob_store.c10d_server (no torch) | {cell([o[0] for o in ours])} | "
+    print(f"| (a) python -m elasticjob_store (no torch imported) | {cell([o[0] for o in ours])} | "
           f"**{cell([o[1] for o in ours])}** |")
     print(f"| (b) torch's TCPStore(is_master=True) (import torch included) | {cell([t[0] for t in torchs])} | "
           f"{cell([t[1] for t in torchs])} |")

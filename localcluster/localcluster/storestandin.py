@@ -2,8 +2,9 @@
 
     python -m localcluster.storestandin      # what a container of image `elasticjob-store-standin` runs here
 
-The real store (`python -m elasticjob_store`) imports torch: about 2 s and 300 MB per store pod, which at fleet
-size is most of this 2-core machine. This program has the same outside: it listens on ELASTICJOB_RDZV_PORT (so
+The real store (`python -m elasticjob_store`) serves without torch but checks its torch in a child process
+(elasticjob_store/compat.py): about 2 s and 300 MB per store pod, which at fleet size is most of this 2-core
+machine. This program has the same outside: it listens on ELASTICJOB_RDZV_PORT (so
 the pod's tcpSocket readiness probe passes) and serves the control endpoint on the next port exactly as
 operator/elasticjob_store/server.py does for a store no agent has written to yet: GET /healthz without a token;
 GET /v1/state with the bearer token (checked by elasticjob_store.auth against ELASTICJOB_RDZV_TOKEN_SHA256), a
