@@ -11,6 +11,7 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
                                           checks field by field (store_reply.parse_state)
     POST /v1/remove                       Remove   -> RemoveReply
     POST /v1/complete                     Complete -> CompleteReply
+    POST /v1/hold                         Hold     -> HoldReply (the first round waits for workers starting)
     POST /v1/restart                      Restart  -> RestartReply
     POST /v1/stop                         Stop     -> StopReply (a planned stop: the training saves at a step)
     POST /v1/reopen                       Reopen   -> RestartReply (a closed round the job did not close)
@@ -25,96 +26,38 @@ a store may grow its replies (and an operator read an older store's) without a s
 
 from __future__ import annotations
 
-import ipaddress
-import math
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
-MAX_INT = 2**31 - 1
-# Unix seconds up to the year 5138: enough for any heartbeat, small enough to stay a valid datetime.
-MAX_UNIX = 1e11
+# The checks on a request's fields, in a module of their own that imports nothing of ours either.
+from elasticjob_store.protocol_checks import (
+    MAX_INT,
+    Query,
+    addresses,
+    fields,
+    integer,
+    ip,
+    query_float,
+    query_int,
+    seconds,
+    unix_time,
+)
+
+# Re-exported: both sides catch Invalid here, and the operator reads MAX_PEERS here.
+from elasticjob_store.protocol_checks import MAX_PEERS as MAX_PEERS  # noqa: F401
+from elasticjob_store.protocol_checks import Invalid as Invalid
+
 # The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
 MAX_WAIT = 60.0
 HEALTHZ = "/healthz"
 STATE = "/v1/state"
-
-Check = Callable[[str, Any], Any]
-
 
 def control_port(store_port: int) -> int:
     """The control endpoint's port: the one after the c10d store's (spec.rendezvous.port)."""
     return store_port + 1
 
 
-class Invalid(ValueError):
-    """A body or a query that is not this protocol's; the message says which field and why."""
-
-
-# The checks on a request's fields: each takes the field's name and its JSON value, and returns the value.
-
-def integer(low: int, high: int) -> Callable[[str, Any], int]:
-    def check(name: str, value: Any) -> int:
-        if type(value) is not int or not low <= value <= high:  # JSON true is not a count
-            raise Invalid(f"{name} must be an integer from {low} to {high}")
-        return value
-    return check
-
-
-def unix_time(name: str, value: Any) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_UNIX:
-        raise Invalid(f"{name} must be unix seconds (a number from 0 to {MAX_UNIX:.0f})")
-    return float(value)
-
-
-def ip(name: str, value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 64:
-        raise Invalid(f"{name} must be an IPv4 or IPv6 address")
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise Invalid(f"{name} must be an IPv4 or IPv6 address, not {value!r}") from None
-
-
-def fields(body: Any, required: dict[str, Check]) -> dict[str, Any]:
-    """A request body: a JSON object with exactly these fields, each checked."""
-    if not isinstance(body, dict):
-        raise Invalid("the body must be a JSON object")
-    unknown = sorted(set(body) - set(required))
-    if unknown:
-        raise Invalid(f"unknown field(s): {', '.join(unknown)}")
-    missing = sorted(set(required) - set(body))
-    if missing:
-        raise Invalid(f"missing field(s): {', '.join(missing)}")
-    return {name: check(name, body[name]) for name, check in required.items()}
-
-
 # The state's long-poll.
-
-Query = Mapping[str, list[str]]
-
-
-def _query_int(query: Query, name: str, default: int) -> int:
-    value = query.get(name, [None])[0]
-    if value is None:
-        return default
-    if not value.lstrip("-").isdigit() or not -1 <= int(value) <= MAX_INT:
-        raise Invalid(f"{name} must be an integer from -1 to {MAX_INT}")
-    return int(value)
-
-
-def _query_float(query: Query, name: str, default: float) -> float:
-    value = query.get(name, [None])[0]
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise Invalid(f"{name} must be a number of seconds") from None
-    if not math.isfinite(number) or not 0 <= number <= MAX_WAIT:
-        raise Invalid(f"{name} must be from 0 to {MAX_WAIT:.0f} seconds")
-    return number
-
 
 @dataclass(frozen=True)
 class StateQuery:
@@ -138,7 +81,7 @@ class StateQuery:
     @classmethod
     def from_query(cls, query: Query) -> StateQuery:
         epoch = query.get("epoch", [None])[0]  # parse_qs leaves out a blank epoch=: any epoch, as none
-        return cls(_query_int(query, "after", -1), epoch, _query_float(query, "wait", 0.0))
+        return cls(query_int(query, "after", -1), epoch, query_float(query, "wait", 0.0, MAX_WAIT))
 
 
 # Replies: read leniently (fields added later are skipped), each known field checked for its type.
@@ -219,6 +162,19 @@ class CompleteReply(ActionReply):
     def from_wire(cls, body: Any) -> CompleteReply:
         changed, reason = cls._common(body)
         return cls(changed, reason, completed=_get(body, "completed", (bool,), False))
+
+
+@dataclass(frozen=True)
+class HoldReply(ActionReply):
+    held_until: float | None = None  # unix seconds: the round's last call ends no earlier (None: not held)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"heldUntil": self.held_until, **super().to_wire()}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> HoldReply:
+        changed, reason = cls._common(body)
+        return cls(changed, reason, held_until=_get(body, "heldUntil", (float, int, type(None)), None))
 
 
 @dataclass(frozen=True)
@@ -304,6 +260,33 @@ class Complete:
         return CompleteReply.from_wire(body)
 
 
+# The longest the store keeps a round's last call open for workers still starting, from its first hold of it.
+MAX_HOLD = 30.0
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Keep round `round`'s last call open up to `seconds` after the store's first hold of that round (never past
+    MAX_HOLD): more of the job's workers are starting, and one joining after the round formed would restart the
+    whole group at once. Complete ends it early, once every live worker joined."""
+
+    KIND: ClassVar[str] = "hold"
+    round: int
+    seconds: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"round": self.round, "seconds": self.seconds}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Hold:
+        args = fields(body, {"round": integer(0, MAX_INT), "seconds": seconds(MAX_HOLD)})
+        return cls(args["round"], args["seconds"])
+
+    @staticmethod
+    def reply(body: Any) -> HoldReply:
+        return HoldReply.from_wire(body)
+
+
 @dataclass(frozen=True)
 class Restart:
     """Make the agents of `round` restart their workers (fenced: another round is left alone)."""
@@ -321,14 +304,6 @@ class Restart:
     @staticmethod
     def reply(body: Any) -> RestartReply:
         return RestartReply.from_wire(body)
-
-
-def seconds(high: float) -> Callable[[str, Any], float]:
-    def check(name: str, value: Any) -> float:
-        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= high:
-            raise Invalid(f"{name} must be a number of seconds from 0 to {high:g}")
-        return float(value)
-    return check
 
 
 MAX_STOP_MARGIN = 60.0
@@ -378,16 +353,6 @@ class Reopen:
         return RestartReply.from_wire(body)
 
 
-# The most addresses one job's pods may have: every worker (the operator's own cap on replicas) and then some.
-MAX_PEERS = 4096
-
-
-def addresses(name: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > MAX_PEERS:
-        raise Invalid(f"{name} must be a list of at most {MAX_PEERS} addresses")
-    return tuple(sorted({ip(name, item) for item in value}))
-
-
 @dataclass(frozen=True)
 class PeersReply(ActionReply):
     allowed: int = 0  # how many addresses the gate lets through now
@@ -421,9 +386,9 @@ class Peers:
         return PeersReply.from_wire(body)
 
 
-Request = Union[Remove, Complete, Restart, Stop, Peers, Reopen]  # not `|`: the store runs on Python 3.9 too
-REQUESTS: tuple[type[Remove] | type[Complete] | type[Restart] | type[Stop] | type[Peers] | type[Reopen], ...] = (
-    Remove, Complete, Restart, Stop, Peers, Reopen)
+Request = Union[Remove, Complete, Hold, Restart, Stop, Peers, Reopen]  # not `|`: the store runs on Python 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Hold] | type[Restart] | type[Stop] | type[Peers] | type[Reopen],
+                ...] = (Remove, Complete, Hold, Restart, Stop, Peers, Reopen)
 
 
 def path(request: Request | type[Request]) -> str:
