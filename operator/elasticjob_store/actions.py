@@ -122,6 +122,31 @@ def complete_round(state: RendezvousState | None, live_nodes: int, min_nodes: in
     return Outcome(new, True, f"round {state.round} completes at the agents' next poll with {count} node(s)")
 
 
+def hold_round(state: RendezvousState | None, round_seen: int, until: datetime) -> Outcome:
+    """Keeps round `round_seen`'s last call open until `until`.
+
+    torch's join op completes a round when a participant polls and finds the deadline passed with min..max
+    participants (or at once at max). Its deadline is set when the min-th node joins, and every agent reads it
+    from the state at each poll: a later deadline makes them wait on for the nodes still coming, as a longer
+    last call would. `done`: the round's last call lasts until `until` at least."""
+    if state is None:
+        return Outcome(None, False, "no rendezvous state yet")
+    if state.closed:
+        return Outcome(None, False, "the rendezvous is closed")
+    if state.round != round_seen:
+        return Outcome(None, False, f"round {state.round} is not round {round_seen}")
+    if state.complete:
+        return Outcome(None, False, f"round {state.round} is already complete")
+    if state.deadline is None:
+        return Outcome(None, False, f"round {state.round} has no last call yet (fewer than its minimum joined)")
+    if state.deadline >= until:
+        return Outcome(None, True, f"round {state.round}'s last call lasts until {state.deadline:%H:%M:%S} already")
+    new = copy.deepcopy(state)
+    new.deadline = until
+    return Outcome(new, True, f"round {state.round}'s last call held until {until:%H:%M:%S.%f}"[:-3]
+                   + f" for {len(state.participants)} participant(s)")
+
+
 def add_waiter(state: RendezvousState | None, round_seen: int, now: datetime) -> Outcome:
     """Puts WAITER in the wait list so running agents restart their workers, as for a node joining.
 

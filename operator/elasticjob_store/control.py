@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from elasticjob_store import actions, compat, links, nodechecks, pace, peers, stop
+from elasticjob_store import actions, compat, links, nodechecks, pace, peers, protocol, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.agent_reports import AgentReports, Store
 from elasticjob_store.progress import KEY as PROGRESS_KEY
@@ -57,6 +57,7 @@ class Control(AgentReports):
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.tracker = RoundTracker()
+        self._first_hold: tuple[int, float] = (-1, 0.0)  # the round held last, and when its first hold came
         self._store = store
         self._clock = clock
         self._log = log
@@ -176,6 +177,19 @@ class Control(AgentReports):
                                                                   self.max_nodes, now))
         self.log(f"complete liveNodes={live_nodes}: {outcome.reason}")
         return outcome
+
+    def hold(self, round_seen: int, seconds: float) -> tuple[Outcome, float | None]:
+        """hold_round up to `seconds` after this store's first hold of the round: asked again, it is not held
+        longer. Returns the outcome and the time held until (unix seconds; None when not held)."""
+        if refused := self._refused(f"hold round={round_seen}"):
+            return refused, None
+        with self.lock:
+            if self._first_hold[0] != round_seen:
+                self._first_hold = (round_seen, self.now())
+            until = self._first_hold[1] + min(seconds, protocol.MAX_HOLD)
+        outcome = self.apply(lambda state: actions.hold_round(state, round_seen, self._utc(until)))
+        self.log(f"hold round={round_seen} seconds={seconds:g}: {outcome.reason}")
+        return outcome, until if outcome.done else None
 
     def restart(self, round_seen: int) -> Outcome:
         if refused := self._refused(f"restart round={round_seen}"):

@@ -60,6 +60,12 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         outcome = control.complete(protocol.Complete.from_wire(body).live_nodes)
         return protocol.CompleteReply(outcome.state is not None, outcome.reason, completed=outcome.done).to_wire()
 
+    def hold(body: Any, _query: wire.Query) -> dict[str, Any]:
+        asked = protocol.Hold.from_wire(body)
+        outcome, until = control.hold(asked.round, asked.seconds)
+        return protocol.HoldReply(outcome.state is not None, outcome.reason,
+                                  outcome.reason if outcome.refused else None, held_until=until).to_wire()
+
     def restart(body: Any, _query: wire.Query) -> dict[str, Any]:
         outcome = control.restart(protocol.Restart.from_wire(body).round)
         return protocol.RestartReply(outcome.state is not None, outcome.reason, restarting=outcome.done).to_wire()
@@ -76,6 +82,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         ("GET", protocol.STATE): state_view,
         ("POST", protocol.path(protocol.Remove)): remove,
         ("POST", protocol.path(protocol.Complete)): complete,
+        ("POST", protocol.path(protocol.Hold)): hold,
         ("POST", protocol.path(protocol.Restart)): restart,
         ("POST", protocol.path(protocol.Stop)): stop,
         ("POST", protocol.path(protocol.Reopen)): reopen,

@@ -127,7 +127,8 @@ class Cluster:
                "ELASTICJOB_RDZV_TOKEN_FILE": str(token)}
         output = self.tmp / "store.log"
         proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, output,
-                                         lambda port: Store(None, port, output).state(), start_new_session=True)
+                                         lambda port: checked(Store(None, port, output).state()),
+                                         start_new_session=True)
         self.store = Store(proc, port, output)
         return self.store
 
@@ -174,6 +175,11 @@ class Cluster:
             _stop_session(agent.proc)
         if self.store is not None:
             _stop_session(self.store.proc)
+
+
+def checked(state: dict[str, Any]) -> bool:
+    """The store serves, and its check of torch (a child process, a few seconds) is done: nudges may be asked."""
+    return not state["torch"].get("checking")
 
 
 def now() -> float:

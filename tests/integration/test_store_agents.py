@@ -117,6 +117,30 @@ def test_killed_node_recovers_sooner_with_the_nudges(clusters):
     assert nudged["first_step_world_2"] < base["first_step_world_2"] - 1.0
 
 
+# ---------------------------------------------------------------- (a') the first round held
+
+
+def test_a_held_first_round_waits_for_an_agent_that_joins_after_its_last_call(clusters):
+    """The operator's hold (planner/first_round.py): round 0's last call (2 s here) kept open while a worker is
+    still starting, then ended by complete once both agents are in. torch reads the held deadline at each poll."""
+    cluster = clusters(1, 3)
+    with diagnosed(cluster):
+        store = cluster.start_store()
+        cluster.start_agent(ADDRS[0])
+        first = wait_for(store.state, FIRST_WORLD_TIMEOUT, "the first agent in round 0", interval=0.05,
+                         until=lambda s: s["participants"] and not s["complete"])
+        held = store.api("POST", "/v1/hold", {"round": 0, "seconds": 30})
+        assert held["changed"] and held["heldUntil"], held
+        # The second agent starts once the first one's last call is over: unheld, round 0 would form without it.
+        joined_at = now()
+        wait_for(lambda: now() > joined_at + 3, 10, "the first agent's last call over", interval=0.1)
+        assert not store.state()["complete"], "round 0 formed while held"
+        cluster.start_agent(ADDRS[1])
+        complete_when_all_joined(cluster, 2, first["round"] - 1, timeout=FIRST_WORLD_TIMEOUT)
+        cluster.wait_for_world(2, timeout=FIRST_WORLD_TIMEOUT)
+        assert {r["world_size"] for r in cluster.steps()} == {2}, "the job trained before both agents were in"
+
+
 # ---------------------------------------------------------------- (b) a frozen node
 
 

@@ -182,7 +182,7 @@ def test_the_first_round_waits_its_last_call_for_a_worker_still_starting_on_its_
     # round completed without it would restart the whole group before the first step.
     starting = worker(2, phase="Pending")
     assert nudges(plan([worker(0), worker(1), starting], view(node(0), node(1), complete=False, round=0),
-                       replicas=3)) == []
+                       replicas=3)) == [("hold", {"round": 0, "seconds": 10.0})]  # first_round.py
     # After a fault the survivors go on without it (it joins as a scale-up): recovery is not held up.
     assert ("complete", {"liveNodes": 2}) in nudges(plan([worker(0), worker(1), starting],
                                                          view(node(0), node(1), complete=False), replicas=3))

@@ -129,6 +129,9 @@ SCENARIOS = {
         [worker(0), worker(1, "Failed", exit_code=87, rendezvous_failed="RendezvousClosedError",
                         finished_at=NOW - timedelta(seconds=0.5)), worker(2)],
         dataclasses.replace(view(0.2, 0.2, 0.2), closed=True), closed(rendezvous(0.2, 0.2, 0.2))),
+    "the first round waits for a worker still starting": (
+        [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, complete=False), round=0),
+        rendezvous(0.2, 0.2, round=0, complete=False, deadline_in=1)),
     "a new store's gate is told the job's pods": (
         [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, 0.2), peers=PeersView(False, ())),
         rendezvous(0.2, 0.2, 0.2)),
@@ -302,11 +305,12 @@ def test_a_reply_of_the_wrong_types_is_invalid(kind, body, said):
 
 
 def test_the_protocol_pulls_in_nothing_but_the_standard_library():
-    """The operator imports this one module of the store: not torch, not the store's other modules."""
+    """The operator imports this one module of the store (and its field checks): not torch, not the store's other
+    modules."""
     code = ("import sys, elasticjob_store.protocol\n"
             "ours = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'pydantic', 'elasticjob', 'elasticjob_store'))\n"
-            "assert ours == ['elasticjob_store', 'elasticjob_store.protocol'], ours\n")
+            "assert ours == ['elasticjob_store', 'elasticjob_store.protocol', 'elasticjob_store.protocol_checks'], ours\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

@@ -267,6 +267,28 @@ def test_complete_through_http_is_complete_round(harness):
     assert again["completed"] is True and again["changed"] is False
 
 
+def test_hold_keeps_the_first_rounds_last_call_open_until_its_first_hold_and_seconds(harness):
+    harness.write(make_state(round=0, deadline=datetime.fromtimestamp(T0 + 1, UTC), participants=[A]))
+    assert harness.call("POST", "/v1/hold", {"round": 1, "seconds": 10})[1]["changed"] is False  # fenced
+    status, body = harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})
+    assert status == 200 and body["changed"] is True and body["heldUntil"] == T0 + 10
+    assert harness.stored().deadline == datetime.fromtimestamp(T0 + 10, UTC)
+    # Asked again later (each reconcile asks): held from the first hold, not pushed on; no second Event.
+    harness.clock.now += 5
+    again = harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})[1]
+    assert again["changed"] is False and again["heldUntil"] == T0 + 10
+    assert harness.call("POST", "/v1/hold", {"round": 0, "seconds": 31})[0] == 400  # past MAX_HOLD
+    # complete ends it once every live agent joined; a hold asked after that finds nothing to hold.
+    harness.write(make_state(round=0, complete=True, participants=[A, B]))
+    assert harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})[1]["heldUntil"] is None
+
+
+def test_hold_has_no_last_call_to_hold_before_the_minimum_joined(harness):
+    harness.write(make_state(round=0, participants=[A]))  # no deadline: torch waits for its min nodes anyway
+    body = harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})[1]
+    assert body["changed"] is False and "no last call yet" in body["reason"]
+
+
 def test_restart_puts_a_waiter_that_the_poller_takes_out_once_the_round_moved_on(harness):
     harness.write(make_state(round=5, complete=True, participants=[A, B]))
     harness.control.poll()

@@ -44,6 +44,7 @@ from elasticjob.planner.base import (
     stamp,
 )
 from elasticjob.planner.failures import book
+from elasticjob.planner.first_round import hold_first_round
 from elasticjob_store.protocol import Complete, Remove, Restart, control_port
 
 
@@ -78,7 +79,8 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
     keep_left_out(plan, job, observed, store, now)
     removed = remove_dead(plan, job, pods, store, endpoint, now)
     removed |= restart_after_cut_off(plan, job, observed, pods, store, endpoint, now)
-    complete_early(plan, job, observed, store, endpoint, removed)
+    if not hold_first_round(plan, job, observed, store, endpoint):
+        complete_early(plan, job, observed, store, endpoint, removed)
 
 
 def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
