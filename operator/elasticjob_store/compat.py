@@ -1,6 +1,6 @@
 """Whether this torch is one the store may nudge: checked once, in a child process started once the store serves
 (importing torch takes seconds; the store does not wait for it and never imports torch itself), before any nudge
-is accepted: until then GET /v1/state says `checking`.
+is accepted (but the first round's hold, control.py): until then GET /v1/state says `checking`.
 
 The nudges (remove, complete, restart) rewrite torch's private, pickled `_RendezvousState` in place. They are
 only as safe as the match between what state.py and actions.py assume and what this torch's agents do, so

@@ -103,7 +103,7 @@ class Control(AgentReports):
     def _decode(self, raw: bytes) -> RendezvousState | None:
         # The poller reads four times a second and the state rarely changes: decode each value once.
         # Actions copy before they change anything, so sharing the decoded object is safe.
-        if not self.verdict.nudges:
+        if not self.verdict.nudges and not self._checking_in_range():
             return None  # torch's private state is read only where its shape was proven (compat.py)
         cached_raw, cached_state = self._decoded
         if raw == cached_raw:
@@ -147,6 +147,12 @@ class Control(AgentReports):
         count = int(agents) if agents.isdigit() and len(agents) < 12 else 0
         return {"agents": count, "why": why[:compat.MAX_WHY].decode(errors="replace")}
 
+    def _checking_in_range(self) -> bool:
+        """compat.probe still runs, on a torch whose version is in the range: the state is read (the decoder takes
+        exactly torch's fields, or refuses) and the first round's hold taken, for the first round forms meanwhile;
+        the hold rewrites one time of a state just decoded. Every other nudge waits for the verdict."""
+        return self.verdict.checking and compat.in_range(self.verdict.torch)
+
     def _refused(self, what: str) -> Outcome | None:
         if self.verdict.nudges:
             return None
@@ -181,7 +187,7 @@ class Control(AgentReports):
     def hold(self, round_seen: int, seconds: float) -> tuple[Outcome, float | None]:
         """hold_round up to `seconds` after this store's first hold of the round: asked again, it is not held
         longer. Returns the outcome and the time held until (unix seconds; None when not held)."""
-        if refused := self._refused(f"hold round={round_seen}"):
+        if not self._checking_in_range() and (refused := self._refused(f"hold round={round_seen}")):
             return refused, None
         with self.lock:
             if self._first_hold[0] != round_seen:

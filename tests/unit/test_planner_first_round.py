@@ -69,6 +69,12 @@ def test_a_worker_left_out_of_the_rendezvous_is_not_waited_for():
     assert [a.request.KIND for a in result.actions if isinstance(a, planner.StoreAction)] != ["hold"]
 
 
-def test_a_store_still_checking_its_torch_is_not_asked():
+def test_a_store_still_checking_its_torch_is_asked_the_hold_alone():
+    """The first round forms while a new store checks its torch (a few seconds): the hold is the one nudge such a
+    store takes (elasticjob_store/control.py); a store whose nudges are off for good gets none."""
     checking = dataclasses.replace(forming(0, 1), nudges_off="checking", nudges_checked=False)
-    assert nudges([worker(0), worker(1), worker(2)], checking, replicas=3) == []
+    assert nudges([worker(0), worker(1), worker(2)], checking, replicas=3) == [HOLD]
+    assert nudges([worker(0), worker(1), worker(2)], dataclasses.replace(checking, participants=forming(
+        0, 1, 2).participants), replicas=3) == []  # every agent in: no complete before the verdict
+    off = dataclasses.replace(forming(0, 1), nudges_off="torch 2.99 is outside the range")
+    assert nudges([worker(0), worker(1), worker(2)], off, replicas=3) == []

@@ -25,7 +25,7 @@ import pytest
 import torch.distributed as dist
 from store_states import A2, A, B, C, agent_pickle, fields, make_state
 
-from elasticjob_store import actions, wire
+from elasticjob_store import actions, compat, wire
 from elasticjob_store.auth import Credential
 from elasticjob_store.capped import MAX_CONNECTIONS, MAX_PER_PEER
 from elasticjob_store.control import Control
@@ -281,6 +281,17 @@ def test_hold_keeps_the_first_rounds_last_call_open_until_its_first_hold_and_sec
     # complete ends it once every live agent joined; a hold asked after that finds nothing to hold.
     harness.write(make_state(round=0, complete=True, participants=[A, B]))
     assert harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})[1]["heldUntil"] is None
+
+
+def test_while_torch_is_checked_the_hold_alone_is_taken_and_only_on_a_torch_in_range(harness):
+    harness.write(make_state(round=0, deadline=datetime.fromtimestamp(T0 + 1, UTC), participants=[A]))
+    harness.control.verdict = compat.Verdict("2.13.0", False, "checking", checking=True)
+    assert harness.call("POST", "/v1/complete", {"liveNodes": 1})[1]["completed"] is False
+    held = harness.call("POST", "/v1/hold", {"round": 0, "seconds": 10})[1]
+    assert held["changed"] is True, held
+    harness.control.verdict = compat.Verdict("2.99.0", False, "checking", checking=True)
+    refused = harness.call("POST", "/v1/hold", {"round": 0, "seconds": 20})[1]
+    assert refused["changed"] is False and "nudges are off" in refused["reason"]
 
 
 def test_hold_has_no_last_call_to_hold_before_the_minimum_joined(harness):

@@ -73,7 +73,11 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
     if store is not None:
         show_nudges(plan, job, store, now)
         show_plain_torchrun(plan, job, store, now)
-    if store is None or store.nudges_off or store.round is None or store.closed or endpoint is None:
+    if store is None or store.round is None or store.closed or endpoint is None:
+        return
+    if store.nudges_off:
+        if not store.nudges_checked:  # a new store checking its torch takes the first round's hold alone
+            hold_first_round(plan, job, observed, store, endpoint)
         return
     pods = by_address(observed)
     keep_left_out(plan, job, observed, store, now)
