@@ -314,7 +314,7 @@ class Control(AgentReports):
             kind = "failure round" if completed.failure else "round"
             self.log(f"{kind} {completed.round} formed with {len(completed.nodes)} node(s): "
                      f"{', '.join(completed.nodes)}")
-        if actions.has_waiter(state) and self._waiter_finished(state, now):
+        if self.verdict.nudges and actions.has_waiter(state) and self._waiter_finished(state, now):
             outcome = self.apply(lambda current: actions.remove_waiter(current)
                                  if self._waiter_finished(current, now) else Outcome(None, False, "still needed"))
             if outcome.done:
@@ -329,7 +329,7 @@ class Control(AgentReports):
     def remove_departed(self, state: RendezvousState | None, now: float) -> None:
         """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove
         them once the kubelet reports the pod's end."""
-        if self._connections is None or state is None:
+        if self._connections is None or state is None or not self.verdict.nudges:  # a write: after the verdict
             return
         addresses = [n.addr for n in (*state.participants, *state.wait_list) if n != actions.WAITER]
         connected = self._connections() if addresses else None  # no node, nothing to read the table for

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from store_states import agent_pickle, make_state
 
-from elasticjob_store import peers
+from elasticjob_store import compat, peers
 from elasticjob_store.control import Control
 from elasticjob_store.state import NodeDesc, decode, state_key
 from helpers import wait_for
@@ -108,3 +108,22 @@ def test_without_a_connection_table_nothing_is_removed(store):
     control = Control(store, "run-1", 1, 3, log=lambda _: None, connections=lambda: None)
     control.poll()
     assert len(decode(store.get(state_key("run-1"))).participants) == 3
+
+
+def test_while_torch_is_checked_the_poller_reads_the_state_but_removes_no_one(store):
+    """A new store reads the state while its torch is checked (for the first round's hold), but writes nothing
+    of its own accord until the verdict: a closed connection is acted on only after it."""
+    seen = [{"127.0.0.2", "127.0.0.4"}]
+    control = Control(store, "run-1", 1, 3, log=lambda _: None, connections=lambda: seen[0],
+                      verdict=compat.Verdict("2.13.0", False, "checking", checking=True))
+    control.poll()
+    seen[0] = {"127.0.0.4"}
+    control.poll()
+    assert control.read()[1] is not None  # read meanwhile
+    assert len(decode(store.get(state_key("run-1"))).participants) == 3
+    control.verdict = compat.Verdict("2.13.0", True, "checked")
+    seen[0] = {"127.0.0.2", "127.0.0.4"}
+    control.poll()
+    seen[0] = {"127.0.0.4"}
+    control.poll()
+    assert set(decode(store.get(state_key("run-1"))).participants) == {SILENT, OTHER}
