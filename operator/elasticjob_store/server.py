@@ -63,8 +63,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
     def hold(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Hold.from_wire(body)
         outcome, until = control.hold(asked.round, asked.seconds)
-        return protocol.HoldReply(outcome.state is not None, outcome.reason,
-                                  outcome.reason if outcome.refused else None, held_until=until).to_wire()
+        return protocol.HoldReply(outcome.state is not None, outcome.reason, held_until=until).to_wire()
 
     def restart(body: Any, _query: wire.Query) -> dict[str, Any]:
         outcome = control.restart(protocol.Restart.from_wire(body).round)

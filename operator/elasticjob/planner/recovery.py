@@ -91,9 +91,9 @@ def show_nudges(plan: Plan, job: Job, store: StoreView, now: datetime) -> None:
     """A store that turned its nudges off (its torch is not one they were proven on) gets none, and the job
     says so once: torch's own timing alone then decides how fast it recovers. A new store checking its torch
     (a few seconds after it serves) has them off until it is done: the condition waits for its verdict."""
-    was = condition(plan.status, NUDGES)
     if not store.nudges_checked:
         return
+    was = condition(plan.status, NUDGES)
     if store.nudges_off is None:
         if was is not None and was.status != "True":  # a new store, on a torch they work on
             set_condition(plan.status, NUDGES, True, "Enabled", "the store accepts the operator's nudges", now,
