@@ -10,13 +10,14 @@ was meant to end has ended.
 from __future__ import annotations
 
 import functools
+import secrets
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from elasticjob_store import actions, compat, links, nodechecks, pace, peers, protocol, stop
+from elasticjob_store import actions, compat, links, nodechecks, pace, peers, protocol, seats, stop
 from elasticjob_store.actions import Outcome
 from elasticjob_store.agent_reports import AgentReports, Store
 from elasticjob_store.progress import KEY as PROGRESS_KEY
@@ -24,6 +25,7 @@ from elasticjob_store.progress import ProgressReader
 from elasticjob_store.protocol import StopReply
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
+from elasticjob_store.seating import Seating
 from elasticjob_store.state import RendezvousState, StateError, decode, encode, state_key
 
 WRITE_ATTEMPTS = 8
@@ -37,12 +39,12 @@ class ConflictError(RuntimeError):
     """Every attempt to write lost a race with the agents."""
 
 
-class Control(AgentReports):
+class Control(AgentReports, Seating):
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
                  connections: Callable[[], set[str] | None] | None = None,
-                 gate: Callable[[], dict[str, Any]] | None = None) -> None:
+                 gate: Callable[[], dict[str, Any]] | None = None, seat_count: int | None = None) -> None:
         self.run_id = run_id
         # The gate's report (gate.py): a change of whom it answers or refuses wakes the operator like a round's.
         self.gate = gate
@@ -82,6 +84,10 @@ class Control(AgentReports):
         # The addresses connected to the store's port now (peers.connected); None: agents' departures unseen.
         self._connections = connections
         self._departures = peers.Departures()
+        # The seats of a job with spares (seats.py): how many agents may be in its rounds; None, every agent.
+        self.seats = seats.Seats(seat_count)
+        self.seat_epoch = secrets.token_hex(4)  # an agent that asked a store before this one asks again
+        self._held_written = b""
 
     def log(self, message: str) -> None:
         when = datetime.fromtimestamp(self._clock(), timezone.utc).isoformat(timespec="milliseconds")
@@ -295,16 +301,21 @@ class Control(AgentReports):
                 return
             raise
         now = self.now()
-        self.remove_departed(state, now)
+        if self.remove_departed(state, now):  # the seats below see the state without the agents gone
+            raw = self.read_raw()
+            state = self._decode(raw)
         with self.lock:
             completed = self.tracker.track(state, now)
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
         self.read_agents(state, now)
+        self.read_seats(state, raw, now)
+        self.complete_seated(state, now)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
                     self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark(),
-                    self.links.describe(), self.verdict)  # the verdict: a long poll wakes when the check ends
+                    self.links.describe(), self.seats.landmark(),
+                    self.verdict)  # the verdict: a long poll wakes when the check ends
         if seen != self._summary:
             self._summary = seen
             with self.changed:
@@ -326,19 +337,22 @@ class Control(AgentReports):
         report = self.gate()
         return report["told"], tuple(report["allowed"]), report["refused"]
 
-    def remove_departed(self, state: RendezvousState | None, now: float) -> None:
+    def remove_departed(self, state: RendezvousState | None, now: float) -> bool:
         """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove
-        them once the kubelet reports the pod's end."""
+        them once the kubelet reports the pod's end. Whether any was."""
         if self._connections is None or state is None or not self.verdict.nudges:  # a write: after the verdict
-            return
+            return False
         addresses = [n.addr for n in (*state.participants, *state.wait_list) if n != actions.WAITER]
         connected = self._connections() if addresses else None  # no node, nothing to read the table for
         if connected is None:
-            return
+            return False
+        removed = False
         for addr in self._departures.gone(connected, addresses):
             outcome = self.apply(functools.partial(self._remove_gone, addr, self._utc(now)))
+            removed = removed or outcome.done
             self.log(f"the agent at {addr} closed its connection: {outcome.reason}"
                      + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
+        return removed
 
     def _remove_gone(self, addr: str, before: datetime, state: RendezvousState | None) -> Outcome:
         return actions.remove_node(state, addr, before, self.min_nodes, self._members(state))

@@ -63,6 +63,7 @@ def main() -> None:
         read_timeout = _int_env("ELASTICJOB_RDZV_READ_TIMEOUT", 60, 1)
         stale_ms = _int_env("ELASTICJOB_RDZV_STALE_MS", NO_LIMIT, 1)
         peer_check = bool(_int_env("ELASTICJOB_RDZV_PEER_CHECK", 1, 0, 1))
+        seat_count = _int_env("ELASTICJOB_RDZV_SEATS", 0, 0) or None  # 0: a job without spares
     except ConfigError as err:
         print(f"{PROGRAM}: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -88,7 +89,7 @@ def main() -> None:
     control_at = control_port(port)
     control = Control(server.local(read_timeout), run_id, min_nodes, max_nodes, log=log,
                       stale_after=stale_ms / 1000, verdict=compat.checking(), connections=lambda: peers.connected(port),
-                      gate=fence.report if fence else None)
+                      gate=fence.report if fence else None, seat_count=seat_count)
     http = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential, fence))
     start_poller(control, threading.Event())
     threading.Thread(target=http.serve_forever, name="control-http", daemon=True).start()

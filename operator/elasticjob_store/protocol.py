@@ -17,6 +17,8 @@ allows that one import; test_store_protocol checks what importing it pulls in). 
     POST /v1/reopen                       Reopen   -> RestartReply (a closed round the job did not close)
     POST /v1/peers                        Peers    -> PeersReply (the job's pods: the only peers the store's
                                           port answers, gate.py)
+    POST /v1/seats                        Seats    -> ActionReply (how many agents may be in the rounds of a
+                                          job with spares, seats.py)
     any refusal                           ErrorReply, with a status other than 200
 
 Request bodies are checked strictly (a field the store does not know is refused: a nudge must not be taken
@@ -37,6 +39,7 @@ from elasticjob_store.protocol_checks import (
     fields,
     integer,
     ip,
+    optional,
     query_float,
     query_int,
     seconds,
@@ -45,7 +48,9 @@ from elasticjob_store.protocol_checks import (
 
 # Re-exported: both sides catch Invalid here, and the operator reads MAX_PEERS here.
 from elasticjob_store.protocol_checks import MAX_PEERS as MAX_PEERS  # noqa: F401
+from elasticjob_store.protocol_checks import REQUIRED as _REQUIRED
 from elasticjob_store.protocol_checks import Invalid as Invalid
+from elasticjob_store.protocol_checks import reply_field as _get
 
 # The longest a GET /v1/state?wait= holds its answer back (the operator asks for less, and times out later).
 MAX_WAIT = 60.0
@@ -85,22 +90,6 @@ class StateQuery:
 
 
 # Replies: read leniently (fields added later are skipped), each known field checked for its type.
-
-_REQUIRED = object()
-
-
-def _get(body: Any, name: str, kinds: tuple[type, ...], default: Any) -> Any:
-    if not isinstance(body, dict):
-        raise Invalid("a reply must be a JSON object")
-    if name not in body:
-        if default is _REQUIRED:
-            raise Invalid(f"the reply has no {name}")
-        return default
-    value = body[name]
-    if type(value) not in kinds:  # type(), not isinstance: JSON true is not a count
-        raise Invalid(f"the reply's {name} is a {type(value).__name__}")
-    return value
-
 
 @dataclass(frozen=True)
 class NodeRef:
@@ -386,9 +375,29 @@ class Peers:
         return PeersReply.from_wire(body)
 
 
-Request = Union[Remove, Complete, Hold, Restart, Stop, Peers, Reopen]  # not `|`: the store runs on Python 3.9 too
-REQUESTS: tuple[type[Remove] | type[Complete] | type[Hold] | type[Restart] | type[Stop] | type[Peers] | type[Reopen],
-                ...] = (Remove, Complete, Hold, Restart, Stop, Peers, Reopen)
+@dataclass(frozen=True)
+class Seats:
+    """A job with spares: `count` of its agents may be in its rounds (its replicas); None: every agent."""
+
+    KIND: ClassVar[str] = "seats"
+    count: int | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Seats:
+        return cls(fields(body, {"count": optional(integer(1, MAX_INT))})["count"])
+
+    @staticmethod
+    def reply(body: Any) -> ActionReply:
+        changed, reason = ActionReply._common(body)
+        return ActionReply(changed, reason)
+
+
+Request = Union[Remove, Complete, Hold, Restart, Stop, Peers, Reopen, Seats]  # not `|`: the store runs on 3.9 too
+REQUESTS: tuple[type[Remove] | type[Complete] | type[Hold] | type[Restart] | type[Stop] | type[Peers] | type[Reopen]
+                | type[Seats], ...] = (Remove, Complete, Hold, Restart, Stop, Peers, Reopen, Seats)
 
 
 def path(request: Request | type[Request]) -> str:

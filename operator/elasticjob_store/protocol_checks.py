@@ -67,6 +67,13 @@ def seconds(high: float) -> Callable[[str, Any], float]:
     return check
 
 
+def optional(check: Check) -> Check:
+    """`check`, or JSON null as None."""
+    def either(name: str, value: Any) -> Any:
+        return None if value is None else check(name, value)
+    return either
+
+
 def addresses(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > MAX_PEERS:
         raise Invalid(f"{name} must be a list of at most {MAX_PEERS} addresses")
@@ -95,3 +102,21 @@ def query_float(query: Query, name: str, default: float, high: float) -> float:
     if not math.isfinite(number) or not 0 <= number <= high:
         raise Invalid(f"{name} must be from 0 to {high:.0f} seconds")
     return number
+
+
+# Replies (protocol.py): read leniently (fields added later are skipped), each known field checked for its type.
+
+REQUIRED = object()
+
+
+def reply_field(body: Any, name: str, kinds: tuple[type, ...], default: Any) -> Any:
+    if not isinstance(body, dict):
+        raise Invalid("a reply must be a JSON object")
+    if name not in body:
+        if default is REQUIRED:
+            raise Invalid(f"the reply has no {name}")
+        return default
+    value = body[name]
+    if type(value) not in kinds:  # type(), not isinstance: JSON true is not a count
+        raise Invalid(f"the reply's {name} is a {type(value).__name__}")
+    return value

@@ -44,17 +44,18 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
              stop: dict[str, Any] | None = None, pace: list[dict[str, Any]] | None = None,
              peers: dict[str, Any] | None = None,
              node_checks: list[dict[str, Any]] | None = None,
-             links: dict[str, Any] | None = None) -> dict[str, Any]:
+             links: dict[str, Any] | None = None, seats: dict[str, Any] | None = None) -> dict[str, Any]:
     """`epoch` changes when the store process restarts: the operator then knows the counts started over.
     `version` counts changes of the summary within the epoch. `torch`: compat.Verdict.report(), whether the
     store accepts nudges on this torch. `progress`: the training's latest report (progress.py), the tenant's
     word. `stop`: the planned stop last asked (its id, step and time), if any. `pace`: each pod's forward time
     (pace.py), the tenant's word too. `peers`: the gate's report (gate.py); None where no gate runs. `node_checks`:
     what each member of the latest round said its node check cost its join (nodechecks.py), the tenant's word.
-    `links`: the latest round's link probe verdict, its outlier as an address (links.py), the tenant's word too."""
+    `links`: the latest round's link probe verdict, its outlier as an address (links.py), the tenant's word too.
+    `seats`: for a job with spares, the seats' count, who holds one and which spares wait (seats.py); else None."""
     body: dict[str, Any] = {
         "torch": torch, "progress": progress, "stop": stop, "pace": pace or [], "peers": peers,
-        "nodeChecks": node_checks or [], "links": links,
+        "nodeChecks": node_checks or [], "links": links, "seats": seats,
         "epoch": epoch, "version": version, "runId": run_id, "now": now, "minNodes": min_nodes,
         "maxNodes": max_nodes, "staleAfter": stale_after,
         "round": None, "complete": False, "closed": False, "deadlineIn": None,

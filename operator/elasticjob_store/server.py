@@ -47,7 +47,8 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
                             stale_after=control.stale_after, torch=control.torch_report(),
                             progress=control.progress.describe(now), stop=control.stop_record,
                             pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None,
-                            node_checks=control.node_checks.describe(), links=control.links.describe())
+                            node_checks=control.node_checks.describe(), links=control.links.describe(),
+                            seats=control.seats.describe())
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)
@@ -77,6 +78,11 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         asked = protocol.Stop.from_wire(body)
         return control.stop(asked.requested_at, asked.margin_seconds).to_wire()
 
+    def seats(body: Any, _query: wire.Query) -> dict[str, Any]:
+        count = protocol.Seats.from_wire(body).count
+        changed = control.set_seats(count)
+        return protocol.ActionReply(changed, f"{count} seat(s)" if count else "no seats: every agent joins").to_wire()
+
     routes: dict[tuple[str, str], wire.Route] = {
         ("GET", protocol.STATE): state_view,
         ("POST", protocol.path(protocol.Remove)): remove,
@@ -86,6 +92,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
         ("POST", protocol.path(protocol.Stop)): stop,
         ("POST", protocol.path(protocol.Reopen)): reopen,
         ("POST", protocol.path(protocol.Peers)): peers_route(gate),
+        ("POST", protocol.path(protocol.Seats)): seats,
     }
     return wire.make_server(routes, host, port, credential, ERRORS,
                             log=lambda line: control.log(f"refusing the stored state: {line}"))

@@ -10,9 +10,11 @@ nothing (statecheck.py), rides out a lost store (outage.py), and on SIGTERM (an 
 training save at an agreed step before torchrun stops the workers (evicted.py). With ELASTICJOB_HEALTH_PORT it
 answers the kubelet's readiness probe from its store's answers (health.py), from its first moment on. With
 ELASTICJOB_NODE_CHECK=1 it checks its node while the server imports, and a node that fails joins no round
-(nodecheck.py); with ELASTICJOB_LINK_PROBE=1 the agents of each round of 3 or more measure their links before
-their workers start (roundprobe.py). An agent that its rendezvous ends (a closed round, a state refused, no
-store) with no worker of it failed exits RENDEZVOUS_EXIT after one line, not torchrun's 1 (rdzvexit.py).
+(nodecheck.py); with ELASTICJOB_SEATS=1 (a job with spares) it joins only once the store gives it a seat, and
+waits warm as a spare until then (seat.py); with ELASTICJOB_LINK_PROBE=1 the agents of each round of 3 or more
+measure their links before their workers start (roundprobe.py). An agent that its rendezvous ends (a closed
+round, a state refused, no store) with no worker of it failed exits RENDEZVOUS_EXIT after one line, not
+torchrun's 1 (rdzvexit.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from elasticjob_warm import (
     protocol,
     rdzvexit,
     roundprobe,
+    seat,
     statecheck,
 )
 
@@ -121,6 +124,9 @@ def patch_rendezvous(ready: health.Health | None, args: Any) -> None:
     if not outage.apply():
         print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; a lost store ends "
               "the agent, as in torchrun", file=sys.stderr, flush=True)
+    if not seat.apply(ready.answered if ready is not None else lambda: None):
+        print("elasticjob_warm.torchrun: this torch's rendezvous handler is not the one known; the agent joins "
+              "without asking for a seat (a spare trains too)", file=sys.stderr, flush=True)
     try:
         if not roundprobe.apply():
             print("elasticjob_warm.torchrun: this torch's agent is not the one known; the round's links are not "
