@@ -215,6 +215,9 @@ def rendezvous_pod(job: JobRef, placement: Placement = NO_PLACEMENT, token: str 
                     {"name": "ELASTICJOB_RDZV_STALE_MS",
                      "value": str(int(rdzv.keep_alive_interval_seconds * torchrun.STALE_FACTOR * 1000))},
                     {"name": "ELASTICJOB_RDZV_PEER_CHECK", "value": "1" if peer_check else "0"},
+                    # A job with spares: the seats of its first round (the operator sets them from then on).
+                    {"name": "ELASTICJOB_RDZV_SEATS",
+                     "value": str(job.spec.desired_replicas if job.spec.spares else 0)},
                     {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
             "ports": [{"name": "rendezvous", "containerPort": rdzv.port, "protocol": "TCP"},
                       {"name": "control", "containerPort": control_port(rdzv.port), "protocol": "TCP"}],

@@ -33,6 +33,8 @@ SPEC_RULES = [
      "message": "minReplicas must be less than or equal to maxReplicas"},
     {"rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
      "message": "replicas must be between minReplicas and maxReplicas"},
+    {"rule": "!has(self.spares) || self.spares == 0 || !has(self.warmStarts) || self.warmStarts",
+     "message": "spares need warmStarts: true (a spare's agent waits for its seat through the kit)"},
 ]
 NPROC_RULES = [
     {"rule": "type(self) == int ? int(self) >= 1 : string(self) == 'auto'",
@@ -74,6 +76,8 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready workers"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+    {"name": "Spares", "type": "integer", "jsonPath": ".status.spares",
+     "description": "Warm spare pods waiting, ready, for a seat in the job's rounds (spec.spares)"},
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},

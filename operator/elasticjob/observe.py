@@ -24,12 +24,13 @@ from elasticjob.store_view import (  # the store's answer, seen beside the pods 
     PaceView,
     PeersView,
     ProgressView,
+    SeatsView,
     StoreNode,
     StoreView,
 )
 
 __all__ = ["DISRUPTION_REASONS", "LinksView", "NodeCheckView", "PaceView", "PeersView", "PodView", "ProgressView",
-           "ServiceView", "SliceView", "StoreNode", "StoreView", "pod_view", "service_view", "slice_view"]
+           "SeatsView", "ServiceView", "SliceView", "StoreNode", "StoreView", "pod_view", "service_view", "slice_view"]
 
 # Pod-level reasons that mean "not the job's fault".
 DISRUPTION_REASONS = {

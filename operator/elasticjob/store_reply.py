@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from elasticjob.observe import LinksView, NodeCheckView, PaceView, PeersView, ProgressView, StoreNode, StoreView
+from elasticjob.observe import (
+    LinksView,
+    NodeCheckView,
+    PaceView,
+    PeersView,
+    ProgressView,
+    SeatsView,
+    StoreNode,
+    StoreView,
+)
 from elasticjob_store import protocol
 
 # A reply of maxReplicas (at most 1024) agents, twice over, is about 115 KiB: anything larger is refused unread.
@@ -160,6 +169,21 @@ class _Peers(_Strict):
         return [str(ipaddress.ip_address(addr)) for addr in value]  # anything else is no reply
 
 
+class _Seats(_Strict):
+    """The seats of a job with spares (elasticjob_store/seats.py describe)."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+    count: int = Field(ge=1, le=1 << 20)
+    held: list[str] = Field(default_factory=list, max_length=protocol.MAX_PEERS)
+    spares: list[str] = Field(default_factory=list, max_length=protocol.MAX_PEERS)
+    joining: list[str] = Field(default_factory=list, max_length=protocol.MAX_PEERS)
+
+    @field_validator("held", "spares", "joining")
+    @classmethod
+    def _ips(cls, value: list[str]) -> list[str]:
+        return [str(ipaddress.ip_address(addr)) for addr in value]  # anything else is no reply
+
+
 class _State(_Strict):
     epoch: str = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
     round: int | None = Field(None, ge=0, le=1 << 40)
@@ -179,6 +203,7 @@ class _State(_Strict):
     peers: _Peers | None = None  # absent where the store has no gate
     node_checks: list[Any] = Field(default_factory=list, alias="nodeChecks", max_length=256)  # each on its own
     links: dict[str, Any] | None = None  # checked on its own: a bad verdict is dropped, not the reply
+    seats: _Seats | None = None  # absent for a job without spares, and from older stores
 
 
 def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int = MAX_NODES) -> StoreView | None:
@@ -211,8 +236,15 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
         round_forming_since=datetime.fromtimestamp(forming, UTC) if forming is not None else None,
         last_round_nodes=tuple(last.nodes) if last is not None else (),
         pace=parse_pace(state.pace), peers=_peers(state.peers), node_checks=parse_node_checks(state.node_checks),
-        links=parse_links(state.links),
+        links=parse_links(state.links), seats=_seats(state.seats),
         received_at=received_at or datetime.now(UTC))
+
+
+def _seats(seats: _Seats | None) -> SeatsView | None:
+    if seats is None:
+        return None
+    return SeatsView(seats.count, tuple(sorted(set(seats.held))), tuple(sorted(set(seats.spares))),
+                     tuple(sorted(set(seats.joining))))
 
 
 def _peers(peers: _Peers | None) -> PeersView | None:

@@ -89,6 +89,17 @@ class PeersView:
     last_refused: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SeatsView:
+    """The seats of a job with spares (elasticjob_store/seats.py): how many agents may be in its rounds, which
+    addresses hold one (`joining`: granted, not in the rendezvous yet), and which spares wait for one."""
+
+    count: int
+    held: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
+    joining: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class StoreView:
     """torch's rendezvous as the job's store reports it (validated by the client; never unpickled here)."""
@@ -117,6 +128,7 @@ class StoreView:
     peers: PeersView | None = None  # the store's gate; None: the store answers every peer
     node_checks: tuple[NodeCheckView, ...] = ()  # the latest round's members' node-check costs
     links: LinksView | None = None  # the link probe's verdict for the latest round; None: none read
+    seats: SeatsView | None = None  # a job with spares: its seats; None: every agent joins
 
     @property
     def nodes(self) -> int:

@@ -21,7 +21,7 @@ RESERVED_ENV = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "ELASTICJOB_NAME", "ELASTICJOB_CHECKPOINT_DIR",
     "ELASTICJOB_STEP_TIMEOUT_SECONDS", "ELASTICJOB_STOP_GRACE_SECONDS", "ELASTICJOB_NODE_CHECK",
     "ELASTICJOB_LINK_PROBE", "ELASTICJOB_LINK_PROBE_FACTOR",
-    "ELASTICJOB_NODE_CHECK_SECONDS",
+    "ELASTICJOB_NODE_CHECK_SECONDS", "ELASTICJOB_SEATS",
 })
 
 
@@ -85,6 +85,8 @@ def agent_env(*, job_name: str, run_id: str, spec: ElasticJobSpec, container: di
         {"name": "ELASTICJOB_LINK_PROBE", "value": "1" if spec.node_check.link_probe else "0"},
         {"name": "ELASTICJOB_LINK_PROBE_FACTOR", "value": f"{spec.node_check.link_factor:g}"},
     ]
+    if spec.spares:  # a spare's agent waits for a seat before it joins (elasticjob_warm/seat.py)
+        env.append({"name": "ELASTICJOB_SEATS", "value": "1"})
     if spec.checkpoint_dir:
         env.append({"name": "ELASTICJOB_CHECKPOINT_DIR", "value": spec.checkpoint_dir})
     if spec.watchdog.enabled:

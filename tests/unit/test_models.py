@@ -29,8 +29,8 @@ def test_crd_has_subresources_printer_columns_and_rules():
     assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
                                                 "statusReplicasPath": ".status.replicas",
                                                 "labelSelectorPath": ".status.selector"}
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:6] == [
-        "Phase", "Ready", "Desired", "Min", "Max", "Restarts"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:7] == [
+        "Phase", "Ready", "Desired", "Spares", "Min", "Max", "Restarts"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert {r["rule"] for r in spec["x-kubernetes-validations"]} == {r["rule"] for r in crd.SPEC_RULES}
     assert spec["properties"]["nprocPerNode"]["x-kubernetes-int-or-string"] is True

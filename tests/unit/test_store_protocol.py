@@ -111,6 +111,7 @@ def view(*ages: float, complete: bool = True) -> StoreView:
 
 LISTENING = ProgressView(pod="train-worker-0", step=100, step_at=NOW, step_seconds=0.1, listens=True)
 SCALED_DOWN = job(running_status(), replicas=2)
+WITH_SPARES = job(running_status(), replicas=3, spares=1)
 
 # What the planner asks of a store, from what it sees, and the rendezvous that store holds meanwhile.
 SCENARIOS = {
@@ -132,6 +133,8 @@ SCENARIOS = {
     "the first round waits for a worker still starting": (
         [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, complete=False), round=0),
         rendezvous(0.2, 0.2, round=0, complete=False, deadline_in=1)),
+    "a job with spares tells its store the seats": (
+        [worker(0), worker(1), worker(2), worker(3)], view(0.2, 0.2, 0.2), rendezvous(0.2, 0.2, 0.2)),
     "a new store's gate is told the job's pods": (
         [worker(0), worker(1), worker(2)], dataclasses.replace(view(0.2, 0.2, 0.2), peers=PeersView(False, ())),
         rendezvous(0.2, 0.2, 0.2)),
@@ -140,7 +143,8 @@ SCENARIOS = {
 
 def nudges(scenario: str) -> list[planner.StoreAction]:
     pods, seen, _ = SCENARIOS[scenario]
-    result = planner.plan(SCALED_DOWN if "scale-down" in scenario else JOB, observed([rdzv()] + pods, store=seen), NOW)
+    chosen = SCALED_DOWN if "scale-down" in scenario else WITH_SPARES if "spares" in scenario else JOB
+    result = planner.plan(chosen, observed([rdzv()] + pods, store=seen), NOW)
     return [a for a in result.actions if isinstance(a, planner.StoreAction)]
 
 

@@ -233,7 +233,7 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
         queued(plan, job, "Queued", f"admitted, waiting to see ResourceFlavor {', '.join(missing)}", now)
         plan.soon(2)
         return None
-    asked = (wl.pod_set(kueue_names.PODSET_WORKERS) or (job.ref.spec.desired_replicas, None))[0]
+    asked = (wl.pod_set(kueue_names.PODSET_WORKERS) or (job.ref.spec.desired_pods, None))[0]
     granted = (wl.assignment(kueue_names.PODSET_WORKERS) or workloads.Assignment("", None)).count
     # Kueue counts the lesser: a slice shrunk in place keeps its admission's count (pkg/workload usage).
     workers = asked if granted is None else min(granted, asked)

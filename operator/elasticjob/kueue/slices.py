@@ -28,7 +28,7 @@ def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admit
            kit_image: str | None) -> int:
     """The workers the job may run now, under its admitted slice `active` (which holds `admitted`)."""
     finish_replaced(plan, observed, active, now)
-    desired = job.ref.spec.desired_replicas
+    desired = job.ref.spec.desired_pods  # the workers' podset holds the spares too
     pending = [w for w in own(observed) if not w.finished and not w.quota_reserved and not w.deleting
                and w.name != active.name]
     keep = pending[-1] if desired > admitted and pending and pending[-1].replaces == active.key else None

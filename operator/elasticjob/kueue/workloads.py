@@ -202,8 +202,9 @@ def pod_sets(job: JobRef, kit_image: str | None = None) -> list[dict[str, Any]]:
     copied = kit.copied_from(spec, kit_image)  # none where the job's image carries the kit (spec.kit: Image)
     if copied and kit.warm_starts(spec, worker_container(template) or {}, kit_image).on:
         kit.add_to_pod(template["spec"], copied)
-    workers: dict[str, Any] = {"name": kueue_names.PODSET_WORKERS, "count": spec.desired_replicas, "template": template}
-    if spec.min_replicas < spec.desired_replicas:
+    # The warm spares are in the workers' podset: pods like them, admitted under the same quota.
+    workers: dict[str, Any] = {"name": kueue_names.PODSET_WORKERS, "count": spec.desired_pods, "template": template}
+    if spec.min_replicas < spec.desired_pods:
         workers["minCount"] = spec.min_replicas
     store = rendezvous_pod(job, kit_image=kit_image)
     return [workers, {"name": kueue_names.PODSET_STORE, "count": 1,
@@ -268,8 +269,8 @@ def with_workers(view: WorkloadView, workers: int) -> list[dict[str, Any]]:
 def pod_sets_match(view: WorkloadView, job: JobRef, queue: str) -> bool:
     """Whether the Workload asks for what the spec says now: queue, counts and the template (by its hash)."""
     spec = job.spec
-    minimum = spec.min_replicas if spec.min_replicas < spec.desired_replicas else None
-    return (view.queue_name == queue and view.pod_set(kueue_names.PODSET_WORKERS) == (spec.desired_replicas, minimum)
+    minimum = spec.min_replicas if spec.min_replicas < spec.desired_pods else None
+    return (view.queue_name == queue and view.pod_set(kueue_names.PODSET_WORKERS) == (spec.desired_pods, minimum)
             and not template_changed(view, job))
 
 

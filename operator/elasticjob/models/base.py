@@ -17,6 +17,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 # The most nodes one job may ask for; it also bounds the cost of the CEL rules.
 MAX_NODES = 1024
+MAX_SPARES = 64
 MAX_FAILURES_KEPT = 10
 MAX_INCIDENTS_KEPT = 5
 

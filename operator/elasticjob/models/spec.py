@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from elasticjob.models.base import MAX_NODES, Model
+from elasticjob.models.base import MAX_NODES, MAX_SPARES, Model
 
 
 class RendezvousSpec(Model):
@@ -184,6 +184,12 @@ class ElasticJobSpec(Model):
     max_replicas: int = Field(ge=1, le=MAX_NODES, description="Most nodes (pods) training runs with.")
     replicas: int | None = Field(None, ge=1, le=MAX_NODES, description="Desired nodes; defaults to "
                                  "maxReplicas. kubectl scale and HPAs set it through the scale subresource.")
+    spares: int = Field(0, ge=0, le=MAX_SPARES, description="Warm spare pods beside the workers: started like "
+                        "them (the kit, torch imported, the node checked) but outside the training, each waiting "
+                        "for a seat in the job's rounds. When a worker's pod is lost, cut off, replaced or slow, a "
+                        "spare takes its place in the next round, so the job restarts once, at its full size, and "
+                        "the replacement pod becomes the next spare. They count against quota like workers. Needs "
+                        "warmStarts. Default 0.")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="Worker processes per pod: an integer, "
                                                   "or auto = the GPUs the worker container requests, else 1. "
                                                   "Default auto.")
@@ -228,3 +234,8 @@ class ElasticJobSpec(Model):
     @property
     def desired_replicas(self) -> int:
         return self.replicas if self.replicas is not None else self.max_replicas
+
+    @property
+    def desired_pods(self) -> int:
+        """Worker pods the spec wants: its workers and its warm spares (what Kueue is asked to admit)."""
+        return self.desired_replicas + self.spares

@@ -167,6 +167,10 @@ class ElasticJobStatus(Model):
                                 "all run and are ready, less those whose agent the operator took out of the "
                                 "rendezvous (the READY column). Through the operator's kit a worker is ready only "
                                 "while its agent is in the rendezvous and hears from the store.")
+    spares: int = Field(0, description="Warm spares (spec.spares): worker pods whose agent waits, ready, for a seat "
+                        "in the job's rounds, as the store reports them. They are not in READY.")
+    desired_spares: int = Field(0, description="Warm spare pods the operator wants now: spec.spares, less those "
+                                "Kueue did not admit beyond the workers.")
     desired_replicas: int = Field(0, description="Worker pods the operator wants now: spec.replicas (else "
                                   "maxReplicas), at most the workers Kueue admitted.")
     restarts: int = Field(0, description="Worker-group restarts charged to maxRestarts; failures seen "

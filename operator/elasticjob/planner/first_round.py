@@ -26,10 +26,13 @@ def hold_first_round(plan: Plan, job: Job, observed: Observed, store: StoreView,
     joined = {n.addr for n in store.participants}
     if len(joined) >= job.ref.spec.max_replicas:
         return False  # torch completes the round at its max nodes anyway
+    if store.seats is not None and len(joined) >= store.seats.count:
+        return False  # every seat is in the round: the pods still starting are spares
     left_out = set(plan.status.rendezvous.left_out)
+    spares = set(store.seats.spares) if store.seats is not None else set()
     coming = sorted(p.name for p in observed.workers
                     if p.active and p.live and p.node and p.uid not in left_out and p.node_check_failed is None
-                    and p.ip not in joined)
+                    and p.ip not in joined and p.ip not in spares)
     if not coming:
         return False
     shown = ", ".join(coming[:3]) + (f" and {len(coming) - 3} more" if len(coming) > 3 else "")

@@ -32,7 +32,7 @@ from elasticjob.models import (
     Phase,
 )
 from elasticjob.observe import ProgressView, StoreView
-from elasticjob.planner import goodput, planned_stop
+from elasticjob.planner import goodput, planned_stop, spares
 from elasticjob.planner.base import CutOff, Job, Observed, Plan, precise
 from elasticjob.planner.failures import is_round_record
 from elasticjob.planner.rejoin import parse, regrouped, rejoined, resumed_round, rode_out
@@ -68,7 +68,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     account_round(plan, ledger, store, progress, now)
     for queued in ledger.queued_incidents:
         advance(queued, plan, observed, now, job.ref.spec.node_check.enabled)
-    leaving = planned_stop.leaving(observed, status.desired_replicas)
+    leaving = planned_stop.leaving(observed, spares.pods_wanted(plan))
     while (incident := ledger.open_incident) is not None:
         stepping_on(incident, progress, leaving)
         saved_first(incident, plan, progress)
@@ -231,7 +231,7 @@ def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime, c
     """The marks the operator sees: every wanted worker running, then the group re-formed in the store, and what
     the node check held that group's join (`checking`: the job's agents check their nodes)."""
     if incident.replaced_time is None:
-        running = [p for p in observed.workers if p.running]
+        running = spares.seated([p for p in observed.workers if p.running], observed)  # a spare waits, not trains
         if len(running) >= plan.status.desired_replicas > 0:
             incident.replaced_time = precise(now)
     store = observed.store

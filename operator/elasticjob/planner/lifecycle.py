@@ -16,7 +16,7 @@ from datetime import datetime
 from elasticjob import builders, naming, torchrun
 from elasticjob.domain import JobRef, Settings
 from elasticjob.models import ElasticJobStatus, Phase
-from elasticjob.planner import capacity, ledger, links, nodes, ownership, peers, planned_stop, stragglers
+from elasticjob.planner import capacity, ledger, links, nodes, ownership, peers, planned_stop, spares, stragglers
 from elasticjob.planner.base import (
     UNGATED,
     Allowance,
@@ -31,7 +31,7 @@ from elasticjob.planner.base import (
 from elasticjob.planner.failures import account_failures, account_round_failures
 from elasticjob.planner.leftovers import collect_leftovers
 from elasticjob.planner.phase import complete, count_workers, derive_running_phase, show_refusal
-from elasticjob.planner.recovery import drive_rendezvous, show_warm_starts
+from elasticjob.planner.recovery import control_endpoint, drive_rendezvous, show_warm_starts
 from elasticjob.planner.rendezvous import ensure_rendezvous, report_round
 from elasticjob.planner.reopen import reopen_closed
 from elasticjob.planner.run_policy import deadline_passed, finish, suspend
@@ -49,7 +49,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     result = Plan(status=status)
     ownership.rename_taken(result, job.ref.name, observed.squatted)
     # 2. Count, report the store's round, and remove what earlier generations left.
-    count_workers(result, observed.workers)
+    count_workers(result, observed.workers, spares.spare_ips(observed))
     report_round(result, observed)
     collect_leftovers(result, job, observed, now)
     settings = settings or Settings()
@@ -57,7 +57,9 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     # integrations release what they hold.
     allowed = gate(result, job, observed, settings, now) if not status.phase.finished else None
     # The workers wanted now: the spec's count, capped by what the integrations allow. Decided and written here only.
-    status.desired_replicas = (allowed or UNGATED).replicas(job.ref.spec.desired_replicas)
+    allowance = allowed or UNGATED
+    status.desired_replicas = allowance.replicas(job.ref.spec.desired_replicas)
+    status.desired_spares = allowance.replicas(job.ref.spec.desired_pods) - status.desired_replicas  # spares last
     if allowed is not None:
         drive(result, job, observed, allowed, settings, token, now)
     if status.phase.finished:
@@ -109,10 +111,11 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     show_warm_starts(plan, job, settings.kit_image, now)
     ensure_rendezvous(plan, job, observed, settings, token, now, allowed.store)
     peers.tell_store(plan, job, observed)  # the store answers the job's pods alone, nudges or not
+    spares.tell_store(plan, job, observed, control_endpoint(observed, job))  # its seats, with spares
     # 3.4 Failures: charged once per incident; the rendezvous driven on the operator's evidence.
     # A worker that exits 0 finished the training, unless a planned stop is under way (planned_stop.py; one a
     # worker's agent asked on SIGTERM is taken as the operator's).
-    planned_stop.adopt(plan, job, observed, plan.status.desired_replicas, now)
+    planned_stop.adopt(plan, job, observed, spares.pods_wanted(plan), now)
     nodes.expire(plan, job, now)
     training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
@@ -121,24 +124,25 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
         if settings.nudges:
             reopen_closed(plan, job, observed)  # a closure the job did not make
             drive_rendezvous(plan, job, observed, now)
-            count_workers(plan, observed.workers)  # READY leaves out the agents it took out of the round
+            count_workers(plan, observed.workers, spares.spare_ips(observed))  # READY: not those taken out
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return
     # 3.5 Success once a worker exited 0 and no other runs.
     if training_done:
-        complete(plan, job, observed.workers, now)
+        complete(plan, job, observed.workers, now, spares.remove_at_end(plan, observed))
         return
     # 3.6 The workers: as many as wanted and allowed (status.desiredReplicas), placed as the integrations say,
     # made once every integration is ready for them (the gang's group first).
-    desired = plan.status.desired_replicas
+    desired = spares.pods_wanted(plan)  # the workers and the warm spares: pods alike, the store seats them
     planned_stop.settle(plan, job, observed, desired, now)
     stragglers.replace_stragglers(plan, job, observed, now)  # a worker slower than the others goes
     links.replace_slow_link(plan, job, observed, now)  # so does one whose every link the round's probe found slow
     ready = all([i.ready_for_workers(plan, job, observed) for i in observed.integrations])
     placement = allowed.worker.merge(nodes.placement(plan.status))
     scale(plan, job, observed, desired, now, placement, create=ready, token=token,
-          kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets)
+          kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets,
+          surplus=spares.surplus_seated(plan, observed))
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
     derive_running_phase(plan, job, observed.workers, now, observed.store_pod)
     show_refusal(plan, job, observed, now)

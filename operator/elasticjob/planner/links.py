@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from elasticjob.observe import LinksView, PodView
-from elasticjob.planner import nodes, stragglers
+from elasticjob.planner import nodes, spares, stragglers
 from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan
 
 SLOW_LINK = "SlowLink"
@@ -31,7 +31,7 @@ def replace_slow_link(plan: Plan, job: Job, observed: Observed, now: datetime) -
     links = store.links
     if links.outlier is None or links.round != store.round or not stragglers.calm(plan, observed):
         return
-    pod = named(links, observed.workers, plan.status.desired_replicas)
+    pod = named(links, observed.workers, spares.pods_wanted(plan))
     if pod is None:
         return
     why = f"the link probe of round {links.round} found every link of pod {pod.name} slow: {links.reason}"

@@ -29,15 +29,17 @@ from elasticjob.planner.base import (
 RESTARTING_WINDOW = timedelta(seconds=60)
 
 
-def count_workers(plan: Plan, workers: list[PodView]) -> None:
+def count_workers(plan: Plan, workers: list[PodView], spares: frozenset[str] = frozenset()) -> None:
     """READY: worker pods whose containers run and are ready in the kubelet's own words, not the pod's Ready
     condition, which the node lifecycle controller sets False on pods whose containers run on (observe.py), and
     whose agent the operator did not take out of the rendezvous (a pod left running, cut off or frozen, trains
-    nothing). Through the kit a worker container is ready only while its agent hears from the store."""
-    live = [p for p in workers if p.active]
+    nothing). Through the kit a worker container is ready only while its agent hears from the store. The warm
+    spares (`spares`: their addresses, as the store reports them) are counted apart, in SPARES."""
+    live = [p for p in workers if p.active and p.ip not in spares]
     left_out = set(plan.status.rendezvous.left_out)
     plan.status.replicas = len(live)
     plan.status.ready_replicas = sum(1 for p in live if p.containers_ready and p.uid not in left_out)
+    plan.status.spares = sum(1 for p in workers if p.active and p.ip in spares and p.containers_ready)
 
 
 def runs(pod: PodView) -> bool:
@@ -45,13 +47,18 @@ def runs(pod: PodView) -> bool:
     return pod.active and pod.phase == "Running" and pod.exit_code is None
 
 
-def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime) -> None:
+def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime, spares: list[PodView] | None = None) -> None:
     """A worker exited 0: training finished. Succeed once no worker that ever ran still runs; a pod that
-    never started (no capacity, a cordoned node) holds no part of the training and is removed."""
+    never started (no capacity, a cordoned node) holds no part of the training and is removed, and so is a warm
+    spare (`spares`), which trained nothing and would wait for a seat for ever."""
     for pod in workers:
         if pod.never_ran:
             plan.act(DeletePod(pod.name, pod.uid, event=Event(
                 "Normal", "RemovedUnstarted", f"training finished before pod {pod.name} started; removed it")))
+    for pod in spares or []:
+        if not pod.never_ran:
+            plan.act(DeletePod(pod.name, pod.uid, event=Event(
+                "Normal", "RemovedSpare", f"training finished; removed warm spare {pod.name}")))
     running = [p for p in workers if p.active and not p.never_ran]
     if running:
         names = ", ".join(p.name for p in running)

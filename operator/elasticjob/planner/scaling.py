@@ -17,9 +17,10 @@ FORCE_DELETE_AFTER = timedelta(seconds=15)
 
 def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime, placement: Placement = NO_PLACEMENT,
           create: bool = True, token: str = "", kit_image: str | None = None,
-          pull_secrets: tuple[str, ...] = ()) -> None:
-    """Exactly `desired` workers: the highest indexes go first (once a training that listens saved at an agreed
-    step: planned_stop.py), gaps are filled (unless `create` is False: their gang is not ready yet)."""
+          pull_secrets: tuple[str, ...] = (), surplus: list[PodView] | None = None) -> None:
+    """Exactly `desired` worker pods: the highest indexes go first, then `surplus` (pods in the training beyond
+    its size, spares.py), once a training that listens saved at an agreed step (planned_stop.py); gaps are filled
+    (unless `create` is False: their gang is not ready yet)."""
     workers = observed.workers
     existing = {p.index for p in workers}
     names = {i: ownership.pod_name(naming.worker_pod_name(job.ref.name, i), job.ref.uid, observed.taken, plan.status)
@@ -28,11 +29,14 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime,
         # Recorded now, with the status written before the pods exist (a new job's first write).
         ownership.allocate(plan.status, name, token)
     leaving = [p for p in workers if p.active and p.index is not None and p.index >= desired]
+    leaving += [p for p in surplus or [] if p not in leaving]
     if leaving and planned_stop.hold(plan, job, observed, "ScaleDown", now):
         leaving = []  # the training saves at an agreed step first (planned_stop.py)
     for pod in leaving:
         plan.act(DeletePod(pod.name, pod.uid, event=Event(
-            "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is {desired}")))
+            "Normal", "ScaledDown", f"stopping pod {pod.name} gracefully: replicas is "
+            f"{plan.status.desired_replicas}" + (f", spares {plan.status.desired_spares}"
+                                                   if plan.status.desired_spares else ""))))
     service = observed.service
     if service is None or not service.cluster_ip or not create:
         plan.soon(1)

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from elasticjob.models import Straggler
 from elasticjob.observe import PaceView, PodView
-from elasticjob.planner import nodes
+from elasticjob.planner import nodes, spares
 from elasticjob.planner.base import DeletePod, Event, Job, Observed, Plan, since, stamp
 
 SLOW_NODE = "SlowNode"
@@ -65,7 +65,7 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
         return
     if replaced_and_still_seen(plan, observed):
         return
-    found = slowest(observed.store.pace, observed.workers, status.desired_replicas) if observed.store else None
+    found = slowest(observed.store.pace, observed.workers, spares.pods_wanted(plan)) if observed.store else None
     if found is not None and found[2] >= LOOK_FACTOR:
         # The store wakes the operator when which pod is LOOK_FACTOR slower changes, not when its factor passes the
         # spec's, nor when the job turns calm again: looked at every two reads of the paces meanwhile (seen on real
