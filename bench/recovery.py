@@ -7,9 +7,11 @@ checkpoint every 5):
                   --kit-image, as the chart does; process-backed nodes run no init containers, so no kit there);
 - opt-out:        the same with spec.warmStarts: false (torchrun runs as written);
 - no help:        the same rendezvous settings, the operator not touching the rendezvous, no warm starts;
-- torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help.
+- torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help;
+- spares (not run unless asked, --modes spares): the defaults with one warm spare (spec.spares: 1).
 Faults: a container SIGKILLed (kill, kill-rank0, store: the kubelet restarts it in place), a pod deleted at
-once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made), a partition,
+once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made; delete-rank0-full:
+to the first step at the full size again), a partition,
 a scale down and up, and the start. The store's faults are measured as the longest pause in rank 0's steps (the
 workers may train on through them: trained_through), the others as the first step of a new worker process.
 Beside them, for the start-up: two torchrun agents and the store started by hand on this machine with the
@@ -42,16 +44,18 @@ from harness import KIT_ARGS, ROOT, STATE_DIR, WORKER_IMAGE, Api, Operator, medi
 HOST_DIR = Path("/tmp/elasticjob-bench")
 STEP_SECONDS = 0.25
 LIMIT = 90.0  # a recovery slower than this is reported as '> 90'
-MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts)
-    "operator": ({}, [], True),
-    "opt-out": ({}, [], False),
-    "no help": ({}, ["--no-rendezvous-nudges"], False),
+MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts, the rest of the spec)
+    "operator": ({}, [], True, {}),
+    "spares": ({}, [], True, {"spares": 1}),  # the defaults and one warm spare (planner/spares.py)
+    "opt-out": ({}, [], False, {}),
+    "no help": ({}, ["--no-rendezvous-nudges"], False, {}),
     "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
-                       ["--no-rendezvous-nudges"], False),
+                       ["--no-rendezvous-nudges"], False, {}),
 }
+DEFAULT_MODES = ("operator", "opt-out", "no help", "torch defaults")
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-down": "<= 4", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand", "delete": "<= 5", "delete-rank0": "<= 3",
-           "delete-store": "<= 4"}
+           "delete-store": "<= 4", "delete-rank0-full": "<= 2 with a spare", "partition-full": "<= 10"}
 
 
 STORE_FAULTS = ("store", "delete-store")
@@ -68,7 +72,7 @@ class Sample:
 
 
 def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True,
-             step_seconds: float = STEP_SECONDS, checkpoint_every: int = 5) -> dict:
+             step_seconds: float = STEP_SECONDS, checkpoint_every: int = 5, extra: dict | None = None) -> dict:
     container = {"name": "worker", "image": WORKER_IMAGE, "command": [
         "torchrun", "/workspace/examples/train_ddp.py",
         "--steps", "100000", "--step-seconds", str(step_seconds),
@@ -76,7 +80,7 @@ def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = T
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
     return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
             "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1, "warmStarts": warm,
-                     "rendezvous": rendezvous, "runPolicy": {"cleanPodPolicy": "All"},
+                     "rendezvous": rendezvous, "runPolicy": {"cleanPodPolicy": "All"}, **(extra or {}),
                      "template": {"spec": {"terminationGracePeriodSeconds": 5, "containers": [container],
                                            "volumes": [{"name": "ckpt", "hostPath": {
                                                "path": str(HOST_DIR / namespace), "type": "DirectoryOrCreate"}}]}}}}
@@ -139,7 +143,10 @@ def delete(api: Api, ns: str, pod: str) -> tuple[float, int | None]:
 
 
 def other_worker(api: Api, ns: str) -> str:
-    return next(p.metadata.name for p in api.workers(ns, "train") if p.metadata.name != rank0_host(ns))
+    """A worker that trains (not a spare), other than rank 0's."""
+    training = {r["host"] for r in records(ns)}
+    return next(p.metadata.name for p in api.workers(ns, "train")
+                if p.metadata.name != rank0_host(ns) and p.metadata.name in training)
 
 
 def partition(api: Api, ns: str) -> tuple[float, int | None]:
@@ -163,11 +170,14 @@ FAULTS = {
     "kill": lambda api, ns: kill(api, ns, rank0=False),
     "kill-rank0": lambda api, ns: kill(api, ns, rank0=True),
     "partition": partition,
+    "partition-full": lambda api, ns: (partition(api, ns)[0], 2),  # to the first step at the full size again
     "scale-down": lambda api, ns: scale(api, ns, 1),
     "scale-up": lambda api, ns: scale(api, ns, 3),
     "store": kill_store,
     "delete": lambda api, ns: delete(api, ns, other_worker(api, ns)),
     "delete-rank0": lambda api, ns: delete(api, ns, rank0_host(ns)),
+    # The same, to the first step at the job's full size again: a spare's, or the replacement's after its start.
+    "delete-rank0-full": lambda api, ns: (delete(api, ns, rank0_host(ns))[0], 2),
     "delete-store": lambda api, ns: delete(api, ns, "train-rdzv"),
 }
 
@@ -175,10 +185,11 @@ FAULTS = {
 # --- one run ----------------------------------------------------------------------------------------------
 
 
-def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm: bool) -> Sample:
+def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm: bool,
+             extra: dict | None = None) -> Sample:
     with api.namespace("bench-recovery") as ns:
         created = time.time()
-        api.create_job(ns, manifest(ns, rendezvous, warm=warm))
+        api.create_job(ns, manifest(ns, rendezvous, warm=warm, extra=extra))
         if scenario == "start":
             first = wait(lambda: first_step_after(ns, created), 180, "the first step")
             return Sample(first["time"] - created)
@@ -283,7 +294,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes (default: all)")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"comma-separated modes of {', '.join(MODES)} (default: {', '.join(DEFAULT_MODES)})")
     parser.add_argument("--node-kinds", default="",
                         help="real,process: start the local cluster with each kind of node in turn (default: the "
                              "running cluster, as it is)")
@@ -324,7 +336,7 @@ def real_nodes() -> bool:
 
 
 def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: dict) -> None:
-    rendezvous, flags, warm = mode
+    rendezvous, flags, warm, extra = mode
     api = Api()
     api.install_crd()
     log = STATE_DIR / f"bench-recovery-{column.replace(' ', '-').replace('+', '-')}.log"
@@ -334,7 +346,7 @@ def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: 
             # A fault that torch alone never recovers from (a partition) is measured once.
             times = 1 if scenario == "partition" and "operator" not in column else runs
             for i in range(times):
-                sample = run_once(api, operator, scenario, rendezvous, warm)
+                sample = run_once(api, operator, scenario, rendezvous, warm, extra)
                 results.setdefault((scenario, column), []).append(sample)
                 print(f"  {column:>20} {scenario:<11} run {i + 1}: "
                       f"{f'> {LIMIT:.0f}' if sample.seconds is None else f'{sample.seconds:.1f}'} s "

@@ -123,6 +123,30 @@ def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, fault
                     resumed["world_size"], restarts)
 
 
+def test_a_warm_spare_takes_the_place_of_a_deleted_rank0_pod(operator, jobs, progress, record_recovery):
+    """spec.spares: 1 (issue 53): three pods, two seats. The spare waits warm and trains nothing; rank 0's pod
+    deleted, the spare joins the next round, so training goes on at its full size of 2 with no round at 1 between,
+    and the deleted pod's replacement becomes the next spare."""
+    steps = 60
+    before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), spares=1),
+                   world_size=2, min_step=CHECKPOINT_EVERY + 2)
+    wait_for(jobs.status, START_TIMEOUT, "a spare ready", until=lambda s: s.get("spares") == 1)
+    assert len(jobs.live_workers()) == 3, jobs.pods_summary()
+    hosts = {r["host"] for r in progress().records}
+    assert len(hosts) == 2, f"the spare trained: steps came from {hosts}"
+    victim = before.rank0_host()
+    fault_time = time.time()
+    jobs.core.delete_namespaced_pod(victim, jobs.namespace, grace_period_seconds=0)
+    resumed = recovery(progress, fault_time, f"deletion of {victim}", world_size=2)
+    smaller = [r for r in progress().after(fault_time) if r["world_size"] != 2]
+    assert not smaller, f"a round formed below the job's size: {smaller[:3]}"
+    wait_for(jobs.status, START_TIMEOUT, "the replacement ready as the next spare",
+             until=lambda s: s.get("spares") == 1 and s.get("readyReplicas") == 2)
+    finish(jobs, progress, steps)
+    record_recovery(f"rank-0 pod {victim} deleted, a warm spare ready", resumed["time"] - fault_time,
+                    resumed["world_size"], jobs.status().get("restarts"))
+
+
 def test_trains_under_the_charts_least_privilege_rbac(cluster, operator_factory, install_rbac, kube, jobs,
                                                      progress, tmp_path):
     """The basic scenario with the operator acting as the chart's ServiceAccount (token from TokenRequest)."""

@@ -119,12 +119,12 @@ class Cluster:
         self.progress = self.tmp / "progress.jsonl"
         self.progress.touch()
 
-    def start_store(self) -> Store:
+    def start_store(self, **extra: str) -> Store:
         token = self.tmp / "token"
         token.write_text(TOKEN)
         env = {**os.environ, "ELASTICJOB_RDZV_RUN_ID": self.run_id,
                "ELASTICJOB_RDZV_MIN_NODES": str(self.min_nodes), "ELASTICJOB_RDZV_MAX_NODES": str(self.max_nodes),
-               "ELASTICJOB_RDZV_TOKEN_FILE": str(token)}
+               "ELASTICJOB_RDZV_TOKEN_FILE": str(token), **extra}
         output = self.tmp / "store.log"
         proc, port = start_store_process([sys.executable, "-m", "elasticjob_store"], env, output,
                                          lambda port: checked(Store(None, port, output).state()),
@@ -132,9 +132,11 @@ class Cluster:
         self.store = Store(proc, port, output)
         return self.store
 
-    def start_agent(self, addr: str, **env: str) -> Agent:
+    def start_agent(self, addr: str, warm: bool = False, **env: str) -> Agent:
+        """`warm`: the kit's agent (elasticjob_warm.torchrun, as in the operator's pods), else plain torchrun."""
         assert self.store is not None
-        command = [str(TORCHRUN), f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
+        agent = [sys.executable, "-m", "elasticjob_warm.torchrun"] if warm else [str(TORCHRUN)]
+        command = [*agent, f"--nnodes={self.min_nodes}:{self.max_nodes}", "--nproc-per-node=1",
                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.store.port}",
                    f"--rdzv-id={self.run_id}", f"--rdzv-conf={RDZV_CONF}", f"--local-addr={addr}",
                    "--max-restarts=3", "--monitor-interval=0.1", str(TRAIN)]

@@ -232,3 +232,36 @@ def test_removing_the_only_node_of_a_running_round_is_refused(clusters):
         # Training goes on in the same world.
         later = cluster.wait_for_world(1, after=asked_at + 1, timeout=30)
         assert later["step"] > 0 and cluster.store.state()["round"] == formed["round"]
+
+
+# ---------------------------------------------------------------- (d) a warm spare takes a lost agent's seat
+
+
+def test_a_warm_spare_waits_outside_the_training_and_takes_the_seat_of_a_killed_agent(clusters):
+    """Three kit agents (elasticjob_warm.torchrun, as in the pods) and two seats: one agent waits warm as a spare
+    and never trains; the operator's part removes a killed seated agent, and the spare joins the next round, which
+    forms at the full size of 2 without a round at 1 between."""
+    cluster = clusters(1, 3)
+    with diagnosed(cluster):
+        store = cluster.start_store(ELASTICJOB_RDZV_SEATS="2")
+        for addr in ADDRS:
+            cluster.start_agent(addr, warm=True, ELASTICJOB_SEATS="1")
+        formed = wait_for(store.state, FIRST_WORLD_TIMEOUT, "two agents seated and trained, one a spare",
+                          interval=0.2, until=lambda s: s["complete"] and len(s["participants"]) == 2
+                          and s["seats"] and len(s["seats"]["spares"]) == 1)
+        cluster.wait_for_world(2, timeout=FIRST_WORLD_TIMEOUT)
+        spare = formed["seats"]["spares"][0]
+        victim = next(a for a in cluster.agents if a.addr != spare)
+        killed_at = now()
+        victim.kill()
+        answer = store.api("POST", "/v1/remove", {"addr": victim.addr, "heartbeatBefore": killed_at})
+        assert [node["addr"] for node in answer["removed"]] == [victim.addr]
+        complete_when_all_joined(cluster, 2, formed["round"])
+        state = cluster.wait_for_round(2, after_round=formed["round"])
+        assert spare in [p["addr"] for p in state["participants"]]
+        first = cluster.wait_for_world(2, after=killed_at)
+        print(f"\nwarm spare: the first step at world size 2 {first['time'] - killed_at:.2f} s after the kill")
+        assert {r["world_size"] for r in cluster.steps()} == {2}, "a round formed below its seats"
+        assert {r["node"] for r in cluster.steps() if r["time"] < killed_at} == set(ADDRS) - {spare}, \
+            "the spare trained before it had a seat"
+        assert f"seat granted to the spare at {spare}" in store.log()
