@@ -173,6 +173,8 @@ class Control(AgentReports, Seating):
                                                                self._members(state)))
         self.log(f"remove addr={addr} heartbeatBefore={heartbeat_before:.3f}: {outcome.reason}"
                  + (f" ({', '.join(map(repr, outcome.nodes))})" if outcome.nodes else ""))
+        if outcome.nodes:
+            self.release_seat(addr)
         return outcome
 
     def _members(self, state: RendezvousState | None) -> tuple[str, ...] | None:

@@ -4,7 +4,6 @@ A part of Control (control.py)."""
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -49,6 +48,13 @@ class Seating:
         self.log(f"seats: {was} -> {count}")
         return True
 
+    def release_seat(self, addr: str) -> None:
+        """The operator took the agent at `addr` out (dead, cut off or frozen, on its evidence): its seat frees now,
+        not after ABSENT_GRACE, which only keeps a survivor's seat between its exit and its join."""
+        with self.lock:
+            if self.seats.release(addr):
+                self.log(f"seat of the agent at {addr} freed: the operator took it out")
+
     def read_seats(self, state: RendezvousState | None, raw: bytes, now: float) -> None:
         """The spares' new asks, then the seats: freed, granted, and written where the agents read them."""
         with self.lock:
@@ -90,7 +96,7 @@ class Seating:
             count, held = self.seats.count, set(self.seats.held)
         if count is None or state is None or state.complete or state.closed or not self.verdict.nudges:
             return
-        if len(state.participants) != count or not {_normal(n.addr) for n in state.participants} <= held:
+        if len(state.participants) != count or not {seats.normal(n.addr) for n in state.participants} <= held:
             return
         when = datetime.fromtimestamp(now, timezone.utc)
         outcome = self.apply(lambda current: actions.complete_round(current, count, self.min_nodes, self.max_nodes,
@@ -98,9 +104,3 @@ class Seating:
         if outcome.done:
             self.log(f"round {state.round} holds every seat ({count}): {outcome.reason}")
 
-
-def _normal(addr: str) -> str:
-    try:
-        return str(ipaddress.ip_address(addr))
-    except ValueError:
-        return addr

@@ -109,6 +109,10 @@ class Seats:
         first, _ = self.waiting.get(addr, (now, now))
         self.waiting[addr] = (first, now)
 
+    def release(self, addr: str) -> bool:
+        """Frees the seat of an agent taken out of the rendezvous for good; whether it held one."""
+        return self.held.pop(normal(addr), None) is not None
+
     def update(self, in_state: set[str] | None, connected: set[str] | None, now: float) -> list[str]:
         """Frees the seats of agents gone, forgets spares gone, grants free seats to the spares that asked
         first; returns the addresses granted now. `in_state` None: the state could not be read, and only a
@@ -156,14 +160,18 @@ class Seats:
                 tuple(sorted(a for a, h in self.held.items() if not h.seen)))
 
 
+def normal(addr: str) -> str:
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr
+
+
 def state_addresses(state: Any) -> set[str]:
     """Every address in a decoded rendezvous state, in normal spelling."""
     if state is None:
         return set()
     found = set()
     for node in (*state.participants, *state.wait_list, *state.redundancy_list, *state.last_heartbeats):
-        try:
-            found.add(str(ipaddress.ip_address(node.addr)))
-        except ValueError:
-            found.add(node.addr)
+        found.add(normal(node.addr))
     return found

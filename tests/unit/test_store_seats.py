@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -229,3 +230,19 @@ def test_a_forming_round_that_holds_every_seat_is_completed_by_the_store(tcp_sto
     tcp_store.set(state_key("run-1"), base64.b64encode(agent_pickle(both)))
     control.poll()
     assert decode(tcp_store.get(state_key("run-1"))).deadline.timestamp() < clock[0]
+
+
+def test_an_agent_the_operator_takes_out_frees_its_seat_at_once(tcp_store):
+    """POST /v1/remove of a cut-off agent (its connection still established): its seat goes to the spare in the
+    next tick, not ABSENT_GRACE later."""
+    clock = [100.0]
+    control = Control(tcp_store, "run-1", 1, 3, clock=lambda: clock[0], log=lambda _: None, seat_count=1)
+    first = Waiting(tcp_store, A)
+    wait_for(lambda: control.poll() or first.why, 10, "the first agent seated", interval=0.05)
+    put_state(tcp_store, A, C)  # C: another agent, so that A's removal leaves the round a participant
+    spare = Waiting(tcp_store, B)
+    wait_for(lambda: control.poll() or control.seats.waiting, 10, "the spare's ask read", interval=0.05)
+    outcome = control.remove(A, time.time() + 1)  # its heartbeat (a second old) before that
+    assert [n.addr for n in outcome.nodes] == [A]
+    wait_for(lambda: control.poll() or spare.why, 10, "the spare seated at the same clock", interval=0.05)
+    assert spare.why == ["seated"]
