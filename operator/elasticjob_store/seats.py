@@ -59,23 +59,6 @@ def held_wire(count: int | None, held: Iterable[str], epoch: str) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def read_held(raw: bytes) -> tuple[str, int | None, tuple[str, ...]] | None:
-    """(the store's epoch, the seats' count, the addresses holding one) from HELD_KEY's bytes; count None: the
-    store hands out no seats (every agent joins). None for anything else."""
-    try:
-        body = json.loads(raw) if len(raw) <= 1 << 20 else None
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or body.get("v") != 1 or not isinstance(body.get("epoch"), str):
-        return None
-    held, count = body.get("held"), body.get("count")
-    if not isinstance(held, list) or not all(isinstance(a, str) for a in held):
-        return None
-    if count is not None and type(count) is not int:
-        return None
-    return body["epoch"], count, tuple(held)
-
-
 @dataclass
 class Holder:
     granted_at: float

@@ -26,6 +26,11 @@ def test_the_agent_and_the_store_name_the_same_keys():
     assert seat.ASK_EVERY == seats.ASK_EVERY
 
 
+def test_the_agent_reads_the_list_the_store_writes():
+    assert seat.read_held(seats.held_wire(2, [B, A], "e1")) == ("e1", 2, (A, B))
+    assert seat.read_held(seats.held_wire(None, [], "e1")) == ("e1", None, ())
+
+
 def granted(table: seats.Seats, asks: list[str], in_state: set[str] | None, now: float,
             connected: set[str] | None = None) -> list[str]:
     for addr in asks:
