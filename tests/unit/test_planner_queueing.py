@@ -340,3 +340,15 @@ def test_status_changes_and_events_come_once_per_transition():
                          observed([], SERVICE, workload=workload(PENDING)), NOW + timedelta(seconds=5), KUEUE)
     assert [e.reason for e in first.events] == ["Queued"] and again.events == []
     assert again.status.admission.last_transition_time == first.status.admission.last_transition_time
+
+
+@pytest.mark.parametrize("assigned, desired, spares", [
+    (4, 3, 1),  # the workers and the spare admitted
+    (3, 3, 0),  # partial admission: the spare goes first
+    (2, 2, 0),
+])
+def test_warm_spares_are_admitted_after_the_workers(assigned, desired, spares):
+    j = kueue_job(running_status(), minReplicas=1, maxReplicas=3, replicas=3, spares=1)
+    result = plan(j, [rdzv()], workload=workload(ADMITTED, admission(assigned), workers=(4, 1)), settings=CLAMPED)
+    assert (result.status.desired_replicas, result.status.desired_spares) == (desired, spares)
+    assert len(creates(result)) == assigned
