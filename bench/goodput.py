@@ -13,6 +13,8 @@ stay bad (tests/e2e/test_bad_nodes.py): a node turned sick (every training proce
 there). The setups:
 
 - operator:          an ElasticJob through this operator with its defaults (the kit: warm worker starts);
+- one warm spare:    the same with spec.spares: 1 (--setups spares; not in the default run): faults hit the pods
+                     that train, never the spare;
 - warmStarts: false: the same with spec.warmStarts false;
 - by hand:           torchrun agents in a StatefulSet, c10d rendezvous on pod 0, every pod restarted on any failure
                      (goodput_by_hand.yaml), no operator. Its pods run the same training, mount the same
@@ -56,6 +58,7 @@ HOLDS = {"node": 60.0, "partition": 60.0, "scale": 30.0, "preemption": 30.0, "si
 THROTTLE_PERCENT = 20  # a slow worker's share of one core: tests/e2e/test_bad_nodes.py's (a tenth starves its agent)
 WARM_STEP = 20  # the window opens once the training has done this many steps
 POLL = 1.0  # how often the ledger is read: it keeps only its last few incidents
+TRAINED_WITHIN = 10.0  # a worker that stepped this recently trains (a warm spare never steps)
 SETTLE = 120.0  # after the window: the longest wait for the last incident to close
 
 
@@ -66,9 +69,16 @@ class NotMade(Exception):
     """A fault this setup cannot be given now: skipped, and the reason printed."""
 
 
+def training(setup, api: Api, ns: str) -> list[str]:
+    """The workers that stepped in the last TRAINED_WITHIN seconds: a warm spare (spec.spares) trains nothing, and a
+    fault there would cost the job nothing."""
+    recent = {r["host"] for r in records(ns) if r["time"] > time.time() - TRAINED_WITHIN}
+    return [p for p in setup.workers(api, ns) if p in recent]
+
+
 def victim(setup, api: Api, ns: str) -> str:
     """A worker that is neither rank 0 nor the store's pod."""
-    spare = [p for p in setup.workers(api, ns) if p not in (rank0_host(ns), setup.store_pod)]
+    spare = [p for p in training(setup, api, ns) if p not in (rank0_host(ns), setup.store_pod)]
     if not spare:
         raise RuntimeError(f"no worker besides rank 0 and the store runs in {ns}")
     return spare[0]
@@ -83,7 +93,7 @@ def spare_node(setup, api: Api, ns: str) -> str:
     else one without rank 0 (the store's), else any (every worker beside rank 0's)."""
     rank0 = rank0_host(ns)
     rank0_node, store_node = node_of(api, ns, rank0), node_of(api, ns, setup.store_pod)
-    nodes = [node_of(api, ns, p) for p in setup.workers(api, ns) if p != rank0]
+    nodes = [node_of(api, ns, p) for p in training(setup, api, ns) if p != rank0]
     if not nodes:
         raise RuntimeError(f"no worker besides rank 0 runs in {ns}")
     return min(nodes, key=lambda n: (n == rank0_node, n == store_node))  # the first of the best
@@ -272,7 +282,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=20.0, help="the measured window, per setup")
     parser.add_argument("--fault-every", type=float, default=2.0, help="minutes between faults")
     parser.add_argument("--kinds", default="", help=f"comma-separated, in turn (default: {','.join(gm.KINDS)})")
-    parser.add_argument("--setups", default="operator,warm-off,by-hand")
+    parser.add_argument("--setups", default="operator,warm-off,by-hand",
+                        help="of operator, spares (the operator with one warm spare), warm-off, by-hand")
     parser.add_argument("--quick", action="store_true",
                         help="4 minutes a setup, a fault every 1.5: one of each of " + ",".join(gm.QUICK_KINDS))
     args = parser.parse_args()
@@ -291,8 +302,10 @@ def main() -> int:
     wanted = args.setups.split(",")
     results: list[gm.Result] = []
     operator_setups = [s for s in (OperatorJob("operator", warm=True, kueue=kueue),
+                                   OperatorJob("one warm spare", warm=True, kueue=kueue, spares=1),
                                    OperatorJob("warmStarts: false", warm=False, kueue=kueue))
-                       if {"operator": "operator", "warmStarts: false": "warm-off"}[s.name] in wanted]
+                       if {"operator": "operator", "one warm spare": "spares",
+                           "warmStarts: false": "warm-off"}[s.name] in wanted]
     if operator_setups:
         log = STATE_DIR / "bench-goodput-operator.log"
         with Operator(log, [*KIT_ARGS, *(["--kueue"] if kueue else [])]):

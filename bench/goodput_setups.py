@@ -130,8 +130,8 @@ class OperatorJob:
     store_pod = "train-rdzv"
     has_ledger = True
 
-    def __init__(self, name: str, warm: bool, kueue: bool):
-        self.name, self.warm, self.use_kueue = name, warm, kueue
+    def __init__(self, name: str, warm: bool, kueue: bool, spares: int = 0):
+        self.name, self.warm, self.use_kueue, self.spares = name, warm, kueue, spares
         self.kueue: Kueue | None = None
 
     def job(self, ns: str) -> dict:
@@ -140,6 +140,8 @@ class OperatorJob:
         spread(job["spec"]["template"]["spec"], {"elasticjob.dev/job-name": "train", "elasticjob.dev/role": "worker"})
         for_bad_nodes(job["spec"]["template"]["spec"]["containers"][0])
         job["spec"]["maxRestarts"] = MAX_RESTARTS
+        if self.spares:
+            job["spec"]["spares"] = self.spares
         # A partition, a sick node and a slow one each avoid a node; at the default 10 minutes three of them in a
         # row could close all 3 nodes to the job and leave a replacement Pending through the next fault.
         job["spec"]["failurePolicy"] = {"avoidNodeSeconds": AVOID_NODE_SECONDS}
