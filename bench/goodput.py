@@ -70,10 +70,14 @@ class NotMade(Exception):
 
 
 def training(setup, api: Api, ns: str) -> list[str]:
-    """The workers that stepped in the last TRAINED_WITHIN seconds: a warm spare (spec.spares) trains nothing, and a
-    fault there would cost the job nothing."""
+    """The workers that train. With warm spares (spec.spares), those that stepped in the last TRAINED_WITHIN
+    seconds: a spare trains nothing, and a fault there would cost the job nothing (a replacement under a lost
+    pod's name has only that pod's older steps)."""
+    workers = setup.workers(api, ns)
+    if not getattr(setup, "spares", 0):
+        return workers
     recent = {r["host"] for r in records(ns) if r["time"] > time.time() - TRAINED_WITHIN}
-    return [p for p in setup.workers(api, ns) if p in recent]
+    return [p for p in workers if p in recent]
 
 
 def victim(setup, api: Api, ns: str) -> str:

@@ -72,8 +72,8 @@ def test_a_queued_job_waits_then_runs_with_its_flavor_and_finishes_its_workload(
     table = subprocess.run(["kubectl", "get", "ej", "-n", namespace, "--kubeconfig",
                             str(ROOT / ".localcluster" / "kubeconfig")], capture_output=True, text=True, check=True)
     rows = {row["NAME"]: row for row in kubectl_table(table.stdout)}
-    assert list(rows["second"])[:9] == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "GOODPUT",
-                                        "ADMISSION"], table.stdout
+    assert list(rows["second"])[:10] == ["NAME", "PHASE", "READY", "DESIRED", "SPARES", "MIN", "MAX", "RESTARTS",
+                                         "GOODPUT", "ADMISSION"], table.stdout
     assert rows["second"]["PHASE"] == "Queued" and rows["second"]["ADMISSION"] == "Queued", table.stdout
 
     # The first one ends: its Workload is Finished, which frees the quota; the second one runs.

@@ -253,8 +253,9 @@ def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):
                                            namespace], capture_output=True, text=True, check=True).stdout,
                    30, "kubectl get ej to show 2 ready", until=lambda text: " 2 " in text.splitlines()[-1])
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "READY", "DESIRED", "MIN", "MAX", "RESTARTS", "GOODPUT", "ADMISSION", "AGE"]
-    assert out.splitlines()[1].split()[:7] == ["train", "Running", "2", "2", "1", "3", "0"]
+    assert header == ["NAME", "PHASE", "READY", "DESIRED", "SPARES", "MIN", "MAX", "RESTARTS", "GOODPUT", "ADMISSION",
+                      "AGE"]
+    assert out.splitlines()[1].split()[:8] == ["train", "Running", "2", "2", "0", "1", "3", "0"]
 
 
 if __name__ == "__main__":

@@ -295,3 +295,19 @@ def test_every_kind_can_be_made():
     import goodput
 
     assert set(goodput.FAULTS) == set(gm.KINDS)
+
+
+def test_with_spares_the_faults_hit_only_the_workers_that_step(goodput, tmp_path):
+    """A warm spare trains nothing: a fault there would cost nothing. A worker that stepped recently is hit."""
+    import time as clock
+
+    ns = "bench-goodput-s"
+    (tmp_path / ns).mkdir(parents=True)
+    now = clock.time()
+    lines = [{"step": 30, "rank": 0, "host": "train-worker-0", "pid": 1, "started": 0.0, "time": now},
+             {"step": 30, "rank": 1, "host": "train-worker-2", "pid": 1, "started": 0.0, "time": now},
+             {"step": 2, "rank": 1, "host": "train-worker-1", "pid": 1, "started": 0.0, "time": now - 300}]
+    (tmp_path / ns / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    setup = FakeSetup("train-rdzv", ["train-worker-0", "train-worker-1", "train-worker-2", "train-worker-3"])
+    setup.spares = 1
+    assert goodput.victim(setup, FakeApi(OPERATOR_PODS), ns) == "train-worker-2"
