@@ -303,7 +303,9 @@ class Control(AgentReports, Seating):
                 return
             raise
         now = self.now()
-        if self.remove_departed(state, now):  # the seats below see the state without the agents gone
+        # The kernel's connection table, read at most once a tick, by whichever of the two below needs it first.
+        connections = functools.cache(self._connections) if self._connections is not None else None
+        if self.remove_departed(state, now, connections):  # the seats below see the state without the agents gone
             raw = self.read_raw()
             state = self._decode(raw)
         with self.lock:
@@ -311,7 +313,7 @@ class Control(AgentReports, Seating):
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
         self.read_agents(state, now)
-        self.read_seats(state, raw, now)
+        self.read_seats(state, raw, now, connections)
         self.complete_seated(state, now)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
@@ -339,13 +341,14 @@ class Control(AgentReports, Seating):
         report = self.gate()
         return report["told"], tuple(report["allowed"]), report["refused"]
 
-    def remove_departed(self, state: RendezvousState | None, now: float) -> bool:
+    def remove_departed(self, state: RendezvousState | None, now: float,
+                        connections: Callable[[], set[str] | None] | None) -> bool:
         """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove
         them once the kubelet reports the pod's end. Whether any was."""
-        if self._connections is None or state is None or not self.verdict.nudges:  # a write: after the verdict
+        if connections is None or state is None or not self.verdict.nudges:  # a write: after the verdict
             return False
         addresses = [n.addr for n in (*state.participants, *state.wait_list) if n != actions.WAITER]
-        connected = self._connections() if addresses else None  # no node, nothing to read the table for
+        connected = connections() if addresses else None  # no node, nothing to read the table for
         if connected is None:
             return False
         removed = False

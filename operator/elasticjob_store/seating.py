@@ -23,7 +23,6 @@ class Seating:
     seats: seats.Seats
     seat_epoch: str
     _held_written: bytes
-    _connections: Callable[[], set[str] | None] | None
     verdict: compat.Verdict
     min_nodes: int
     max_nodes: int
@@ -55,18 +54,23 @@ class Seating:
             if self.seats.release(addr):
                 self.log(f"seat of the agent at {addr} freed: the operator took it out")
 
-    def read_seats(self, state: RendezvousState | None, raw: bytes, now: float) -> None:
-        """The spares' new asks, then the seats: freed, granted, and written where the agents read them."""
+    def read_seats(self, state: RendezvousState | None, raw: bytes, now: float,
+                   connections: Callable[[], set[str] | None] | None) -> None:
+        """The spares' new asks, then the seats: freed, granted, and written where the agents read them. A store
+        without seats (a job without spares) only writes, once, that it hands out none."""
         with self.lock:
             on = self.seats.count is not None
-        found = self._take_asks() if on else []
-        # An unreadable state (a torch whose state is not read): the connections alone say who is there.
-        present = seats.state_addresses(state) if state is not None or not raw else None
-        connected = self._connections() if self._connections is not None and on else None
+        granted: list[str] = []
+        if on:
+            found = self._take_asks()
+            # An unreadable state (a torch whose state is not read): the connections alone say who is there.
+            present = seats.state_addresses(state) if state is not None or not raw else None
+            connected = connections() if connections is not None else None
+            with self.lock:
+                for addr in found:
+                    self.seats.asked(addr, now)
+                granted = self.seats.update(present, connected, now)
         with self.lock:
-            for addr in found:
-                self.seats.asked(addr, now)
-            granted = self.seats.update(present, connected, now)
             wire = seats.held_wire(self.seats.count, self.seats.held, self.seat_epoch)
         if wire != self._held_written:
             with self._store_lock:

@@ -251,3 +251,17 @@ def test_an_agent_the_operator_takes_out_frees_its_seat_at_once(tcp_store):
     assert [n.addr for n in outcome.nodes] == [A]
     wait_for(lambda: control.poll() or spare.why, 10, "the spare seated at the same clock", interval=0.05)
     assert spare.why == ["seated"]
+
+
+def test_the_connection_table_is_read_once_a_tick(tcp_store):
+    """The departures and the seats both look at who is connected: one read of the kernel's table serves both."""
+    reads: list[int] = []
+
+    def connected() -> set[str]:
+        reads.append(1)
+        return {A}
+
+    control = Control(tcp_store, "run-1", 1, 3, log=lambda _: None, connections=connected, seat_count=1)
+    put_state(tcp_store, A)
+    control.poll()
+    assert len(reads) == 1
