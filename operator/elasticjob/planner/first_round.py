@@ -13,6 +13,7 @@ as a scale-up does: a restart, not a job held back.
 from __future__ import annotations
 
 from elasticjob.observe import StoreView
+from elasticjob.planner import spares
 from elasticjob.planner.base import ControlAddress, Event, Job, Observed, Plan, StoreAction
 from elasticjob_store.protocol import Hold
 
@@ -29,10 +30,10 @@ def hold_first_round(plan: Plan, job: Job, observed: Observed, store: StoreView,
     if store.seats is not None and len(joined) >= store.seats.count:
         return False  # every seat is in the round: the pods still starting are spares
     left_out = set(plan.status.rendezvous.left_out)
-    spares = set(store.seats.spares) if store.seats is not None else set()
+    waiting = spares.spare_ips(observed)
     coming = sorted(p.name for p in observed.workers
                     if p.active and p.live and p.node and p.uid not in left_out and p.node_check_failed is None
-                    and p.ip not in joined and p.ip not in spares)
+                    and p.ip not in joined and p.ip not in waiting)
     if not coming:
         return False
     shown = ", ".join(coming[:3]) + (f" and {len(coming) - 3} more" if len(coming) > 3 else "")

@@ -130,7 +130,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
         return
     # 3.5 Success once a worker exited 0 and no other runs.
     if training_done:
-        complete(plan, job, observed.workers, now, spares.remove_at_end(plan, observed))
+        complete(plan, job, observed.workers, now, spares.remove_at_end(observed))
         return
     # 3.6 The workers: as many as wanted and allowed (status.desiredReplicas), placed as the integrations say,
     # made once every integration is ready for them (the gang's group first).

@@ -352,18 +352,19 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
         return
     left_out = set(plan.status.rendezvous.left_out)
     live = spares.seated([p for p in observed.workers if p.running and p.uid not in left_out], observed)
+    in_round, joining = {n.addr for n in present}, spares.joining_ips(observed)
     if full:
-        live = [p for p in live if p.ip in {n.addr for n in present} or p.ip in spares.joining_ips(observed)]
+        live = [p for p in live if p.ip in in_round or p.ip in joining]
     last = set(store.last_round_nodes)
-    if store.round and present and {n.addr for n in present} <= last:
+    if store.round and present and in_round <= last:
         # Survivors re-forming after a loss: a pod that had no agent in the last round (a deleted pod's
         # replacement) is seconds from joining (its agent imports torch and waits for its warm server), and joins
         # the running group later, as a scale-up does. Waiting for it held the survivors of a rank-0 pod deleted
         # at once for the whole last call: the round at 3.3 s, against 1.4 s where it was not Running yet.
-        live = [p for p in live if p.ip in last or p.ip in spares.joining_ips(observed)]
+        live = [p for p in live if p.ip in last or p.ip in joining]
     if len(present) < job.ref.spec.min_replicas or len(present) != len(live):
         return
-    if {n.addr for n in present} != {p.ip for p in live}:
+    if in_round != {p.ip for p in live}:
         return
     plan.act(StoreAction(Complete(len(live)), endpoint, Event(
         "Normal", "RoundCompleted", f"round {store.round} completed with all {len(live)} live agents, without "

@@ -64,6 +64,6 @@ def tell_store(plan: Plan, job: Job, observed: Observed, endpoint: ControlAddres
     plan.act(StoreAction(Seats(wanted), endpoint, Event("Normal", "SeatsSet", f"the store hands out {said}")))
 
 
-def remove_at_end(plan: Plan, observed: Observed) -> list[PodView]:
+def remove_at_end(observed: Observed) -> list[PodView]:
     """The spares once the training finished: they trained nothing and would wait for ever."""
     return [p for p in observed.workers if p.active and p.ip in spare_ips(observed)]
