@@ -59,6 +59,9 @@ class PodView:
     # job's READY counts. The pod's Ready condition is not only the kubelet's: the node lifecycle controller sets
     # it False on every pod of a node it has not heard from for a while (MarkPodsNotReady), containers running.
     containers_ready: bool = False
+    # When the kubelet saw its containers turn not ready after its main container started (a readiness probe that
+    # failed after it had passed); None: ready, or not ready yet since it started. See _lost_readiness.
+    lost_ready_at: datetime | None = None
     deleting: bool = False
     deletion_time: datetime | None = None
     deletion_grace: int | None = None
@@ -200,6 +203,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         phase=status.get("phase") or "Pending",
         ready=_condition(status, "Ready").get("status") == "True",
         containers_ready=_containers_ready(body),
+        lost_ready_at=_lost_readiness(status, main),
         deleting=meta.get("deletionTimestamp") is not None,
         deletion_time=parse_time(meta.get("deletionTimestamp")),
         deletion_grace=meta.get("deletionGracePeriodSeconds"),
@@ -256,6 +260,20 @@ def _containers_ready(body: Mapping[str, Any]) -> bool:
     statuses = [*(status.get("containerStatuses") or []),
                 *(s for s in status.get("initContainerStatuses") or [] if s.get("name") in sidecars)]
     return bool(statuses) and all(s.get("ready") is True and "running" in (s.get("state") or {}) for s in statuses)
+
+
+def _lost_readiness(status: Mapping[str, Any], main: Mapping[str, Any]) -> datetime | None:
+    """The ContainersReady condition's last change, where it turned False after the main container last started.
+    The kubelet writes that condition False when the pod starts and keeps its time until it changes, so a
+    container that has not been ready since it started has an older time (a restarted container, a newer start).
+    The condition is the kubelet's alone: the node lifecycle controller marks a silent node's pods not Ready
+    through the Ready condition, not this one."""
+    condition = _condition(status, "ContainersReady")
+    if condition.get("status") != "False":
+        return None
+    started = parse_time(((main.get("state") or {}).get("running") or {}).get("startedAt"))
+    changed = parse_time(condition.get("lastTransitionTime"))
+    return changed if started is not None and changed is not None and changed > started else None
 
 
 def _killed_and_backed_off(main: Mapping[str, Any]) -> bool:

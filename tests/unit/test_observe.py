@@ -165,3 +165,29 @@ def test_a_long_pull_error_keeps_the_image_and_the_registrys_answer():
     body["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = "x" * 1000 + message
     longer = pod_view(body).cannot_start or ""
     assert " ... " in longer and longer.endswith("401 Unauthorized") and len(longer) < 500
+
+
+@pytest.mark.parametrize("case, ready_changed, expected", [
+    ("turned not ready after its start: a probe that failed after passing", "2026-01-01T12:00:09Z",
+     "2026-01-01T12:00:09+00:00"),
+    ("not ready since before its start: never ready yet", "2026-01-01T11:59:58Z", None),
+    ("ready", None, None),
+])
+def test_a_pod_that_lost_its_readiness_after_its_start_is_told_from_one_not_ready_yet(case, ready_changed,
+                                                                                       expected):
+    body = pod(conditions=[{"type": "Ready", "status": "False"},
+                           {"type": "ContainersReady", "status": "False" if ready_changed else "True",
+                            "lastTransitionTime": ready_changed or "2026-01-01T12:00:01Z"}],
+               containerStatuses=[{"name": "worker", "ready": False,
+                                   "state": {"running": {"startedAt": "2026-01-01T12:00:00Z"}}}])
+    lost = pod_view(body).lost_ready_at
+    assert (lost.isoformat() if lost else None) == expected, case
+
+
+def test_a_silent_nodes_pods_marked_not_ready_by_the_control_plane_did_not_lose_readiness():
+    """The node lifecycle controller sets the Ready condition alone; ContainersReady is the kubelet's word."""
+    body = pod(conditions=[{"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T12:00:09Z"},
+                           {"type": "ContainersReady", "status": "True"}],
+               containerStatuses=[{"name": "worker", "ready": True,
+                                   "state": {"running": {"startedAt": "2026-01-01T12:00:00Z"}}}])
+    assert pod_view(body).lost_ready_at is None

@@ -3,6 +3,8 @@ store is told, which pods count as spares, the rounds ended early with them, and
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from factory import NOW, job, observed, rdzv, running_status, worker
 
@@ -135,3 +137,54 @@ def test_a_scale_down_whose_highest_pod_is_seated_takes_that_one_alone():
     pods = [worker(i) for i in range(4)]
     result = plan(pods, store(0, 1, 3, complete=True, spares=(2,)), replicas=2)
     assert sorted(a.name for a in result.actions if isinstance(a, DeletePod)) == ["train-worker-3"]
+
+
+def cut(index: int, ago: float, **fields) -> object:
+    """A pod whose containers turned not ready `ago` seconds before NOW, after they had been ready."""
+    return worker(index, ready=False, lost_ready_at=NOW - timedelta(seconds=ago), **fields)
+
+
+def stopped(result) -> list[tuple[str, int | None, str | None]]:
+    return [(a.name, a.grace_seconds, a.event.reason if a.event else None) for a in result.actions
+            if isinstance(a, DeletePod)]
+
+
+def test_a_spare_cut_off_is_stopped_at_once_and_its_node_avoided_nothing_charged():
+    pods = [worker(0), worker(1), worker(2), cut(3, ago=4, node="node-b")]
+    result = plan(pods, store(0, 1, 2, complete=True, spares=(3,)))
+    assert stopped(result) == [("train-worker-3", 0, "Partitioned")]
+    assert [(n.node, n.reason) for n in result.status.avoided_nodes] == [("node-b", "Partitioned")]
+    assert (result.status.restarts, result.status.counted_failures, nudges(result)) == (0, [], [])
+
+
+@pytest.mark.parametrize("case, pods, view", [
+    ("not ready for less than CUT_OFF_AFTER", [worker(0), worker(1), worker(2), cut(3, ago=1)],
+     store(0, 1, 2, complete=True, spares=(3,))),
+    ("not ready since it started (its agent still starting)", [worker(0), worker(1), worker(2),
+                                                                worker(3, ready=False)],
+     store(0, 1, 2, complete=True)),
+    ("a seated worker: its agent in the round is recovery's", [cut(0, ago=4), worker(1), worker(2), worker(3)],
+     store(0, 1, 2, complete=True, spares=(3,))),
+    ("a spare given a seat, on its way into the round", [worker(0), worker(1), cut(3, ago=4)],
+     store(0, 1, joining=(3,), last=(0, 1, 2))),
+    ("a job without spares", [worker(0), worker(1), worker(2), cut(3, ago=4)],
+     store(0, 1, 2, complete=True)),
+])
+def test_no_spare_is_stopped_without_the_evidence(case, pods, view):
+    spec = {"spares": 0} if case == "a job without spares" else {}
+    result = plan(pods, view, **spec)
+    assert [s for s in stopped(result) if s[2] == "Partitioned"] == [], case
+
+
+def test_a_spare_not_ready_for_a_moment_is_looked_at_again_when_the_wait_is_over():
+    result = plan([worker(0), worker(1), worker(2), cut(3, ago=1)], store(0, 1, 2, complete=True, spares=(3,)))
+    assert result.requeue_after == pytest.approx(2.0)
+
+
+def test_a_spare_not_ready_just_after_the_store_came_back_is_left():
+    """Every agent lost the store: a spare not ready yet is no cut-off until the store has served a while."""
+    back = running_status(conditions=[{"type": "RendezvousReady", "status": "True", "reason": "StoreReady",
+                                       "lastTransitionTime": "2026-01-01T11:59:58Z"}])
+    result = plan([worker(0), worker(1), worker(2), cut(3, ago=4)], store(0, 1, 2, complete=True, spares=(3,)),
+                  status=back)
+    assert stopped(result) == []

@@ -81,6 +81,9 @@ def drive_rendezvous(plan: Plan, job: Job, observed: Observed, now: datetime) ->
         return
     pods = by_address(observed)
     keep_left_out(plan, job, observed, store, now)
+    cut = spares.cut_off(plan, observed, store, now)
+    if cut and not store_just_back(plan, now):  # just back, every agent lost the store: readiness says nothing
+        spares.replace_cut_off(plan, job, cut, now)
     removed = remove_dead(plan, job, pods, store, endpoint, now)
     removed |= restart_after_cut_off(plan, job, observed, pods, store, endpoint, now)
     if not hold_first_round(plan, job, observed, store, endpoint):
