@@ -1,6 +1,7 @@
 """Nodes that stay bad, on real nodes (issue 51): a sick node (every training process there exits 1, now and
-later) and a pod cut off from the network while its kubelet says Ready, core scenarios that run in `make test`;
-a slow worker (its CPU capped) and a slow link (a rate on what one pod receives), in the slow tier.
+later), a pod cut off from the network while its kubelet says Ready, and a warm spare cut off, core scenarios
+that run in `make test`; a slow worker (its CPU capped) and a slow link (a rate on what one pod receives), in the
+slow tier.
 
 Before: the sick node charged four restarts within one second and failed a job with maxRestarts 3 at step 61 of
 900; the cut-off pod was left running for as long as the cut lasted, READY counting it."""
@@ -111,6 +112,43 @@ def test_a_cut_off_worker_is_replaced_and_the_job_is_back_at_full_size_with_noth
           f"{full['time'] - fault_time:.1f} s after the cut; "
           f"{event_times(jobs, fault_time, ('Partitioned', 'CreatedWorker', 'Unhealthy', 'Killing', 'Scheduled', 'Started'))}")
 
+
+
+def test_a_cut_off_spare_is_replaced_and_the_training_never_waits(cluster, operator, jobs, progress, faults,
+                                                                   record_recovery):
+    """spec.spares: 1 (issue 53). The spare has no agent in the rendezvous for the operator to find silent: once
+    its readiness probe fails (its agent hears nothing from the store), the kubelet's word, the operator stops it
+    and a new spare takes its place on another node. The two workers train on at their size, nothing charged."""
+    local_only(cluster)
+    steps = 200
+    manifest = job_manifest(jobs.namespace, replicas=2, spares=1, train_args=train_args(steps))
+    start(jobs, progress, manifest, world_size=2, min_step=3)
+    wait_for(jobs.status, 90, "a spare ready", until=lambda s: s.get("spares") == 1)
+    training = {r["host"] for r in progress().records}
+    spare = next(p for p in jobs.live_workers() if p.metadata.name not in training)
+    victim, uid, node = spare.metadata.name, spare.metadata.uid, spare.spec.node_name
+    fault_time = faults.partition(victim)
+    try:
+        wait_for(lambda: [p for p in jobs.worker_pods() if p.metadata.uid == uid], 30,
+                 f"the cut-off spare {victim} ({uid}) stopped", until=lambda left: not left)
+        stopped_at = time.time()
+        wait_for(jobs.status, 90, "a new spare ready",
+                 until=lambda s: s.get("spares") == 1 and s.get("readyReplicas") == 2)
+        ready_at = time.time()
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{story(jobs)}") from None
+    finally:
+        faults.heal(victim)
+    status = jobs.status()
+    assert node in {n["node"] for n in status.get("avoidedNodes", [])}, status.get("avoidedNodes")
+    done = finish(jobs, progress, steps)
+    smaller = [r for r in done.after(fault_time) if r["world_size"] != 2]
+    assert not smaller, f"the training changed size for a spare: {smaller[:3]}"
+    status = jobs.status()
+    assert status.get("restarts", 0) == 0 and not status.get("lastFailures"), summary(status)
+    record_recovery(f"spare {victim} cut off: new spare ready", ready_at - fault_time, 2, status.get("restarts"))
+    print(f"cut-off spare: stopped {stopped_at - fault_time:.1f} s, a new spare ready {ready_at - fault_time:.1f} s "
+          f"after the cut; {event_times(jobs, fault_time, ('Partitioned', 'CreatedWorker', 'Unhealthy', 'Started'))}")
 
 # Compute in each forward (examples/train_ddp.py --forward-matmuls): what a throttled CPU slows. About 30 ms on
 # one of this machine's cores; at a fifth of a core the rank's forward takes four to five times as long. At a
