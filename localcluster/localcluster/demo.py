@@ -48,11 +48,11 @@ WORKER_IMAGE = registry.image("elasticjob-worker", f"{registry.VERSION}-cpu")
 def install_operator(console: Console, kubeconfig: Path, api: client.ApiClient) -> operatorchart.Release:
     started = time.monotonic()
     chart = operatorchart.publish(ROOT)
-    console.print(f"chart: helm package charts/elasticjob-operator; helm push to {registry.CHARTS} "
+    console.print(f"chart: helm package charts/elasticjob-operator; helm push to {registry.PUSH_CHARTS} "
                   f"({chart.version}, {chart.digest[:19]})", highlight=False, markup=False)
     for namespace in (operatorchart.NAMESPACE, NAMESPACE):
         operatorchart.ensure_pull_secret(api, namespace, registry.password(operatorchart.Layout(ROOT)))
-    console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} {chart.ref} --version {chart.version} "
+    console.print(f"operator: helm upgrade --install {operatorchart.RELEASE} {chart.pinned} "
                   f"--namespace {operatorchart.NAMESPACE} --create-namespace --set watch.allNamespaces=false "
                   f"--set watch.namespaces={{{NAMESPACE}}} --set image.repository={registry.REPOSITORY}/"
                   f"elasticjob-operator --set imagePullSecrets[0].name={registry.PULL_SECRET} "

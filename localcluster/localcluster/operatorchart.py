@@ -3,10 +3,12 @@ SDK), as a platform team installs it: the Deployment, ServiceAccount, RBAC, rend
 Service all come from charts/elasticjob-operator, and its CRDs from the chart's crds/.
 
 On real nodes the chart comes from the local registry as an OCI chart (`publish`: `helm package` and `helm push
-oci://10.244.0.1:5000/elasticjob/charts`, then `helm install oci://...`), and the operator runs from its image,
-pulled from the same registry with the pull secret (`registry_values`). On process-backed nodes the image is
-ignored as for every pod there: the node agent runs what the Dockerfile's ENTRYPOINT declares (`elasticjob run`)
-with the Deployment's args, from the host's .venv (localcluster/images.py).
+oci://127.0.0.1:5001/elasticjob/charts`, the registry's push side; then `helm install` of
+oci://10.244.0.1:5000/elasticjob/charts/elasticjob-operator:<version>@<digest> through its read-only side), and
+the operator runs from its image, pulled from the registry with the pull secret (`registry_values`). On
+process-backed nodes the image is ignored as for every pod there: the node agent runs what the Dockerfile's
+ENTRYPOINT declares (`elasticjob run`) with the Deployment's args, from the host's .venv
+(localcluster/images.py).
 """
 
 from __future__ import annotations
@@ -56,11 +58,16 @@ class Release:
 
 @dataclass(frozen=True)
 class Published:
-    """The chart in the local registry: `helm install <ref> --version <version>`."""
+    """The chart in the local registry, installed by its digest (`pinned`): a tag can be pushed over."""
 
     ref: str
     version: str
     digest: str
+
+    @property
+    def pinned(self) -> str:
+        """`oci://host/path/chart:version@sha256:...`: Helm checks the digest of what it pulls."""
+        return f"{self.ref}:{self.version}@{self.digest}"
 
 
 def registry_client(root: Path = ROOT) -> RegistryClient:
@@ -91,7 +98,7 @@ def _publish_here(root: str, chart: str = str(CHART)) -> dict[str, str]:
     version = str(yaml.safe_load((Path(chart) / "Chart.yaml").read_text())["version"])
     with registry_client(Path(root)) as helm_client, tempfile.TemporaryDirectory(prefix="elasticjob-chart-") as scratch:
         archive = helm.chart.package(chart, destination=scratch)
-        helm_client.push(archive, registry.CHARTS)
+        helm_client.push(archive, registry.PUSH_CHARTS)  # and pulled through the read-only side
         ref = f"{registry.CHARTS}/{CHART_NAME}"
         digest = str(helm_client.resolve(f"{ref}:{version}")["digest"])
     return {"ref": ref, "version": version, "digest": digest}
@@ -113,26 +120,25 @@ def install_or_upgrade(kubeconfig: Path, values: dict[str, Any], release: str = 
     those are: the published chart's own (an earlier commit's chart brings its own CRDs, previous.py)."""
     if chart:
         fields = in_child("install", kubeconfig=str(kubeconfig), values=values, release=release, namespace=namespace,
-                          timeout=timeout, source=chart.ref, version=chart.version, crds=str(crds))
+                          timeout=timeout, source=chart.pinned, crds=str(crds))
         return Release(**fields)
     return _install_here(str(kubeconfig), values, release, namespace, timeout, crds=str(crds))
 
 
 def _install_here(kubeconfig_path: str, values: dict[str, Any], release: str, namespace: str, timeout: int,
-                  source: str = str(CHART), version: str | None = None, crds: str = str(CHART)) -> Release:
+                  source: str = str(CHART), crds: str = str(CHART)) -> Release:
     kubeconfig = Path(kubeconfig_path)
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as cfg:
-        if version is not None:
+        if source.startswith("oci://"):
             cfg.set_registry_client(registry_client())
         exists = release_exists(cfg, release)
         if exists:
             crds_applied = apply_crds(kubeconfig, chart=Path(crds))
-            result = cfg.upgrade(source, release, values, namespace=namespace, wait="watcher", timeout=timeout,
-                                 chart_version=version)
+            result = cfg.upgrade(source, release, values, namespace=namespace, wait="watcher", timeout=timeout)
         else:
             crds_applied = apply_crds(kubeconfig, only_existing=True, chart=Path(crds))
             result = cfg.install(source, release, values, namespace=namespace, create_namespace=True,
-                                 wait="watcher", timeout=timeout, chart_version=version)
+                                 wait="watcher", timeout=timeout)
     return Release(release, namespace, int(result["revision"]), not exists, crds_applied)
 
 

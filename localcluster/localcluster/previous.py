@@ -145,9 +145,7 @@ def build_and_push(tree: Path, version: str, log: build.Log) -> tuple[str, str]:
         raise RuntimeError(f"no local registry answers at {registry.ADDRESS}: `make cluster-up REAL_NODES=1`")
     spec, cache = operator_spec(version), CACHE / "images"
     (tarball,) = build.build_all(build.Inputs(tree, cache, torch_wheel(), log), (spec,))
-    where = registry.files(layout)
-    target = push.Target(registry.REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json")
-    digests = push.push_all([(spec, tarball)], target, cache, log)
+    digests = push.push_all([(spec, tarball)], push.local_target(layout), cache, log)
     ref = push.reference(registry.REPOSITORY, spec)
     return ref, digests[ref]
 
@@ -196,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(previous))
     else:
-        print(f"image {previous.image}\nchart {previous.chart.ref} --version {previous.chart.version}")
+        print(f"image {previous.image}\nchart {previous.chart.pinned}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Images pulled from the local registry through the pull secret, and a wrong secret shown on the job.
+"""Images pulled from the local registry through the pull secret, a wrong secret shown on the job, and a pull
+secret that cannot push.
 
 The chart's `jobImagePullSecrets` names the namespace's Secret `elasticjob-registry` (the namespace fixture makes
 it; the registry asks for a password). The Secret is replaced by one with a wrong password, and the job's worker
@@ -11,6 +12,11 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -18,7 +24,9 @@ from kubernetes import client
 from e2e_support import job_manifest, train_args
 from helpers import wait_for
 from localcluster import registry
+from localcluster.layout import Layout
 
+ROOT = Path(__file__).resolve().parents[2]
 PULL_REFUSED = ("ErrImagePull", "ImagePullBackOff")
 # The kubelet retries a refused pull after 10, 20, 40 s...: two retries and the training fit in this.
 RETRY_TIMEOUT = 240
@@ -65,3 +73,38 @@ def test_a_wrong_pull_secret_is_shown_on_the_job_and_the_right_one_lets_it_train
                     until=lambda s: s.get("phase") in ("Succeeded", "Failed"))
     assert done["phase"] == "Succeeded", done
     assert (done.get("restarts") or 0) == 0, f"a refused pull was charged: {done}"
+
+
+def start_upload(address: str, auth: str, ca: Path) -> int:
+    """The status of a blob upload's start (POST /v2/<name>/blobs/uploads/) with basic auth `auth`; an upload
+    started is cancelled."""
+    context = ssl.create_default_context(cafile=str(ca))
+    url = f"https://{address}/v2/elasticjob/upload-probe/blobs/uploads/"
+    request = urllib.request.Request(url, method="POST", headers={"Authorization": f"Basic {auth}"})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            location = response.headers.get("Location") or ""
+            if location:
+                cancel = urllib.request.Request(urllib.parse.urljoin(url, location), method="DELETE",
+                                                headers={"Authorization": f"Basic {auth}"})
+                urllib.request.urlopen(cancel, context=context, timeout=10).close()
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_pull_secret_can_pull_and_never_push(real_nodes, cluster, jobs):
+    """The credential every job namespace holds reaches the registry's read-only side, which refuses writes: a
+    pod that reads its namespace's Secret cannot replace the images every job runs. The host pushes through the
+    other side, on its loopback."""
+    if not cluster.pulls_from_registry:
+        pytest.skip("no local registry: the nodes import the images")
+    secret = jobs.core.read_namespaced_secret(registry.PULL_SECRET, jobs.namespace)
+    (address, entry), = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"].items()
+    assert address == registry.ADDRESS
+    ca = Layout(ROOT).pki / "ca.crt"
+    assert start_upload(address, entry["auth"], ca) == 405, "the pull secret's credential may write"
+    pusher = base64.b64encode(f"{registry.PUSH_USER}:{registry.password(Layout(ROOT), registry.PUSH)}".encode())
+    assert start_upload(address, pusher.decode(), ca) in (401, 405), "the pull side takes writes from anyone"
+    assert start_upload(registry.PUSH_ADDRESS, pusher.decode(), ca) == 202
+    assert start_upload(registry.PUSH_ADDRESS, entry["auth"], ca) == 401, "the push side knows the pull user"

@@ -58,8 +58,7 @@ def push_target(args: argparse.Namespace) -> push.Target | None:
     if not registry.running(layout):
         raise SystemExit("imagebuild: no local registry answers at "
                          f"{registry.ADDRESS}: `make cluster-up REAL_NODES=1` starts it")
-    where = registry.files(layout)
-    return push.Target(registry.REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json")
+    return push.local_target(layout)
 
 
 def main(argv: list[str] | None = None) -> int:

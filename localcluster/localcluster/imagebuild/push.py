@@ -15,17 +15,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from localcluster import registry
 from localcluster.imagebuild import build, plan
+from localcluster.layout import Layout
 
 Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Target:
-    registry: str  # host[:port]/path, e.g. 10.244.0.1:5000/elasticjob
+    registry: str  # where to push: host[:port]/path, e.g. 127.0.0.1:5001/elasticjob
     auth_file: Path | None = None  # None: buildah's own (REGISTRY_AUTH_FILE, or $XDG_RUNTIME_DIR/containers/auth.json)
     cert_dir: Path | None = None  # None: the system's CAs
     marker: Path | None = None
+    # The same repository as pulls name it, where they go through another address (the local registry's read-only
+    # side, 10.244.0.1:5000/elasticjob); None: `registry`.
+    served_as: str | None = None
+
+    @property
+    def pulled(self) -> str:
+        return self.served_as or self.registry
+
+
+def local_target(layout: Layout) -> Target:
+    """The local cluster's registry: pushed through its push side, named as pods pull them (its read-only side)."""
+    where = registry.files(layout)
+    return Target(registry.PUSH_REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json",
+                  served_as=registry.REPOSITORY)
 
 
 def reference(registry: str, spec: plan.ImageSpec) -> str:
@@ -46,24 +62,24 @@ def _marker(target: Target) -> dict[str, dict[str, str]]:
 
 
 def push_all(images: list[tuple[plan.ImageSpec, Path]], target: Target, scratch: Path, log: Log) -> dict[str, str]:
-    """(spec, tarball) pairs -> {reference: digest}, every one of them in the registry on return."""
+    """(spec, tarball) pairs -> {reference as pulled: digest}, every one of them in the registry on return."""
     pushed, digests = _marker(target), {}
     storage = scratch / f".push-storage-{time.time_ns()}"
     try:
         for spec, tarball in images:
-            ref = reference(target.registry, spec)
-            if pushed.get(ref, {}).get("tarball") == tarball.name:
-                digests[ref] = pushed[ref]["digest"]
+            ref, named = reference(target.registry, spec), reference(target.pulled, spec)
+            if pushed.get(named, {}).get("tarball") == tarball.name:
+                digests[named] = pushed[named]["digest"]
                 continue
             started = time.monotonic()
             image_id = _run(plan.buildah(storage, "pull", "--quiet", f"docker-archive:{tarball}"), ref).split()[-1]
             digest_file = storage / "digest"
             _run(push_argv(storage, image_id, ref, target, digest_file), ref)
-            digests[ref] = digest_file.read_text().strip()
-            pushed[ref] = {"tarball": tarball.name, "digest": digests[ref]}
+            digests[named] = digest_file.read_text().strip()
+            pushed[named] = {"tarball": tarball.name, "digest": digests[named]}
             if target.marker is not None:
                 target.marker.write_text(json.dumps(pushed, indent=2) + "\n")
-            log(f"  pushed {ref} ({digests[ref][:19]}, {time.monotonic() - started:.1f}s)")
+            log(f"  pushed {ref} ({digests[named][:19]}, {time.monotonic() - started:.1f}s)")
     finally:
         build.remove_storage(storage)
     return digests

@@ -45,15 +45,14 @@ def up(layout: Layout, names: list[str], bin_dir: Path, log: Log, project: image
     netpolicy.ensure_binary(layout, log)
     gpus.ensure_binary(layout, log)
     netpolicy.apply_rbac(layout, endpoints)
-    where = registry.ensure(layout, log)
+    registry.ensure(layout, log)
     # Every image is built, and pushed, before a node starts: pods of a running cluster land on a node once it is up.
     with project or project_images(layout, log) as building:
         tarballs = [images.binary_image(IMAGE_CACHE, bins["pause"], plan.PAUSE_IMAGE, log),
                     *(images.binary_image(IMAGE_CACHE, bins[app.binary], app.image, log) for app in systemapps.APPS)]
         project_tarballs = building.tarballs()
-    target = push.Target(registry.REPOSITORY, where.auth, where.certs, registry.DATA / "pushed.json")
-    pushed = push.push_all([(spec, t) for t in project_tarballs if (spec := push.spec_of(t))], target, IMAGE_CACHE,
-                           log)
+    pushed = push.push_all([(spec, t) for t in project_tarballs if (spec := push.spec_of(t))],
+                           push.local_target(layout), IMAGE_CACHE, log)
     apply.apply(endpoints, registry.pull_secret("default", registry.password(layout)))
     started = time.monotonic()
     alive = {each.name for each in running(layout)}
