@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticjob import crd
+from elasticjob import crd, integrations
 from elasticjob.controller.loops import CONCURRENT_RECONCILES
 from elasticjob.convert import ConversionError, InputError, convert_text
 from elasticjob.domain import Settings
@@ -67,19 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="do not create the NetworkPolicy around each namespace's rendezvous stores")
     run.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE"),
                      help="namespace of the operator's pods, which the NetworkPolicies admit to the control port")
-    run.add_argument("--kueue", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
-                     help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission (watching Kueue's "
-                     "Workloads and ResourceFlavors). auto (default): when Kueue's API is served, checked every "
-                     "minute; on (or bare --kueue): always, Kueue's CRDs must be installed; off: never. Without "
-                     "Kueue such jobs do not start and say why")
-    run.add_argument("--kueue-slices", default="on", choices=["on", "off"],
-                     help="a job under Kueue that scales up past what Kueue admitted asks for a workload slice, "
-                     "charged only the difference, and shrinks its Workload in place (needs Kueue's feature gate "
-                     "ElasticJobsViaWorkloadSlices, on by default since Kueue v0.18). off: replicas above the "
-                     "admitted count wait until the job is queued again")
-    run.add_argument("--require-queue-name", action="store_true",
-                     help="every job must be labelled kueue.x-k8s.io/queue-name: one without the label does not "
-                     "start and says why (as Kueue's manageJobsWithoutQueueName, but held rather than queued)")
+    integrations.add_arguments(run)  # each integration's own flags (--kueue, ...)
     run.add_argument("--kit-image", default=os.environ.get("ELASTICJOB_KIT_IMAGE") or None, metavar="IMAGE",
                      help="image an init container copies the store and warm starts from into every job pod (the "
                      "operator's own; the chart sets it). Without it the worker image must carry elasticjob_store "
@@ -140,10 +128,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     labels = tuple(tuple(pair.split("=", 1)) for pair in args.operator_selector.split(",") if "=" in pair)
     settings = Settings(network_policy=not args.no_network_policy, store_peer_check=not args.no_store_peer_check,
                         operator_namespace=args.operator_namespace,
-                        operator_labels=labels, nudges=not args.no_rendezvous_nudges, kueue=args.kueue == "on",
-                        kueue_mode=args.kueue, kueue_slices=args.kueue_slices == "on", kit_image=args.kit_image,
-                        require_queue_name=args.require_queue_name,
+                        operator_labels=labels, nudges=not args.no_rendezvous_nudges, kit_image=args.kit_image,
                         image_pull_secrets=tuple(args.image_pull_secret), taint_bad_nodes=args.taint_bad_nodes)
+    settings = integrations.configure(settings, args)
     return RunConfig(None if clusterwide else list(args.namespace), rendezvous_key(args.rendezvous_key_file),
                      settings, identity, leader, args.concurrent_reconciles)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +23,6 @@ class Settings:
     # Who may reach the store's control port besides the job's pods: the operator's pods.
     operator_namespace: str | None = None
     operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "elasticjob-operator"),)
-    # Jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission: Kueue's API is served (auto) or
-    # --kueue on. Without it such jobs hold and say why; kueue_mode (auto, on, off) says which words they use.
-    kueue: bool = False
-    kueue_mode: str = "auto"
-    # A job under Kueue grows past what Kueue admitted through a workload slice (Kueue's feature gate
-    # ElasticJobsViaWorkloadSlices, on by default since v0.18); off: replicas above the admitted count wait.
-    kueue_slices: bool = True
-    # Every job must name a LocalQueue (label kueue.x-k8s.io/queue-name): one without it holds and says why
-    # (--require-queue-name; the chart's kueue.requireQueueName or kueue.defaultQueueName).
-    require_queue_name: bool = False
     # The image the kit (elasticjob_kit) is copied from into every job pod: the operator's own. None: no kit;
     # the store then needs elasticjob_store in the worker image, and no job gets warm starts.
     kit_image: str | None = None
@@ -41,6 +32,16 @@ class Settings:
     # A node a job avoids for a reason of the node's own is also tainted for every pod (elasticjob.dev/unhealthy,
     # NoSchedule) until the last such avoidance ends (--taint-bad-nodes; needs patch and list on nodes).
     taint_bad_nodes: bool = False
+    # Each integration's own settings (its flags: elasticjob/integrations.py), by its name; the core reads none.
+    integrations: tuple[tuple[str, Any], ...] = ()
+
+    def integration(self, name: str) -> Any:
+        """The integration's settings, or None where it has none here (its defaults then)."""
+        return next((value for key, value in self.integrations if key == name), None)
+
+    def with_integration(self, name: str, value: Any) -> Settings:
+        kept = tuple((key, old) for key, old in self.integrations if key != name)
+        return dataclasses.replace(self, integrations=(*kept, (name, value)))
 
 
 @dataclass(frozen=True)

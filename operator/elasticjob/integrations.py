@@ -7,14 +7,17 @@ GenericJob interface and a reconciler that calls it:
 - for the controller, IntegrationIO below: what it watches, what it reads for a job (that view), the actions
   of its own it applies, and what it does at start.
 The planner and the controller walk these; neither imports an integration (pyproject.toml's contracts and
-tests/unit/test_integration_seam.py keep it so). Adding one is a package and a line in `build`.
+tests/unit/test_integration_seam.py keep it so). An integration with flags of its own (Configurable) adds them to
+`elasticjob run` and keeps what they set in Settings under its name, which only it reads. Adding one is a
+package and a line in `INTEGRATIONS`.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from elasticjob import k8s, planner
 from elasticjob.domain import JobRef, Settings
@@ -61,6 +64,40 @@ class IntegrationIO(Protocol):
         ...
 
 
+@runtime_checkable
+class Configurable(Protocol):
+    """An integration with flags of its own (optional), called on its class before any instance exists."""
+
+    name: str
+
+    @staticmethod
+    def add_arguments(run: argparse.ArgumentParser) -> None:
+        """Its flags on `elasticjob run`."""
+        ...
+
+    @staticmethod
+    def from_arguments(args: argparse.Namespace) -> Any:
+        """What they set: kept in Settings under its name (Settings.integration)."""
+        ...
+
+
+# Every integration, in the order their placements merge (the later one's scheduler wins).
+INTEGRATIONS: tuple[type, ...] = (GangIO, KueueIO)
+
+
 def build() -> tuple[IntegrationIO, ...]:
-    """Every integration, in the order their placements merge (the later one's scheduler wins)."""
-    return (GangIO(), KueueIO())
+    return tuple(kind() for kind in INTEGRATIONS)
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    for kind in INTEGRATIONS:
+        if isinstance(kind, Configurable):
+            kind.add_arguments(run)
+
+
+def configure(settings: Settings, args: argparse.Namespace) -> Settings:
+    """`settings` with each configurable integration's own, from its flags."""
+    for kind in INTEGRATIONS:
+        if isinstance(kind, Configurable):
+            settings = settings.with_integration(kind.name, kind.from_arguments(args))
+    return settings

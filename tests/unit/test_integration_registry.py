@@ -15,9 +15,10 @@ from elasticjob import k8s, naming, planner
 from elasticjob.controller import observing, watch
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.controller.mirror import Mirror
-from elasticjob.domain import JobRef, Settings
+from elasticjob.domain import JobRef
 from elasticjob.gang.planning import Gang
 from elasticjob.kueue import names as kueue_names
+from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue.admission import Kueue
 from elasticjob.rendezvous_client import StoreClient
 
@@ -27,7 +28,7 @@ REF = JobRef(namespace="ns", name="train", uid=UID, spec=spec())
 
 def context(kueue: bool) -> Context:
     return Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=Mirror(), stores=StoreClient(b"k" * 32),
-                   settings=Settings(kueue=kueue), logger=logging.getLogger("test"), instance="t")
+                   settings=kueue_settings.settings(on=kueue), logger=logging.getLogger("test"), instance="t")
 
 
 def workload(name: str, owner: str = UID) -> dict:
@@ -81,7 +82,48 @@ def test_an_integrations_object_is_created_under_the_plural_it_names(scheduling,
     fields = {"scheduling": scheduling} if scheduling else {}
     suspended = {"runPolicy": {"suspend": True}} if labels else {}
     j = job(labels=labels, **fields, **suspended)
-    result = planner.plan(j, observed([] if labels else [rdzv()]), NOW, Settings(kueue=True))
+    result = planner.plan(j, observed([] if labels else [rdzv()]), NOW, kueue_settings.settings(on=True))
     (made,) = [a for a in result.actions if isinstance(a, planner.CreateObject) and a.manifest["kind"] == kind]
     assert made.plural == plural
     assert k8s.PLURALS.get(kind) is None
+
+
+def test_kueues_flags_are_its_own_and_reach_its_settings():
+    from elasticjob import cli
+
+    config = cli.run_config(cli.parse_args(["run", "--kueue", "--kueue-slices", "off", "--require-queue-name"]))
+    assert kueue_settings.of(config.settings) == kueue_settings.KueueSettings(on=True, mode="on", slices=False,
+                                                                               require_queue_name=True)
+    assert kueue_settings.of(cli.run_config(cli.parse_args(["run"])).settings) == kueue_settings.KueueSettings()
+
+
+class Toy:
+    """A third integration with a flag of its own: a package's class and one registry line, nothing else."""
+
+    name = "toy"
+
+    @staticmethod
+    def add_arguments(run):
+        run.add_argument("--toy-level", type=int, default=1)
+
+    @staticmethod
+    def from_arguments(args):
+        return {"level": args.toy_level}
+
+
+def test_a_new_integrations_flags_need_only_its_class_and_the_registry_line(monkeypatch):
+    from elasticjob import cli, integrations
+
+    monkeypatch.setattr(integrations, "INTEGRATIONS", (*integrations.INTEGRATIONS, Toy))
+    config = cli.run_config(cli.parse_args(["run", "--toy-level", "3", "--kueue", "off"]))
+    assert config.settings.integration("toy") == {"level": 3}
+    assert kueue_settings.of(config.settings).mode == "off"
+
+
+def test_the_cores_settings_name_no_integration():
+    import dataclasses
+
+    from elasticjob.domain import Settings
+
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert not {f for f in fields if "kueue" in f or "gang" in f}, fields

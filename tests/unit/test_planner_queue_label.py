@@ -8,12 +8,12 @@ from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 from elasticjob import planner
-from elasticjob.domain import Settings
 from elasticjob.kueue import names as kueue_names
+from elasticjob.kueue import settings as kueue_settings
 from elasticjob.models import Phase
 
 QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
-ABSENT, OFF = Settings(kueue=False, kueue_mode="auto"), Settings(kueue=False, kueue_mode="off")
+ABSENT, OFF = kueue_settings.settings(on=False, mode="auto"), kueue_settings.settings(on=False, mode="off")
 
 
 
@@ -54,26 +54,26 @@ def test_an_admitted_job_whose_label_is_removed_stays_at_its_admitted_count():
     j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)  # no queue label any more
     seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
-    result = planner.plan(j, seen, NOW, Settings(kueue=True))
+    result = planner.plan(j, seen, NOW, kueue_settings.settings(on=True))
     assert creates(result) == []
     assert result.status.admission.state == "Admitted" and result.status.desired_replicas == 2
 
 
 def test_a_pending_workload_keeps_an_unlabelled_job_queued():
     j = job(running_status(), runPolicy={"suspend": True})
-    result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, Settings(kueue=True))
+    result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, kueue_settings.settings(on=True))
     assert creates(result) == [] and result.status.phase == Phase.QUEUED
 
 
 # --- a queue required (--require-queue-name) ------------------------------------------------------------------
 
-REQUIRED = Settings(kueue=True, require_queue_name=True)
+REQUIRED = kueue_settings.settings(on=True, require_queue_name=True)
 
 
 @pytest.mark.parametrize("settings, labels, held", [
     (REQUIRED, {}, True),  # no label: held, whatever runs
-    (Settings(kueue=False, require_queue_name=True), {}, True),  # Kueue absent: still never unqueued
-    (Settings(kueue=True), {}, False),  # not required: runs as any job
+    (kueue_settings.settings(on=False, require_queue_name=True), {}, True),  # Kueue absent: still never unqueued
+    (kueue_settings.settings(on=True), {}, False),  # not required: runs as any job
     (REQUIRED, QUEUED, False),  # labelled: queued in Kueue (suspended first)
 ])
 def test_a_job_without_a_queue_is_held_where_one_is_required(settings, labels, held):
@@ -92,5 +92,5 @@ def test_a_job_whose_label_was_removed_keeps_its_workloads_gate_where_a_queue_is
     j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)
     seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
-    result = planner.plan(j, seen, NOW, Settings(kueue=True, require_queue_name=True))
+    result = planner.plan(j, seen, NOW, kueue_settings.settings(on=True, require_queue_name=True))
     assert result.status.admission.state == "Admitted" and deletes(result) == []

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from elasticjob.domain import Settings
 from elasticjob.kueue import names as kueue_names
+from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import slices, view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.view import KueueObserved
@@ -63,7 +64,7 @@ class Kueue(KueueObserved):
 
 
 def queue(job: Job, settings: Settings, observed: Observed) -> str | None:
-    if not settings.kueue:
+    if not kueue_settings.of(settings).on:
         return None
     label = job.ref.label(kueue_names.QUEUE_LABEL)
     if label is not None:
@@ -86,7 +87,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
     if name is None and label is not None:
         without_kueue(plan, job, observed, label, settings, now)
         return None
-    if name is None and settings.require_queue_name and own_workload(job, observed) is None:
+    if name is None and kueue_settings.of(settings).require_queue_name and own_workload(job, observed) is None:
         without_queue(plan, job, observed, now)
         return None
     if name is None:
@@ -145,7 +146,7 @@ def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings
                   now: datetime) -> None:
     """The label asks for a quota nobody enforces: the job holds (none of its pods runs) and says why, rather
     than run outside the quota in silence."""
-    if settings.kueue_mode == "off":
+    if kueue_settings.of(settings).mode == "off":
         reason, why = "KueueOff", "the operator runs with Kueue off (chart value kueue.mode: off, --kueue off)"
         todo = "turn Kueue on (kueue.mode: auto)"
     else:
@@ -246,7 +247,7 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
     status.cluster_queue = wl.cluster_queue
     status.flavors = dict((wl.assignment(kueue_names.PODSET_WORKERS) or workloads.Assignment("", None)).flavors) or None
     transition(plan, "Admitted", f"admitted by ClusterQueue {wl.cluster_queue}", now)
-    if settings.kueue_slices:
+    if kueue_settings.of(settings).slices:
         workers = slices.resize(plan, job, observed, wl, workers, now, settings.kit_image)
     status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)

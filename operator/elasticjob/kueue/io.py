@@ -19,6 +19,7 @@ from elasticjob.domain import JobRef, Settings
 from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, Watched, labelled
 from elasticjob.kueue import discovery, workloads
 from elasticjob.kueue import names as kueue_names
+from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.admission import Kueue
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, flavor_view, workload_view
@@ -64,7 +65,9 @@ class Flavors:
 class KueueIO:
     """The integration as the controller runs it (integrations.IntegrationIO)."""
 
-    name = "kueue"
+    name = kueue_settings.NAME
+    add_arguments = staticmethod(kueue_settings.add_arguments)
+    from_arguments = staticmethod(kueue_settings.from_arguments)
 
     def __init__(self) -> None:
         self.workloads: KindCache[WorkloadView] = KindCache(_workload, workloads.same_to_plan)
@@ -73,14 +76,15 @@ class KueueIO:
 
     async def start(self, kube: k8s.Kube, settings: Settings,
                     logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
-        """Whether Kueue is on (settings.kueue), and, with --kueue auto, the check that restarts the operator
+        """Whether Kueue is on (KueueSettings.on), and, with --kueue auto, the check that restarts the operator
         when Kueue comes or goes."""
-        here = await discovery.resolve(kube, settings.kueue_mode, logger)
-        follow = [discovery.follow(kube, here, logger)] if settings.kueue_mode == "auto" else []
-        return dataclasses.replace(settings, kueue=here), follow
+        mine = kueue_settings.of(settings)
+        here = await discovery.resolve(kube, mine.mode, logger)
+        follow = [discovery.follow(kube, here, logger)] if mine.mode == "auto" else []
+        return kueue_settings.with_kueue(settings, dataclasses.replace(mine, on=here)), follow
 
     def watched(self, settings: Settings) -> list[Watched]:
-        if not settings.kueue:
+        if not kueue_settings.of(settings).on:
             return []
         return [Watched("workloads", workloads.API_VERSION, workloads.WORKLOADS, label_selector=naming.JOB_LABEL),
                 Watched("resourceflavors", workloads.API_VERSION, workloads.FLAVORS, namespaced=False)]
@@ -91,7 +95,7 @@ class KueueIO:
     async def read(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Kueue:
         """The job's Workloads, read without the label too: a job whose Workload exists keeps its gate
         (kueue/admission.py)."""
-        if not settings.kueue:
+        if not kueue_settings.of(settings).on:
             return Kueue()
         key = naming.job_key(ref.namespace, ref.name)
         owned = tuple(w for w in self.workloads.of(key) if w.owner_uid == ref.uid)
