@@ -4,8 +4,9 @@ An integration is a package (elasticjob/kueue, elasticjob/gang) with two halves,
 GenericJob interface and a reconciler that calls it:
 - for the planner, pure: a view of what was observed for a job that makes the integration's decisions
   (planner.Integration: gate, ready_for_workers, finish), carried in Observed.integrations;
-- for the controller, IntegrationIO below: what it watches, what it reads for a job (that view), the actions
-  of its own it applies, and what it does at start.
+- for the controller, IntegrationIO below: its memory per job and what it reads for a job (that view); and,
+  where it has them, what it does at start (Starts), what it watches (Watches), the actions of its own it
+  applies (Acts) and what it learns from a plan's actions (Follows).
 The planner and the controller walk these; neither imports an integration (pyproject.toml's contracts and
 tests/unit/test_integration_seam.py keep it so). An integration with flags of its own (Configurable) adds them to
 `elasticjob run` and keeps what they set in Settings under its name, which only it reads. Adding one is a
@@ -27,31 +28,49 @@ from elasticjob.kueue.io import KueueIO
 
 
 class IntegrationIO(Protocol):
-    """One integration, as the controller runs it. One instance per operator process."""
+    """One integration, as the controller runs it (one instance per operator process): what every integration
+    has. What only some do is in the optional protocols below, which the controller finds with isinstance."""
 
-    name: str  # its key in a job's memory
-    caches: dict[str, Cache]  # what its watches feed, by Watched.kind
-
-    async def start(self, kube: k8s.Kube, settings: Settings,
-                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
-        """At start, before the watches: the settings as the integration finds the cluster (is its API
-        served?), and what it runs in the background meanwhile."""
-        ...
-
-    def watched(self, settings: Settings) -> list[Watched]:
-        """What the controller lists and watches into `caches` (their changes wake the jobs they name)."""
-        ...
+    name: str  # its key in a job's memory and in Settings
 
     def memory(self) -> Any:
-        """What a job's loop remembers for it between reconciles (a fresh one per job)."""
+        """What a job's loop remembers for it between reconciles (a fresh one per job), which `read` and
+        `after_apply` are handed back: the integration's own type."""
         ...
 
     async def read(self, kube: k8s.Kube, memory: Any, ref: JobRef, settings: Settings) -> planner.Integration:
         """What it sees of one job, as the view the planner calls."""
         ...
 
+
+@runtime_checkable
+class Starts(Protocol):
+    """An integration that looks at the cluster when the operator starts (optional)."""
+
+    async def start(self, kube: k8s.Kube, settings: Settings,
+                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
+        """Before the watches: the settings as the integration finds the cluster (is its API served?), and
+        what it runs in the background meanwhile."""
+        ...
+
+
+@runtime_checkable
+class Watches(Protocol):
+    """An integration that watches kinds of its own into its own caches (optional)."""
+
+    caches: dict[str, Cache]  # what its watches feed, by Watched.kind
+
+    def watched(self, settings: Settings) -> list[Watched]:
+        """What the controller lists and watches into `caches` (their changes wake the jobs they name)."""
+        ...
+
+
+@runtime_checkable
+class Acts(Protocol):
+    """An integration with writes of its own: planner.IntegrationActions it plans and applies (optional)."""
+
     def handles(self, action: planner.Action) -> bool:
-        """Whether the action is one of its own (a planner.IntegrationAction it planned)."""
+        """Whether the action is one of its own."""
         ...
 
     async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
@@ -59,8 +78,13 @@ class IntegrationIO(Protocol):
         """One of its own actions: whether it took effect."""
         ...
 
+
+@runtime_checkable
+class Follows(Protocol):
+    """An integration that learns from a plan's actions as they go out (optional)."""
+
     def after_apply(self, memory: Any, actions: list[planner.Action]) -> None:
-        """As a plan's actions go out, whatever then happens: what it must read again next time."""
+        """Whatever then happens: what it must read again next time."""
         ...
 
 

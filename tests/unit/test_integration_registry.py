@@ -127,3 +127,35 @@ def test_the_cores_settings_name_no_integration():
 
     fields = {f.name for f in dataclasses.fields(Settings)}
     assert not {f for f in fields if "kueue" in f or "gang" in f}, fields
+
+
+def test_an_integration_has_the_core_and_only_the_optional_parts_it_uses():
+    """The gang starts nothing, watches nothing and has no writes of its own: it implements none of those."""
+    from elasticjob import integrations
+
+    def parts(integration) -> set[str]:
+        return {p.__name__ for p in (integrations.Starts, integrations.Watches, integrations.Acts,
+                                     integrations.Follows) if isinstance(integration, p)}
+
+    gang, kueue = integrations.build()
+    assert (parts(gang), parts(kueue)) == ({"Follows"}, {"Starts", "Watches", "Acts", "Follows"})
+
+
+class Core:
+    """An integration with the core alone: a memory and a read."""
+
+    name = "core-only"
+
+    def memory(self):
+        return None
+
+    async def read(self, kube, memory, ref, settings):
+        return Gang(None)
+
+
+def test_an_integration_with_the_core_alone_runs_beside_the_others():
+    ctx = context(kueue=True)
+    ctx.integrations = (Core(), *ctx.integrations)
+    assert ctx.cache("workloads") is ctx.integrations[2].caches["workloads"]
+    assert ctx.cache("pods") is ctx.mirror.cache("pods")
+    assert [s.kind for s in watch.sources(ctx, ["ns"])].count("workloads") == 1

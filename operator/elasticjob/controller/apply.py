@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from elasticjob import k8s, metrics, naming, planner
+from elasticjob import integrations, k8s, metrics, naming, planner
 from elasticjob.controller import node_taints
 from elasticjob.controller.context import Context, JobMemory
 from elasticjob.domain import JobRef
@@ -163,8 +163,8 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logg
     elif isinstance(action, (planner.DeleteObject, planner.PatchObject)):
         return await change_object(ctx, ref, action) or None
     elif isinstance(action, planner.IntegrationAction):
-        owner = next(i for i in ctx.integrations if i.handles(action))  # the one that planned it
-        return await owner.apply(kube, ref, action, log) or None
+        owner = next(i for i in ctx.integrations if isinstance(i, integrations.Acts) and i.handles(action))
+        return await owner.apply(kube, ref, action, log) or None  # the one that planned it
     return None
 
 

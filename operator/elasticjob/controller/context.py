@@ -146,7 +146,8 @@ class Context:
 
     def cache(self, kind: str) -> Cache:
         """Where a watch of `kind` goes: the mirror, or the integration that watches it."""
-        owner = next((i for i in self.integrations if kind in i.caches), None)
+        owner = next((i for i in self.integrations if isinstance(i, integrations.Watches) and kind in i.caches),
+                     None)
         return owner.caches[kind] if owner is not None else self.mirror.cache(kind)
 
     def memory_of(self, memory: JobMemory, integration: IntegrationIO) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from elasticjob import k8s, metrics
+from elasticjob import integrations, k8s, metrics
 from elasticjob.controller import node_taints, watch
 from elasticjob.controller.context import Context
 from elasticjob.controller.leader import Elector
@@ -56,8 +56,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo.ctx = ctx
     background = []
     for integration in ctx.integrations:  # before the watches: an integration says whether its API is served
-        ctx.settings, started = await integration.start(ctx.kube, ctx.settings, ctx.logger)
-        background += [(integration.name, coro) for coro in started]
+        if isinstance(integration, integrations.Starts):
+            ctx.settings, started = await integration.start(ctx.kube, ctx.settings, ctx.logger)
+            background += [(integration.name, coro) for coro in started]
     memo.reflectors, memo.tasks = watch.start(ctx, config.namespaces)
     memo.tasks += [asyncio.create_task(coro, name=f"{name} background") for name, coro in background]
     if ctx.settings.taint_bad_nodes:  # the leader's sweep (the gate) of the taints no job's plan removed

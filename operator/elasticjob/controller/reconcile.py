@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from elasticjob import backoff, k8s, metrics, planner
+from elasticjob import backoff, integrations, k8s, metrics, planner
 from elasticjob.controller import observing, telemetry, unparsable
 from elasticjob.controller.apply import apply, refused_taints, remember_applied, unapplied
 from elasticjob.controller.context import EVENT_BURST, EVENT_EVERY, Context, JobMemory, Refusal, job_logger, newest
@@ -113,7 +113,8 @@ async def reconcile_body(ctx: Context, memory: JobMemory, body: dict[str, Any],
         body = await write_status(ctx, memory, job.status, plan.status, body, log)
     telemetry.record(meta, job.status, plan.status, now)
     for integration in ctx.integrations:  # what they change is read again next time, whatever happens
-        integration.after_apply(ctx.memory_of(memory, integration), plan.actions)
+        if isinstance(integration, integrations.Follows):
+            integration.after_apply(ctx.memory_of(memory, integration), plan.actions)
     actions = unapplied(memory.applied, plan.actions)
     outbox = list(plan.events)  # posted once, after the status write and the actions, whatever happens
     try:

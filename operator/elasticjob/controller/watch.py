@@ -10,7 +10,7 @@ import asyncio
 import functools
 from typing import Any
 
-from elasticjob import k8s, metrics, naming, rest
+from elasticjob import integrations, k8s, metrics, naming, rest
 from elasticjob.controller import namespace_cleanup, reflector
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import JobKey
@@ -33,7 +33,8 @@ def sources(ctx: Context, namespaces: list[str] | None, kube: k8s.Kube | None = 
                   reflector.Source("endpointslices", ns, SLICE_SELECTOR,
                                    kube.lister(rest.resource("discovery.k8s.io/v1", ns, "endpointslices")))]
     # What the integrations watch (Kueue's Workloads in each namespace, its ResourceFlavors cluster-wide).
-    for watched in [w for i in ctx.integrations for w in i.watched(ctx.settings)]:
+    for watched in [w for i in ctx.integrations if isinstance(i, integrations.Watches)
+                    for w in i.watched(ctx.settings)]:
         for ns in targets if watched.namespaced else [None]:
             found.append(reflector.Source(watched.kind, ns, watched.label_selector,
                                           kube.lister(rest.resource(watched.api_version, ns, watched.plural))))

@@ -8,18 +8,14 @@ it (elasticjob/integrations.py).
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 
 from elasticjob import k8s, planner
 from elasticjob.domain import JobRef, Settings
 from elasticjob.gang import podgroup
 from elasticjob.gang.planning import Gang
 from elasticjob.gang.podgroup import PodGroupView
-from elasticjob.kindcache import Cache, Watched
 
 # A PodGroup the operator knows is read again after this long (someone may have deleted it).
 RECHECK_SECONDS = 300.0
@@ -32,30 +28,16 @@ class Memory:
 
 
 class GangIO:
-    """The integration as the controller runs it (integrations.IntegrationIO): no watch, no action of its own."""
+    """The integration as the controller runs it (integrations.IntegrationIO, and Follows: a group it made or
+    deleted is read again): no start, no watch, no action of its own."""
 
     name = "gang"
-    caches: dict[str, Cache] = {}
-
-    async def start(self, kube: k8s.Kube, settings: Settings,
-                    logger: logging.Logger) -> tuple[Settings, list[Coroutine[Any, Any, None]]]:
-        return settings, []
-
-    def watched(self, settings: Settings) -> list[Watched]:
-        return []
 
     def memory(self) -> Memory:
         return Memory()
 
     async def read(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Gang:
         return Gang(await read_pod_group(kube, memory, ref))
-
-    def handles(self, action: planner.Action) -> bool:
-        return False
-
-    async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
-                    log: logging.LoggerAdapter[logging.Logger]) -> bool:
-        return False
 
     def after_apply(self, memory: Memory, actions: list[planner.Action]) -> None:
         after_apply(memory, actions)
