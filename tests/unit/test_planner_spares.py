@@ -188,3 +188,15 @@ def test_a_spare_not_ready_just_after_the_store_came_back_is_left():
     result = plan([worker(0), worker(1), worker(2), cut(3, ago=4)], store(0, 1, 2, complete=True, spares=(3,)),
                   status=back)
     assert stopped(result) == []
+
+
+def test_a_cut_off_spare_seen_again_is_stopped_by_its_uid_alone_and_once_gone_never():
+    """A late or doubled event shows the spare again: the delete names its uid (a new pod under the name is never
+    hit), and once it is on its way out nothing more is done for it."""
+    view = store(0, 1, 2, complete=True, spares=(3,))
+    first = plan([worker(0), worker(1), worker(2), cut(3, ago=4)], view)
+    again = plan([worker(0), worker(1), worker(2), cut(3, ago=4)], view, status=first.status.model_dump(
+        by_alias=True, exclude_none=True))
+    assert [(a.name, a.uid) for a in again.actions if isinstance(a, DeletePod)] == [("train-worker-3", "uid-w3")]
+    leaving = plan([worker(0), worker(1), worker(2), cut(3, ago=5, deleting=True)], view)
+    assert stopped(leaving) == []
