@@ -57,3 +57,13 @@ def test_the_integrations_define_types_to_guard():
 @pytest.mark.parametrize("path", outside_modules(), ids=lambda p: str(p.relative_to(OPERATOR)))
 def test_no_module_outside_an_integration_names_it(path):
     assert trespasses(path, integration_types()) == []
+
+
+@pytest.mark.parametrize("path", [p for p in outside_modules() if p.parent.name in ("planner", "controller")],
+                         ids=lambda p: str(p.relative_to(OPERATOR)))
+def test_the_planner_and_the_controller_read_no_integrations_status(path):
+    """Kueue's part of the status (status.admission) is Kueue's to read and write: the core learns what it needs
+    through the seam (Allowance.note, Plan.preempted)."""
+    read = [f"l.{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr == "admission"]
+    assert read == []

@@ -237,6 +237,19 @@ def test_an_assigned_flavor_not_yet_seen_holds_the_pods():
 # --- evicted ----------------------------------------------------------------------------------------------
 
 
+
+def test_a_preemption_opens_one_incident_in_the_ledger():
+    """Kueue took the quota back: the downtime ledger books a Preemption once, when the admission turns so."""
+    pods = [rdzv(), worker(0), worker(1)]
+    training = running_status(goodput={"since": "2026-01-01T11:00:00.000Z"})  # the ledger runs since its start
+    first = plan(kueue_job(training, suspend=True), pods, workload=workload(PREEMPTED, admission(2)))
+    opened = first.status.goodput.open_incident if first.status.goodput else None
+    assert opened is not None and (opened.kind, opened.reason) == ("Preemption", "Preempted")
+    again = plan(kueue_job(first.status.model_dump(by_alias=True, exclude_none=True), suspend=True), pods,
+                 workload=workload(PREEMPTED, admission(2)))
+    assert again.status.goodput.open_incident.start_time == opened.start_time  # the same one, not a second
+
+
 def test_an_evicted_job_is_suspended_first():
     result = plan(kueue_job(running_status()), [rdzv(), worker(0), worker(1)],
                   workload=workload(PREEMPTED, admission(2)))

@@ -27,7 +27,7 @@ from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import slices, view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
-from elasticjob.kueue.view import KueueObserved
+from elasticjob.kueue.view import KueueObserved, admission_of
 from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.models import AdmissionStatus, Phase
 from elasticjob.planner import planned_stop
@@ -41,12 +41,14 @@ from elasticjob.planner.base import (
     Observed,
     Plan,
     SetSuspend,
-    admission_of,
     enter_phase,
     set_condition,
     stamp,
 )
 from elasticjob.planner.scaling import force_delete_stuck, stop_all
+
+# Kueue took the job's quota back: its admission turns so, and the ledger books a Preemption.
+TAKEN_BACK = ("Preempted", "Evicted")
 
 
 @dataclass(frozen=True)
@@ -252,7 +254,15 @@ def admitted(plan: Plan, job: Job, observed: Observed, wl: WorkloadView, suspend
     status.workers = workers
     set_condition(plan.status, "Admitted", True, "Admitted", status.message or "", now, job.generation)
     return Allowance(workers=workers, worker=workloads.placement(wl, kueue_names.PODSET_WORKERS, flavors),
-                     store=workloads.placement(wl, kueue_names.PODSET_STORE, flavors))
+                     store=workloads.placement(wl, kueue_names.PODSET_STORE, flavors), note=capped(job, status))
+
+
+def capped(job: Job, status: AdmissionStatus) -> str:
+    """Why the job runs fewer workers than its replicas, where it does: a slice asked for, or none."""
+    if status.requested and status.message:
+        return status.message
+    return (f"replicas {job.ref.spec.desired_replicas} exceeds the {status.workers} workers Kueue admitted: the "
+            f"rest start when the job is admitted again")
 
 
 def first_workload_name(job: Job, observed: Observed) -> str:
@@ -273,6 +283,8 @@ def transition(plan: Plan, state: str, message: str, now: datetime) -> None:
     status = admission_of(plan)
     if status.state != state:
         status.last_transition_time = stamp(now)
+        if state in TAKEN_BACK:
+            plan.preempted = state  # the ledger opens a Preemption incident
     status.state, status.message = state, message
 
 
@@ -285,7 +297,7 @@ def stop(plan: Plan, observed: Observed, now: datetime) -> None:
 
 
 def queued(plan: Plan, job: Job, reason: str, message: str, now: datetime) -> None:
-    state = reason if reason in ("Preempted", "Evicted") else "Queued"
+    state = reason if reason in TAKEN_BACK else "Queued"
     admission = admission_of(plan)
     transition(plan, state, message, now)
     admission.cluster_queue = admission.workers = admission.flavors = admission.requested = None

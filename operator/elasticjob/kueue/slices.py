@@ -20,8 +20,9 @@ from datetime import datetime
 from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
+from elasticjob.kueue.view import admission_of
 from elasticjob.kueue.workloads import WorkloadView
-from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, Plan, admission_of
+from elasticjob.planner.base import CreateObject, DeleteObject, Event, Job, Observed, Plan
 
 
 def resize(plan: Plan, job: Job, observed: Observed, active: WorkloadView, admitted: int, now: datetime,

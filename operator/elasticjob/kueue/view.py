@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, current_slice
-from elasticjob.planner.base import Observed
+from elasticjob.models import AdmissionStatus
+from elasticjob.planner.base import Observed, Plan
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,10 @@ NOTHING_SEEN = KueueObserved()
 def of(observed: Observed) -> KueueObserved:
     """Kueue's part of what was observed (nothing, where the controller observed none)."""
     return next((i for i in observed.integrations if isinstance(i, KueueObserved)), NOTHING_SEEN)
+
+
+def admission_of(plan: Plan) -> AdmissionStatus:
+    """The plan's status.admission (Kueue's part of the job's status), made empty where there is none yet."""
+    if plan.status.admission is None:
+        plan.status.admission = AdmissionStatus()
+    return plan.status.admission

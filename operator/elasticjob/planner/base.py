@@ -9,7 +9,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from elasticjob import naming
 from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
-from elasticjob.models import AdmissionStatus, Condition, ElasticJobStatus, Phase
+from elasticjob.models import Condition, ElasticJobStatus, Phase
 from elasticjob.observe import PodView, ServiceView, SliceView, StoreView
 from elasticjob_store import protocol
 
@@ -268,12 +268,15 @@ class Allowance:
     workers: int | None = None
     worker: Placement = NO_PLACEMENT
     store: Placement = NO_PLACEMENT
+    # Why `workers` caps the job below its replicas, in the integration's words (the job's message shows it).
+    note: str = ""
 
     def merge(self, other: Allowance) -> Allowance:
-        """Both at once: the lesser count, both placements (the later one's scheduler wins)."""
+        """Both at once: the lesser count (and its note), both placements (the later one's scheduler wins)."""
         counts = [n for n in (self.workers, other.workers) if n is not None]
-        return Allowance(min(counts) if counts else None, self.worker.merge(other.worker),
-                         self.store.merge(other.store))
+        least = min(counts) if counts else None
+        note = next((a.note for a in (self, other) if a.workers is not None and a.workers == least), "")
+        return Allowance(least, self.worker.merge(other.worker), self.store.merge(other.store), note)
 
     def replicas(self, wanted: int) -> int:
         """The workers the job runs: what the spec wants, capped by what was allowed. Decided here only."""
@@ -319,6 +322,8 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float = RESYNC_SECONDS
     cut_off: list[CutOff] = field(default_factory=list)  # this reconcile's, for the ledger (ledger.py)
+    # An integration took the job's quota back this reconcile (Kueue preempted or evicted it): why, for the ledger.
+    preempted: str | None = None
 
     def act(self, action: Action) -> None:
         self.actions.append(action)
@@ -350,13 +355,6 @@ def since(value: str | None, now: datetime) -> timedelta | None:
 
 def condition(status: ElasticJobStatus, kind: str) -> Condition | None:
     return next((cond for cond in status.conditions if cond.type == kind), None)
-
-
-def admission_of(plan: Plan) -> AdmissionStatus:
-    """The plan's status.admission, made empty where there is none yet."""
-    if plan.status.admission is None:
-        plan.status.admission = AdmissionStatus()
-    return plan.status.admission
 
 
 def set_condition(status: ElasticJobStatus, kind: str, value: bool, reason: str, message: str,

@@ -43,7 +43,6 @@ GIVE_UP = timedelta(minutes=10)
 MAX_QUEUED = 4
 KINDS = {"NodeLost": "NodeLost", "Partitioned": "Partition", "Preempted": "Preemption",
          "RendezvousLost": "StoreLost"}
-PREEMPTED = ("Preempted", "Evicted")
 STOPS_EVERY_WORKER = ("Preemption", "Suspend")
 
 
@@ -118,9 +117,8 @@ def faults(plan: Plan, job: Job, progress: ProgressView | None, now: datetime,
                       False))
     if new.phase == Phase.SUSPENDED and old.phase != Phase.SUSPENDED:
         found.append((Incident(kind="Suspend", reason="Suspended", start_time=precise(now)), False))
-    state = new.admission.state if new.admission else None
-    if state in PREEMPTED and (old.admission.state if old.admission else None) != state:
-        found.append((Incident(kind="Preemption", reason=state, start_time=precise(now)), False))
+    if plan.preempted:  # an integration took the quota back (Kueue: planner/base.Plan.preempted)
+        found.append((Incident(kind="Preemption", reason=plan.preempted, start_time=precise(now)), False))
     return sorted(found, key=lambda found: parse(found[0].start_time) or now)
 
 

@@ -144,7 +144,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
           kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets,
           surplus=spares.surplus_seated(plan, observed))
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
-    derive_running_phase(plan, job, observed.workers, now, observed.store_pod)
+    derive_running_phase(plan, job, observed.workers, now, observed.store_pod, allowed.note)
     show_refusal(plan, job, observed, now)
 
 

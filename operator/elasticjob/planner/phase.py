@@ -70,7 +70,8 @@ def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime, spares
 
 
 def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: datetime,
-                         store: PodView | None = None) -> None:
+                         store: PodView | None = None, capped: str = "") -> None:
+    """`capped`: why the integrations let the job run fewer workers than its replicas, in their words."""
     status, spec = plan.status, job.ref.spec
     live = [p for p in workers if p.active]
     running = [p for p in live if runs(p)]
@@ -78,13 +79,8 @@ def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: date
     desired = status.desired_replicas
     pending = [p for p in live if p.unschedulable]
     detail = f"{ready}/{desired} workers ready (min {spec.min_replicas}, max {spec.max_replicas})"
-    if desired < spec.desired_replicas:
-        asked = status.admission
-        if asked is not None and asked.requested:
-            detail += f"; {asked.message}"
-        else:
-            detail += (f"; replicas {spec.desired_replicas} exceeds the {desired} workers Kueue admitted: the "
-                       f"rest start when the job is admitted again")
+    if desired < spec.desired_replicas and capped:
+        detail += f"; {capped}"  # the integration's words (Allowance.note)
     if pending:
         detail += f"; {len(pending)} unschedulable: {pending[0].unschedulable}"
         detail += nodes.why_pending(status, pending)
