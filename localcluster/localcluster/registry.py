@@ -83,7 +83,6 @@ class Side:
 PULL = Side("registry", ADDRESS, USER, True)
 PUSH = Side("registry-push", PUSH_ADDRESS, PUSH_USER, False)
 SIDES = (PULL, PUSH)
-NAME = PULL.name
 
 
 def image(name: str, tag: str = VERSION) -> str:
@@ -119,7 +118,7 @@ class Files:
 
 
 def files(layout: Layout) -> Files:
-    return Files(layout.addon_dir(NAME))
+    return Files(layout.addon_dir(PULL.name))
 
 
 def config(side: Side, pki_dir: Path, htpasswd: Path, data: Path) -> str:
@@ -234,10 +233,14 @@ def ensure(layout: Layout, log: Log) -> Files:
     return where
 
 
-def stop(layout: Layout) -> None:
+def stop(layout: Layout) -> bool:
+    """Stops both sides; whether either had been started."""
+    started = False
     for side in SIDES:
         pid = sessions.read_pid(layout, side.name)
+        started = started or pid is not None
         if pid is not None and sessions.ours(layout, pid):
             sessions.stop_sessions([pid], 5)
         layout.pid_file(side.name).unlink(missing_ok=True)
+    return started
 

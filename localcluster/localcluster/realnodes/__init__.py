@@ -74,8 +74,7 @@ def down(layout: Layout, bin_dir: Path, log: Log) -> None:
     for each in existing(layout):
         node.stop(layout, each)
         log(f"  stopped {each.name} (kubelet, kube-proxy, network policies, containerd and its pods)")
-    if sessions.read_pid(layout, registry.NAME) is not None:
-        registry.stop(layout)
+    if registry.stop(layout):  # either side: one may have died alone
         log(f"  stopped the registry (its blobs stay in {registry.DATA})")
 
 
