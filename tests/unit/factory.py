@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from elasticjob import naming, planner
-from elasticjob.domain import JobRef
+from elasticjob.domain import JobRef, Settings
 from elasticjob.gang.planning import Gang
+from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue.admission import Kueue
 from elasticjob.models import ElasticJobSpec, ElasticJobStatus
 from elasticjob.observe import PodView, ServiceView, StoreNode, StoreView
@@ -89,3 +91,9 @@ def deletes(result: planner.Plan) -> list[tuple[str, int | None]]:
 
 def condition(result: planner.Plan, kind: str) -> str | None:
     return next((c.status for c in result.status.conditions if c.type == kind), None)
+
+
+def with_kueue(base: Settings | None = None, **fields: Any) -> Settings:
+    """`base` (default: the defaults) with these Kueue settings: with_kueue(on=True, slices=False)."""
+    base = base or Settings()
+    return kueue_settings.with_kueue(base, dataclasses.replace(kueue_settings.of(base), **fields))

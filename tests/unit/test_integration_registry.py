@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 import pytest
-from factory import NOW, UID, job, observed, rdzv, spec
+from factory import NOW, UID, job, observed, rdzv, spec, with_kueue
 from kubernetes.client import ApiClient, Configuration
 
 from elasticjob import k8s, naming, planner
@@ -28,7 +28,7 @@ REF = JobRef(namespace="ns", name="train", uid=UID, spec=spec())
 
 def context(kueue: bool) -> Context:
     return Context(kube=k8s.Kube(ApiClient(Configuration())), mirror=Mirror(), stores=StoreClient(b"k" * 32),
-                   settings=kueue_settings.settings(on=kueue), logger=logging.getLogger("test"), instance="t")
+                   settings=with_kueue(on=kueue), logger=logging.getLogger("test"), instance="t")
 
 
 def workload(name: str, owner: str = UID) -> dict:
@@ -82,7 +82,7 @@ def test_an_integrations_object_is_created_under_the_plural_it_names(scheduling,
     fields = {"scheduling": scheduling} if scheduling else {}
     suspended = {"runPolicy": {"suspend": True}} if labels else {}
     j = job(labels=labels, **fields, **suspended)
-    result = planner.plan(j, observed([] if labels else [rdzv()]), NOW, kueue_settings.settings(on=True))
+    result = planner.plan(j, observed([] if labels else [rdzv()]), NOW, with_kueue(on=True))
     (made,) = [a for a in result.actions if isinstance(a, planner.CreateObject) and a.manifest["kind"] == kind]
     assert made.plural == plural
     assert k8s.PLURALS.get(kind) is None

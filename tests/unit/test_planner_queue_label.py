@@ -4,16 +4,15 @@ whose Workload exists keeps its gate when the label is removed."""
 from __future__ import annotations
 
 import pytest
-from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running_status, worker
+from factory import NOW, SERVICE, creates, deletes, job, observed, rdzv, running_status, with_kueue, worker
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workload
 
 from elasticjob import planner
 from elasticjob.kueue import names as kueue_names
-from elasticjob.kueue import settings as kueue_settings
 from elasticjob.models import Phase
 
 QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
-ABSENT, OFF = kueue_settings.settings(on=False, mode="auto"), kueue_settings.settings(on=False, mode="off")
+ABSENT, OFF = with_kueue(on=False, mode="auto"), with_kueue(on=False, mode="off")
 
 
 
@@ -54,26 +53,26 @@ def test_an_admitted_job_whose_label_is_removed_stays_at_its_admitted_count():
     j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)  # no queue label any more
     seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
-    result = planner.plan(j, seen, NOW, kueue_settings.settings(on=True))
+    result = planner.plan(j, seen, NOW, with_kueue(on=True))
     assert creates(result) == []
     assert result.status.admission.state == "Admitted" and result.status.desired_replicas == 2
 
 
 def test_a_pending_workload_keeps_an_unlabelled_job_queued():
     j = job(running_status(), runPolicy={"suspend": True})
-    result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, kueue_settings.settings(on=True))
+    result = planner.plan(j, observed([], SERVICE, workload=workload(PENDING)), NOW, with_kueue(on=True))
     assert creates(result) == [] and result.status.phase == Phase.QUEUED
 
 
 # --- a queue required (--require-queue-name) ------------------------------------------------------------------
 
-REQUIRED = kueue_settings.settings(on=True, require_queue_name=True)
+REQUIRED = with_kueue(on=True, require_queue_name=True)
 
 
 @pytest.mark.parametrize("settings, labels, held", [
     (REQUIRED, {}, True),  # no label: held, whatever runs
-    (kueue_settings.settings(on=False, require_queue_name=True), {}, True),  # Kueue absent: still never unqueued
-    (kueue_settings.settings(on=True), {}, False),  # not required: runs as any job
+    (with_kueue(on=False, require_queue_name=True), {}, True),  # Kueue absent: still never unqueued
+    (with_kueue(on=True), {}, False),  # not required: runs as any job
     (REQUIRED, QUEUED, False),  # labelled: queued in Kueue (suspended first)
 ])
 def test_a_job_without_a_queue_is_held_where_one_is_required(settings, labels, held):
@@ -92,5 +91,5 @@ def test_a_job_whose_label_was_removed_keeps_its_workloads_gate_where_a_queue_is
     j = job(running_status(), minReplicas=1, maxReplicas=4, replicas=4)
     seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
-    result = planner.plan(j, seen, NOW, kueue_settings.settings(on=True, require_queue_name=True))
+    result = planner.plan(j, seen, NOW, with_kueue(on=True, require_queue_name=True))
     assert result.status.admission.state == "Admitted" and deletes(result) == []

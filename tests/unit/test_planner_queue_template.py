@@ -4,17 +4,29 @@
 from __future__ import annotations
 
 import pytest
-from factory import NOW, SERVICE, creates, deletes, failed, job, observed, rdzv, running_status, template, worker
+from factory import (
+    NOW,
+    SERVICE,
+    creates,
+    deletes,
+    failed,
+    job,
+    observed,
+    rdzv,
+    running_status,
+    template,
+    with_kueue,
+    worker,
+)
 from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission
 
 from elasticjob import planner
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
-from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import workloads
 from elasticjob.models import Phase
 
-KUEUE = kueue_settings.settings(on=True)
+KUEUE = with_kueue(on=True)
 QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
 SMALL = template(resources={"requests": {"cpu": "1"}})
 BIG = template(resources={"requests": {"cpu": "64", "nvidia.com/gpu": "8"},

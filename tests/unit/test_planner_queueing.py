@@ -7,18 +7,31 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from factory import NOW, SERVICE, UID, condition, creates, deletes, failed, job, observed, rdzv, running_status, worker
+from factory import (
+    NOW,
+    SERVICE,
+    UID,
+    condition,
+    creates,
+    deletes,
+    failed,
+    job,
+    observed,
+    rdzv,
+    running_status,
+    with_kueue,
+    worker,
+)
 
 from elasticjob import planner
 from elasticjob.domain import Settings
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
-from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView, Priority
 
-KUEUE = kueue_settings.settings(on=True)
-CLAMPED = kueue_settings.settings(on=True, slices=False)  # Kueue without workload slices: the admitted count is a cap
+KUEUE = with_kueue(on=True)
+CLAMPED = with_kueue(on=True, slices=False)  # Kueue without workload slices: the admitted count is a cap
 QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
 WL = "elasticjob-train-e0019"  # what Kueue's GetWorkloadNameForOwnerWithGVK makes of (train, UID), run in Go
 FLAVORS = {"gpu-a": FlavorView("gpu-a", (("pool", "a100"),), ({"key": "gpu", "operator": "Exists",
@@ -79,7 +92,7 @@ def created(result, kind):
 # --- not Kueue's -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("settings", [KUEUE, Settings(), kueue_settings.settings(mode="off")])
+@pytest.mark.parametrize("settings", [KUEUE, Settings(), with_kueue(mode="off")])
 def test_jobs_kueue_does_not_manage_run_at_once(settings):
     result = plan(job(), [rdzv()], settings=settings)
     assert creates(result) == ["train-worker-0", "train-worker-1"]

@@ -5,16 +5,15 @@ finishes a slice that an admitted one replaced."""
 from __future__ import annotations
 
 import pytest
-from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, running_status, worker
+from factory import NOW, SERVICE, UID, creates, deletes, job, observed, rdzv, running_status, with_kueue, worker
 
 from elasticjob import planner
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
-from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import workloads
 from elasticjob.kueue.workloads import FlavorView
 
-KUEUE = kueue_settings.settings(on=True)
+KUEUE = with_kueue(on=True)
 WL = "elasticjob-train-e0019"
 FLAVORS = {"f": FlavorView("f")}
 
@@ -148,7 +147,7 @@ def test_a_slice_name_is_never_reused():
 
 
 def test_without_slices_the_admitted_count_is_a_cap():
-    result = plan(4, workers(2), slice_(), settings=kueue_settings.settings(on=True, slices=False))
+    result = plan(4, workers(2), slice_(), settings=with_kueue(on=True, slices=False))
     assert not workloads_made(result) and creates(result) == []
     assert "replicas 4 exceeds the 2 workers Kueue admitted" in result.status.message
 

@@ -40,10 +40,11 @@ from elasticjob.domain import Settings
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import Mirror
 from elasticjob.rendezvous_client import StoreClient
-from elasticjob.kueue import settings as kueue_settings
 import logging
+from elasticjob.kueue.settings import KueueSettings, with_kueue
 kube = k8s.Kube(ApiClient(Configuration()))
-ctx = Context(kube=kube, mirror=Mirror(), stores=StoreClient(b"k" * 32), settings=kueue_settings.settings(on=True),
+settings = with_kueue(Settings(), KueueSettings(on=True))
+ctx = Context(kube=kube, mirror=Mirror(), stores=StoreClient(b"k" * 32), settings=settings,
               logger=logging.getLogger(), instance="t")
 watch.sources(ctx, None)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("kubernetes.client.api."))))

@@ -3,6 +3,7 @@
 import logging
 
 import pytest
+from factory import with_kueue
 from kubernetes.client import ApiClient
 from kubernetes.config import kube_config
 
@@ -10,7 +11,6 @@ from elasticjob import k8s
 from elasticjob.controller import reflector, watch
 from elasticjob.controller.context import Context
 from elasticjob.controller.mirror import Mirror
-from elasticjob.kueue import settings as kueue_settings
 from elasticjob.rendezvous_client import StoreClient
 
 KUBECONFIG = """apiVersion: v1
@@ -39,7 +39,7 @@ def kubeconfig(tmp_path, monkeypatch):
 
 def test_each_watch_has_a_connection_of_its_own_beside_the_api_threads():
     api = k8s.api_client()
-    ctx = Context(kube=k8s.Kube(api), mirror=Mirror(), stores=StoreClient(b"k" * 32), settings=kueue_settings.settings(on=True),
+    ctx = Context(kube=k8s.Kube(api), mirror=Mirror(), stores=StoreClient(b"k" * 32), settings=with_kueue(on=True),
                   logger=logging.getLogger("test"), instance="t")
     chosen = watch.own_client_sources(ctx, ["a", "b"])
     clients = {id(client_of(source)) for source in chosen}

@@ -4,7 +4,6 @@ each integration's settings under its name; the core reads none of them)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
 from elasticjob.domain import Settings
@@ -33,12 +32,6 @@ def of(settings: Settings) -> KueueSettings:
 
 def with_kueue(settings: Settings, kueue: KueueSettings) -> Settings:
     return settings.with_integration(NAME, kueue)
-
-
-def settings(base: Settings | None = None, **fields: bool | str) -> Settings:
-    """`base` (default: the defaults) with these Kueue settings: settings(on=True, slices=False)."""
-    base = base or Settings()
-    return with_kueue(base, dataclasses.replace(of(base), **fields))  # type: ignore[arg-type]
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
