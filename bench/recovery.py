@@ -8,7 +8,9 @@ checkpoint every 5):
 - opt-out:        the same with spec.warmStarts: false (torchrun runs as written);
 - no help:        the same rendezvous settings, the operator not touching the rendezvous, no warm starts;
 - torch defaults: torch's own timeouts (keep-alive 5 s x 3, last call 30 s), no help;
-- spares (not run unless asked, --modes spares): the defaults with one warm spare (spec.spares: 1).
+- spares (not run unless asked, --modes spares): the defaults with one warm spare (spec.spares: 1);
+- plain script (not run unless asked): the defaults, the script run with --no-progress-api --no-sigterm-save, as
+                  most scripts are (no steps reported to the store, SIGTERM ends it where it is).
 Faults: a container SIGKILLed (kill, kill-rank0, store: the kubelet restarts it in place), a pod deleted at
 once (delete, delete-rank0, delete-store: grace 0, as a drain or an eviction; a new pod is made; delete-rank0-full:
 to the first step at the full size again), a partition,
@@ -46,12 +48,14 @@ STEP_SECONDS = 0.25
 LIMIT = 90.0  # a recovery slower than this is reported as '> 90'
 MODES = {  # name: (spec.rendezvous, the operator's flags, spec.warmStarts, the rest of the spec)
     "operator": ({}, [], True, {}),
+    "plain script": ({}, [], True, {}),  # the defaults; the script's flags are in SCRIPT_FLAGS
     "spares": ({}, [], True, {"spares": 1}),  # the defaults and one warm spare (planner/spares.py)
     "opt-out": ({}, [], False, {}),
     "no help": ({}, ["--no-rendezvous-nudges"], False, {}),
     "torch defaults": ({"lastCallTimeoutSeconds": 30, "keepAliveIntervalSeconds": 5, "keepAliveMaxAttempts": 3},
                        ["--no-rendezvous-nudges"], False, {}),
 }
+SCRIPT_FLAGS = {"plain script": ["--no-progress-api", "--no-sigterm-save"]}
 DEFAULT_MODES = ("operator", "opt-out", "no help", "torch defaults")
 TARGETS = {"kill": "<= 5", "kill-rank0": "<= 5", "partition": "<= 5", "scale-down": "<= 4", "scale-up": "<= 6",
            "store": "<= 8", "start": "<= 1.3x by hand", "delete": "<= 5", "delete-rank0": "<= 3",
@@ -72,11 +76,13 @@ class Sample:
 
 
 def manifest(namespace: str, rendezvous: dict, replicas: int = 2, warm: bool = True,
-             step_seconds: float = STEP_SECONDS, checkpoint_every: int = 5, extra: dict | None = None) -> dict:
+             step_seconds: float = STEP_SECONDS, checkpoint_every: int = 5, extra: dict | None = None,
+             script_flags: tuple[str, ...] = ()) -> dict:
     container = {"name": "worker", "image": WORKER_IMAGE, "command": [
         "torchrun", "/workspace/examples/train_ddp.py",
         "--steps", "100000", "--step-seconds", str(step_seconds),
-        "--checkpoint-every", str(checkpoint_every), "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1"],
+        "--checkpoint-every", str(checkpoint_every), "--checkpoint-dir", "/ckpt", "--sigterm-grace", "1",
+        *script_flags],
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
     return {"apiVersion": "elasticjob.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "train"},
             "spec": {"minReplicas": 1, "maxReplicas": 3, "replicas": replicas, "nprocPerNode": 1, "warmStarts": warm,
@@ -186,10 +192,10 @@ FAULTS = {
 
 
 def run_once(api: Api, operator: Operator, scenario: str, rendezvous: dict, warm: bool,
-             extra: dict | None = None) -> Sample:
+             extra: dict | None = None, script_flags: tuple[str, ...] = ()) -> Sample:
     with api.namespace("bench-recovery") as ns:
         created = time.time()
-        api.create_job(ns, manifest(ns, rendezvous, warm=warm, extra=extra))
+        api.create_job(ns, manifest(ns, rendezvous, warm=warm, extra=extra, script_flags=script_flags))
         if scenario == "start":
             first = wait(lambda: first_step_after(ns, created), 180, "the first step")
             return Sample(first["time"] - created)
@@ -311,7 +317,7 @@ def main() -> int:
         for mode in modes:
             column = f"{kind} {mode}".strip()
             columns.append(column)
-            measure(column, MODES[mode], scenarios, args.runs, results)
+            measure(column, MODES[mode], tuple(SCRIPT_FLAGS.get(mode, ())), scenarios, args.runs, results)
     hand = hand_start(args.runs) if "start" in scenarios else []
     print_table(scenarios, columns, results, hand)
     return 0
@@ -335,7 +341,8 @@ def real_nodes() -> bool:
     return bool(realnodes.running(Layout(ROOT)))
 
 
-def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: dict) -> None:
+def measure(column: str, mode: tuple, script_flags: tuple[str, ...], scenarios: list[str], runs: int,
+            results: dict) -> None:
     rendezvous, flags, warm, extra = mode
     api = Api()
     api.install_crd()
@@ -343,10 +350,10 @@ def measure(column: str, mode: tuple, scenarios: list[str], runs: int, results: 
     kit = KIT_ARGS if real_nodes() else []
     with Operator(log, [*kit, *flags]) as operator:
         for scenario in scenarios:
-            # A fault that torch alone never recovers from (a partition) is measured once.
-            times = 1 if scenario == "partition" and "operator" not in column else runs
+            # A fault that torch alone never recovers from (a partition) is measured once without the operator.
+            times = 1 if scenario == "partition" and "--no-rendezvous-nudges" in flags else runs
             for i in range(times):
-                sample = run_once(api, operator, scenario, rendezvous, warm, extra)
+                sample = run_once(api, operator, scenario, rendezvous, warm, extra, script_flags)
                 results.setdefault((scenario, column), []).append(sample)
                 print(f"  {column:>20} {scenario:<11} run {i + 1}: "
                       f"{f'> {LIMIT:.0f}' if sample.seconds is None else f'{sample.seconds:.1f}'} s "

@@ -47,6 +47,7 @@ class _Node(_Strict):
     addr: str = Field(max_length=64)
     heartbeat_age: float | None = Field(None, alias="heartbeatAge", ge=-3600, le=1e9)
     stale: bool = False
+    unanswered: float | None = Field(None, ge=0, le=1e9)
 
     @field_validator("addr")
     @classmethod
@@ -224,8 +225,8 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
     last = max(state.rounds, key=lambda r: r.round, default=None)
     return StoreView(
         epoch=state.epoch, round=state.round, complete=state.complete, closed=state.closed,
-        participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.participants),
-        waiting=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale) for n in state.waiting),
+        participants=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale, n.unanswered) for n in state.participants),
+        waiting=tuple(StoreNode(n.addr, n.heartbeat_age, n.stale, n.unanswered) for n in state.waiting),
         failure_rounds=state.failure_rounds,
         last_failure_round_at=datetime.fromtimestamp(at, UTC) if at is not None else None,
         version=state.version, waiter_active=state.waiter_active, nudges_off=_nudges_off(state.torch),

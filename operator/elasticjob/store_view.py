@@ -10,11 +10,13 @@ from datetime import datetime
 @dataclass(frozen=True, slots=True)
 class StoreNode:
     """One torch agent in the rendezvous: its address (--local-addr, the pod IP), the age of its last heartbeat
-    when the store answered, and whether that age passed one missed keep-alive."""
+    when the store answered, whether that age passed one missed keep-alive, and for how long the address's kernel
+    had answered none of the store's TCP (keep-alive probes, data: elasticjob_store/peers.py), if it had not."""
 
     addr: str
     heartbeat_age: float | None = None
     stale: bool = False
+    unanswered: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

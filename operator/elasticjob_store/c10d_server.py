@@ -25,7 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar, Union
 
-from elasticjob_store import c10d
+from elasticjob_store import c10d, peers
 from elasticjob_store.c10d import STOP_WAITING, Query
 from elasticjob_store.c10d_table import MAX_KEYS, MAX_STORED_BYTES, StoreFull, Table, Waiter
 
@@ -205,6 +205,7 @@ class C10dServer:
         self._tasks.add(task)
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if peer else ""
+        peers.probe_idle(writer.get_extra_info("socket"))
         session = _Session(self.table, writer)
         try:
             if await self._admit(address):

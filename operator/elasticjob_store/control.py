@@ -44,6 +44,7 @@ class Control(AgentReports, Seating):
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
                  connections: Callable[[], set[str] | None] | None = None,
+                 unanswered: Callable[[], set[str] | None] | None = None,
                  gate: Callable[[], dict[str, Any]] | None = None, seat_count: int | None = None) -> None:
         self.run_id = run_id
         # The gate's report (gate.py): a change of whom it answers or refuses wakes the operator like a round's.
@@ -84,6 +85,9 @@ class Control(AgentReports, Seating):
         # The addresses connected to the store's port now (peers.connected); None: agents' departures unseen.
         self._connections = connections
         self._departures = peers.Departures()
+        # The addresses whose kernel answers no keep-alive probe now (peers.unanswered), and since when: shown.
+        self._unanswered = unanswered
+        self.silences = peers.Silences()
         # The seats of a job with spares (seats.py): how many agents may be in its rounds; None, every agent.
         self.seats = seats.Seats(seat_count)
         self.seat_epoch = secrets.token_hex(4)  # an agent that asked a store before this one asks again
@@ -303,6 +307,7 @@ class Control(AgentReports, Seating):
                 return
             raise
         now = self.now()
+        self.silences.update(self._unanswered() if self._unanswered is not None else None, now)
         # The kernel's connection table, read at most once a tick, by whichever of the two below needs it first.
         connections = functools.cache(self._connections) if self._connections is not None else None
         if self.remove_departed(state, now, connections):  # the seats below see the state without the agents gone
@@ -318,7 +323,7 @@ class Control(AgentReports, Seating):
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
                     self.pace.landmark(now), self._gate_landmark(), self.node_checks.landmark(),
-                    self.links.describe(), self.seats.landmark(),
+                    self.links.describe(), self.seats.landmark(), tuple(sorted(self.silences.silent(now))),
                     self.verdict)  # the verdict: a long poll wakes when the check ends
         if seen != self._summary:
             self._summary = seen

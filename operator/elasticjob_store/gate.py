@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from elasticjob_store import protocol
+from elasticjob_store import peers, protocol
 
 # How long a connection from an address not (yet) allowed waits for the operator to allow it.
 HOLD = 20.0
@@ -149,6 +149,7 @@ class Gate:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         address = normal(peer[0]) if peer else ""
+        peers.probe_idle(writer.get_extra_info("socket"))
         try:
             if not await self._admit(address):
                 self._refuse(address)

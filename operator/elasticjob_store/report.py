@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from elasticjob_store.actions import WAITER, has_waiter
+from elasticjob_store.peers import normal
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import NodeDesc, RendezvousState
 
@@ -16,10 +17,11 @@ def _age(state: RendezvousState, node: NodeDesc, now: float) -> float | None:
     return None if beat is None else round(now - beat.timestamp(), 3)
 
 
-def _node(state: RendezvousState, node: NodeDesc, now: float, stale_after: float) -> dict[str, Any]:
+def _node(state: RendezvousState, node: NodeDesc, now: float, stale_after: float,
+          unanswered: Mapping[str, float]) -> dict[str, Any]:
     age = _age(state, node, now)
     return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "heartbeatAge": age,
-            "stale": age is not None and age > stale_after}
+            "stale": age is not None and age > stale_after, "unanswered": unanswered.get(normal(node.addr))}
 
 
 def summary(state: RendezvousState | None, tracker: RoundTracker, now: float,
@@ -44,7 +46,8 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
              stop: dict[str, Any] | None = None, pace: list[dict[str, Any]] | None = None,
              peers: dict[str, Any] | None = None,
              node_checks: list[dict[str, Any]] | None = None,
-             links: dict[str, Any] | None = None, seats: dict[str, Any] | None = None) -> dict[str, Any]:
+             links: dict[str, Any] | None = None, seats: dict[str, Any] | None = None,
+             unanswered: Mapping[str, float] | None = None) -> dict[str, Any]:
     """`epoch` changes when the store process restarts: the operator then knows the counts started over.
     `version` counts changes of the summary within the epoch. `torch`: compat.Verdict.report(), whether the
     store accepts nudges on this torch. `progress`: the training's latest report (progress.py), the tenant's
@@ -52,7 +55,9 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
     (pace.py), the tenant's word too. `peers`: the gate's report (gate.py); None where no gate runs. `node_checks`:
     what each member of the latest round said its node check cost its join (nodechecks.py), the tenant's word.
     `links`: the latest round's link probe verdict, its outlier as an address (links.py), the tenant's word too.
-    `seats`: for a job with spares, the seats' count, who holds one and which spares wait (seats.py); else None."""
+    `seats`: for a job with spares, the seats' count, who holds one and which spares wait (seats.py); else None.
+    `unanswered`: the addresses whose kernel has answered none of the store's TCP for a while, and for how many
+    seconds (peers.Silences): each node's `unanswered`, the store's own word."""
     body: dict[str, Any] = {
         "torch": torch, "progress": progress, "stop": stop, "pace": pace or [], "peers": peers,
         "nodeChecks": node_checks or [], "links": links, "seats": seats,
@@ -67,13 +72,14 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
     }
     if state is None:
         return body
+    silent = unanswered or {}
     by_rank = sorted(state.participants.items(), key=lambda item: (item[1], item[0]))
     body.update({
         "round": state.round, "complete": state.complete, "closed": state.closed,
         "deadlineIn": None if state.deadline is None else round(state.deadline.timestamp() - now, 3),
-        "participants": [{**_node(state, node, now, stale_after), "rank": rank} for node, rank in by_rank],
+        "participants": [{**_node(state, node, now, stale_after, silent), "rank": rank} for node, rank in by_rank],
         # The store's own waiter is reported as waiterActive, not as a node.
-        "waiting": [_node(state, node, now, stale_after) for node in sorted(state.wait_list) if node != WAITER],
-        "redundant": [_node(state, node, now, stale_after) for node in sorted(state.redundancy_list)],
+        "waiting": [_node(state, node, now, stale_after, silent) for node in sorted(state.wait_list) if node != WAITER],
+        "redundant": [_node(state, node, now, stale_after, silent) for node in sorted(state.redundancy_list)],
     })
     return body

@@ -48,7 +48,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
                             progress=control.progress.describe(now), stop=control.stop_record,
                             pace=control.pace.by_pod(now), peers=control.gate() if control.gate else None,
                             node_checks=control.node_checks.describe(), links=control.links.describe(),
-                            seats=control.seats.describe())
+                            seats=control.seats.describe(), unanswered=control.silences.silent(now))
 
     def remove(body: Any, _query: wire.Query) -> dict[str, Any]:
         asked = protocol.Remove.from_wire(body)

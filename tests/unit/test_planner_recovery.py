@@ -105,6 +105,25 @@ def test_a_silent_peer_is_cut_off_at_its_first_missed_heartbeat_when_the_trainin
     assert result.status.infrastructure_failures == 0
 
 
+@pytest.mark.parametrize(("age", "unanswered", "cut"), [
+    (1.6, 0.6, True),  # a missed heartbeat, and its kernel answers no probe of the store: cut off
+    (1.6, None, False),  # a missed heartbeat alone, its kernel answering: a starved agent, torch's limit decides
+    (1.4, 0.6, False),  # heartbeats on time: whatever the table says, no one waits on it
+])
+def test_a_silent_peer_whose_kernel_answers_nothing_is_cut_off_without_a_progress_report(age, unanswered, cut):
+    """A script that reports no progress: the store cannot see its stall, so the kernel's word on the agent's
+    address (elasticjob_store/peers.py) is what takes a cut-off agent out, 1.5 s after its last heartbeat."""
+    silent = dataclasses.replace(node(1, age=age), unanswered=unanswered)
+    result = plan([worker(0), worker(1), worker(2)], view(node(0), silent, node(2)), replicas=3)
+    assert [k for k, _ in nudges(result)] == (["remove", "restart"] if cut else [])
+    assert not [a for a in result.actions if isinstance(a, planner.DeletePod)], "the store's word: never stopped"
+    assert [c.reason for c in result.cut_off] == (["Unanswered"] if cut else [])
+    assert result.status.infrastructure_failures == 0 and result.status.restarts == 0
+    if cut:
+        event = next(a.event for a in result.actions if isinstance(a, planner.StoreAction))
+        assert "answered none of the store's TCP for 0.6s" in event.message, event.message
+
+
 @pytest.mark.parametrize(("report_changed", "cut"), [
     (5.0, True),  # this round's training stepped (at 5 s), then stopped: every rank waits on the silent one
     (1.0, False),  # the report is the restarted world's (before the round completed at 2 s): a restart under way

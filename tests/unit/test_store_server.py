@@ -226,11 +226,12 @@ def test_state_reflects_what_the_agents_wrote(harness):
     status, body = harness.call("GET", "/v1/state")
     assert status == 200
     assert (body["round"], body["complete"], body["closed"], body["deadlineIn"]) == (4, False, False, 2.0)
+    answered = {"stale": False, "unanswered": None}
     assert body["participants"] == [
-        {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, "stale": False, "rank": 0},
-        {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, "stale": False, "rank": 1}]
-    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0, "stale": False}]
-    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0, "stale": False}]
+        {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, **answered, "rank": 0},
+        {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, **answered, "rank": 1}]
+    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0, **answered}]
+    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0, **answered}]
 
 
 def test_remove_through_http_is_remove_node(harness):

@@ -311,7 +311,8 @@ class CutOff:
 
     pod: str
     uid: str
-    reason: str  # what the operator saw: PodNotReady, NodeNotReady; NoHeartbeat or TrainingStalled (the store's word)
+    reason: str  # what the operator saw: PodNotReady, NodeNotReady; NoHeartbeat, Unanswered or TrainingStalled (the
+    # store's word)
     last_heartbeat: datetime  # on the operator's clock: the answer's time less the heartbeat's age
 
 

@@ -229,6 +229,11 @@ def cut_off(node: StoreNode, pod: PodView, observed: Observed, store: StoreView,
         return f"no heartbeat for {age:.1f}s and pod {pod.name} is not ready", "PodNotReady", True
     if pod.node is not None and observed.nodes.get(pod.node, True) is not True:
         return f"no heartbeat for {age:.1f}s and its node {pod.node} is not Ready", "NodeNotReady", True
+    if node.unanswered is not None:
+        # Its kernel, not its process, stopped answering: no frozen or starved agent looks like that, a cut does.
+        # This is how a script that reports no progress is found cut off before its pod's readiness says so.
+        return (f"no heartbeat for {age:.1f}s and its address has answered none of the store's TCP for "
+                f"{node.unanswered:.1f}s", "Unanswered", False)
     progress = store.progress
     if progress is not None and stalled(store):
         # Every rank waits in a collective: a missed heartbeat is enough, not torch's three (4 s sooner at 2 s).
