@@ -30,7 +30,8 @@ from elasticjob.store_view import (  # the store's answer, seen beside the pods 
 )
 
 __all__ = ["DISRUPTION_REASONS", "LinksView", "NodeCheckView", "PaceView", "PeersView", "PodView", "ProgressView",
-           "SeatsView", "ServiceView", "SliceView", "StoreNode", "StoreView", "pod_view", "service_view", "slice_view"]
+           "SeatsView", "ServiceView", "SliceView", "StoreNode", "StoreView", "WorkerPods", "pod_view", "service_view",
+           "slice_view"]
 
 # Pod-level reasons that mean "not the job's fault".
 DISRUPTION_REASONS = {
@@ -114,20 +115,56 @@ class PodView:
         return self.phase == "Succeeded" or self.exit_code == 0
 
     @property
+    def ended(self) -> bool:
+        """Its main container terminated (the kubelet gave an exit code, or an end time)."""
+        return self.finished_at is not None or self.exit_code is not None
+
+    @property
     def live(self) -> bool:
         """Its containers have not ended and it is not being deleted: whatever its phase, it may still act (an agent
         that wakes, a process that writes)."""
-        return self.finished_at is None and not self.deleting
+        return not self.ended and not self.deleting
 
     @property
     def running(self) -> bool:
-        """Running, not leaving, its containers not ended: a worker that trains or is about to rendezvous."""
-        return self.active and self.phase == "Running" and self.finished_at is None
+        """Running, not leaving, its main container not ended (ready or not): a worker that trains or is about to
+        rendezvous."""
+        return self.active and self.phase == "Running" and not self.ended
+
+    @property
+    def failed(self) -> bool:
+        """A failure to account for: the pod Failed, or evicted while leaving. A pod deleted on purpose (a
+        scale-down, a suspension, a user) is none."""
+        if self.deleting:
+            return self.disruption is not None
+        return self.phase == "Failed"
 
     @property
     def never_ran(self) -> bool:
         """Waiting for a node or for its containers to start: it has trained nothing and holds no rank."""
         return self.active and not self.started
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPods:
+    """A job's worker pods sorted once by what they are doing (a pod is in every group whose test it passes), so
+    that every policy counts the same pods. Built by Observed.by_state."""
+
+    all: tuple[PodView, ...] = ()
+    active: tuple[PodView, ...] = ()  # running or about to, not leaving: counts towards the group
+    live: tuple[PodView, ...] = ()  # containers not ended, not leaving: may still act, whatever its phase
+    running: tuple[PodView, ...] = ()  # Running, not leaving, not ended: trains, or is about to rendezvous
+    never_ran: tuple[PodView, ...] = ()  # active, waiting for a node or its containers: trained nothing
+    failed: tuple[PodView, ...] = ()  # a failure to account for, by name
+    finished: bool = False  # one exited 0 (its phase Succeeded, or its exit seen first): the training finished
+
+    @classmethod
+    def of(cls, workers: list[PodView]) -> WorkerPods:
+        return cls(all=tuple(workers), active=tuple(p for p in workers if p.active),
+                   live=tuple(p for p in workers if p.live), running=tuple(p for p in workers if p.running),
+                   never_ran=tuple(p for p in workers if p.never_ran),
+                   failed=tuple(sorted((p for p in workers if p.failed), key=lambda p: p.name)),
+                   finished=any(p.exited_ok for p in workers))
 
 
 @dataclass(frozen=True, slots=True)

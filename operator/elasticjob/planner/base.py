@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -10,7 +11,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 from elasticjob import naming
 from elasticjob.domain import NO_PLACEMENT, JobRef, Placement, Settings
 from elasticjob.models import Condition, ElasticJobStatus, Phase
-from elasticjob.observe import PodView, ServiceView, SliceView, StoreView
+from elasticjob.observe import PodView, ServiceView, SliceView, StoreView, WorkerPods
 from elasticjob_store import protocol
 
 RESYNC_SECONDS = 300.0
@@ -251,9 +252,14 @@ class Observed:
     # Every EndpointSlice that names the job's rendezvous Service; only the operator's own may stay.
     endpoint_slices: tuple[SliceView, ...] = ()
 
-    @property
+    @functools.cached_property
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == "worker"]
+
+    @functools.cached_property
+    def by_state(self) -> WorkerPods:
+        """The workers sorted once by what they are doing: what every policy counts (observe.WorkerPods)."""
+        return WorkerPods.of(self.workers)
 
     @property
     def store_pod(self) -> PodView | None:

@@ -119,13 +119,6 @@ def describe(pod: PodView) -> str:
     return f"pod {pod.name} (replica {pod.index}){where}: {code}, {pod.reason or pod.phase}"
 
 
-def is_failed(pod: PodView) -> bool:
-    """A pod deleted on purpose (scale-down, suspend, a user) is no failure; an evicted one is."""
-    if pod.deleting:
-        return pod.disruption is not None
-    return pod.phase == "Failed"
-
-
 # --- failed pods ------------------------------------------------------------------------------------------
 
 
@@ -135,7 +128,7 @@ def account_failures(plan: Plan, job: Job, observed: Observed, training_done: bo
     status = plan.status
     counted = set(status.counted_failures)
     known = counted | {f.uid for f in status.last_failures}
-    for pod in sorted((p for p in observed.workers if is_failed(p)), key=lambda p: p.name):
+    for pod in observed.by_state.failed:
         if pod.uid not in known and awaiting_store_evidence(plan, pod, observed, now):
             continue
         if pod.uid not in known and not status.phase.finished:

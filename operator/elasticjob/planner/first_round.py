@@ -31,8 +31,8 @@ def hold_first_round(plan: Plan, job: Job, observed: Observed, store: StoreView,
         return False  # every seat is in the round: the pods still starting are spares
     left_out = set(plan.status.rendezvous.left_out)
     waiting = spares.spare_ips(observed)
-    coming = sorted(p.name for p in observed.workers
-                    if p.active and p.live and p.node and p.uid not in left_out and p.node_check_failed is None
+    coming = sorted(p.name for p in observed.by_state.active
+                    if p.live and p.node and p.uid not in left_out and p.node_check_failed is None
                     and p.ip not in joined and p.ip not in waiting)
     if not coming:
         return False

@@ -57,7 +57,7 @@ def track(plan: Plan, job: Job, observed: Observed, now: datetime) -> None:
     progress = store.progress if store is not None else None
     if progress is not None and progress.step is not None:
         ledger.progress_reported = True
-    done = any(p.exited_ok for p in observed.workers)
+    done = observed.by_state.finished
     for fault, in_place in faults(plan, job, progress, now, done):
         found = opened(fault, in_place, store, progress, now)
         if ledger.open_incident is None:
@@ -229,7 +229,7 @@ def advance(incident: Incident, plan: Plan, observed: Observed, now: datetime, c
     """The marks the operator sees: every wanted worker running, then the group re-formed in the store, and what
     the node check held that group's join (`checking`: the job's agents check their nodes)."""
     if incident.replaced_time is None:
-        running = spares.seated([p for p in observed.workers if p.running], observed)  # a spare waits, not trains
+        running = spares.seated(list(observed.by_state.running), observed)  # a spare waits, not trains
         if len(running) >= plan.status.desired_replicas > 0:
             incident.replaced_time = precise(now)
     store = observed.store

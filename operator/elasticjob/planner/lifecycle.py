@@ -49,7 +49,7 @@ def plan(job: Job, observed: Observed, now: datetime, settings: Settings | None 
     result = Plan(status=status)
     ownership.rename_taken(result, job.ref.name, observed.squatted)
     # 2. Count, report the store's round, and remove what earlier generations left.
-    count_workers(result, observed.workers, spares.spare_ips(observed))
+    count_workers(result, observed.by_state, spares.spare_ips(observed))
     report_round(result, observed)
     collect_leftovers(result, job, observed, now)
     settings = settings or Settings()
@@ -117,20 +117,20 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
     # worker's agent asked on SIGTERM is taken as the operator's).
     planned_stop.adopt(plan, job, observed, spares.pods_wanted(plan), now)
     nodes.expire(plan, job, now)
-    training_done = any(p.exited_ok for p in observed.workers) and not planned_stop.stopping(plan)
+    training_done = observed.by_state.finished and not planned_stop.stopping(plan)
     account_failures(plan, job, observed, training_done, now)
     if not training_done and not plan.status.phase.finished:
         account_round_failures(plan, job, observed, now)
         if settings.nudges:
             reopen_closed(plan, job, observed)  # a closure the job did not make
             drive_rendezvous(plan, job, observed, now)
-            count_workers(plan, observed.workers, spares.spare_ips(observed))  # READY: not those taken out
+            count_workers(plan, observed.by_state, spares.spare_ips(observed))  # READY: not those taken out
     if plan.status.phase.finished:
         plan.actions = [a for a in plan.actions if not isinstance(a, CreateObject)]
         return
     # 3.5 Success once a worker exited 0 and no other runs.
     if training_done:
-        complete(plan, job, observed.workers, now, spares.remove_at_end(observed))
+        complete(plan, job, observed.by_state, now, spares.remove_at_end(observed))
         return
     # 3.6 The workers: as many as wanted and allowed (status.desiredReplicas), placed as the integrations say,
     # made once every integration is ready for them (the gang's group first).
@@ -144,7 +144,7 @@ def drive(plan: Plan, job: Job, observed: Observed, allowed: Allowance, settings
           kit_image=settings.kit_image, pull_secrets=settings.image_pull_secrets,
           surplus=spares.surplus_seated(plan, observed))
     # 3.7 The phase they add up to, and a refusal kept on the job until a create succeeds.
-    derive_running_phase(plan, job, observed.workers, now, observed.store_pod, allowed.note)
+    derive_running_phase(plan, job, observed.by_state, now, observed.store_pod, allowed.note)
     show_refusal(plan, job, observed, now)
 
 

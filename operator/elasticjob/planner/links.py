@@ -31,7 +31,7 @@ def replace_slow_link(plan: Plan, job: Job, observed: Observed, now: datetime) -
     links = store.links
     if links.outlier is None or links.round != store.round or not stragglers.calm(plan, observed):
         return
-    pod = named(links, observed.workers, spares.pods_wanted(plan))
+    pod = named(links, observed.by_state.running, spares.pods_wanted(plan))
     if pod is None:
         return
     why = f"the link probe of round {links.round} found every link of pod {pod.name} slow: {links.reason}"
@@ -41,7 +41,6 @@ def replace_slow_link(plan: Plan, job: Job, observed: Observed, now: datetime) -
         f"first); its replacement avoids node {pod.node}")))
 
 
-def named(links: LinksView, workers: list[PodView], desired: int) -> PodView | None:
-    """The running worker at the outlier's address, not already on its way out; None for any other."""
-    return next((p for p in workers if p.ip == links.outlier and p.index is not None and p.index < desired
-                 and p.running), None)
+def named(links: LinksView, running: tuple[PodView, ...], desired: int) -> PodView | None:
+    """The running worker at the outlier's address (`running`: not already on its way out); None for any other."""
+    return next((p for p in running if p.ip == links.outlier and p.index is not None and p.index < desired), None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from elasticjob.models import Phase
-from elasticjob.observe import PodView
+from elasticjob.observe import PodView, WorkerPods
 from elasticjob.planner import nodes
 from elasticjob.planner.base import (
     CreateObject,
@@ -29,52 +29,45 @@ from elasticjob.planner.base import (
 RESTARTING_WINDOW = timedelta(seconds=60)
 
 
-def count_workers(plan: Plan, workers: list[PodView], spares: frozenset[str] = frozenset()) -> None:
+def count_workers(plan: Plan, workers: WorkerPods, spares: frozenset[str] = frozenset()) -> None:
     """READY: worker pods whose containers run and are ready in the kubelet's own words, not the pod's Ready
     condition, which the node lifecycle controller sets False on pods whose containers run on (observe.py), and
     whose agent the operator did not take out of the rendezvous (a pod left running, cut off or frozen, trains
     nothing). Through the kit a worker container is ready only while its agent hears from the store. The warm
     spares (`spares`: their addresses, as the store reports them) are counted apart, in SPARES."""
-    live = [p for p in workers if p.active and p.ip not in spares]
+    live = [p for p in workers.active if p.ip not in spares]
     left_out = set(plan.status.rendezvous.left_out)
     plan.status.replicas = len(live)
     plan.status.ready_replicas = sum(1 for p in live if p.containers_ready and p.uid not in left_out)
-    plan.status.spares = sum(1 for p in workers if p.active and p.ip in spares and p.containers_ready)
+    plan.status.spares = sum(1 for p in workers.active if p.ip in spares and p.containers_ready)
 
 
-def runs(pod: PodView) -> bool:
-    """Its main container runs (the pod Running, not leaving, its agent not exited), ready or not."""
-    return pod.active and pod.phase == "Running" and pod.exit_code is None
-
-
-def complete(plan: Plan, job: Job, workers: list[PodView], now: datetime, spares: list[PodView] | None = None) -> None:
+def complete(plan: Plan, job: Job, workers: WorkerPods, now: datetime, spares: list[PodView] | None = None) -> None:
     """A worker exited 0: training finished. Succeed once no worker that ever ran still runs; a pod that
     never started (no capacity, a cordoned node) holds no part of the training and is removed, and so is a warm
     spare (`spares`), which trained nothing and would wait for a seat for ever."""
-    for pod in workers:
-        if pod.never_ran:
-            plan.act(DeletePod(pod.name, pod.uid, event=Event(
-                "Normal", "RemovedUnstarted", f"training finished before pod {pod.name} started; removed it")))
+    for pod in workers.never_ran:
+        plan.act(DeletePod(pod.name, pod.uid, event=Event(
+            "Normal", "RemovedUnstarted", f"training finished before pod {pod.name} started; removed it")))
     for pod in spares or []:
         if not pod.never_ran:
             plan.act(DeletePod(pod.name, pod.uid, event=Event(
                 "Normal", "RemovedSpare", f"training finished; removed warm spare {pod.name}")))
-    running = [p for p in workers if p.active and not p.never_ran]
+    running = [p for p in workers.active if not p.never_ran]
     if running:
         names = ", ".join(p.name for p in running)
         enter_phase(plan, job, Phase.RUNNING, "Completing", f"training finished; waiting for {names} to exit", now)
         plan.soon(2)
         return
-    done = sum(1 for p in workers if p.phase == "Succeeded")
+    done = sum(1 for p in workers.all if p.phase == "Succeeded")
     enter_phase(plan, job, Phase.SUCCEEDED, "Succeeded", f"{done} worker pod(s) completed with exit code 0", now)
 
 
-def derive_running_phase(plan: Plan, job: Job, workers: list[PodView], now: datetime,
+def derive_running_phase(plan: Plan, job: Job, workers: WorkerPods, now: datetime,
                          store: PodView | None = None, capped: str = "") -> None:
     """`capped`: why the integrations let the job run fewer workers than its replicas, in their words."""
     status, spec = plan.status, job.ref.spec
-    live = [p for p in workers if p.active]
-    running = [p for p in live if runs(p)]
+    live, running = workers.active, workers.running
     ready = status.ready_replicas
     desired = status.desired_replicas
     pending = [p for p in live if p.unschedulable]

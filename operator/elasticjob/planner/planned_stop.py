@@ -174,7 +174,7 @@ def leaving(observed: Observed, desired: int) -> bool:
 
 def replaced(observed: Observed, desired: int) -> bool:
     """A worker the operator keeps is going or not running yet: the pod that asked for the stop is replaced."""
-    running = {p.index for p in observed.workers if p.index is not None and p.index < desired and p.running}
+    running = {p.index for p in observed.by_state.running if p.index is not None and p.index < desired}
     return len(running) < desired
 
 

@@ -275,7 +275,7 @@ def keep_left_out(plan: Plan, job: Job, observed: Observed, store: StoreView, no
     if not left:
         return
     seen = heartbeating(job, store, store.participants + store.waiting, now)
-    running = {p.uid: p for p in observed.workers if p.live and p.ip not in seen}
+    running = {p.uid: p for p in observed.by_state.live if p.ip not in seen}
     settling = store_just_back(plan, now)
     for uid in left:
         pod = running.get(uid)
@@ -354,12 +354,12 @@ def complete_early(plan: Plan, job: Job, observed: Observed, store: StoreView, e
     if seats is not None and seats.spares and len(present) < seats.count:
         return  # a seat is free, or frees at the store's next tick, and a spare waits for it: the round waits too
     full = seats is not None and len(present) >= seats.count  # every seat in: spares still starting join no round
-    if store.round == 0 and not full and any(p.active and p.phase == "Pending" and p.node for p in observed.workers):
+    if store.round == 0 and not full and any(p.phase == "Pending" and p.node for p in observed.by_state.active):
         # The job's first round: a worker still starting on its node (the kit's init container, the image) is
         # about to join, and joining after the round would restart the whole group before any step.
         return
     left_out = set(plan.status.rendezvous.left_out)
-    live = spares.seated([p for p in observed.workers if p.running and p.uid not in left_out], observed)
+    live = spares.seated([p for p in observed.by_state.running if p.uid not in left_out], observed)
     in_round, joining = {n.addr for n in present}, spares.joining_ips(observed)
     if full:
         live = [p for p in live if p.ip in in_round or p.ip in joining]

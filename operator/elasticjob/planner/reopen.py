@@ -18,7 +18,7 @@ def reopen_closed(plan: Plan, job: Job, observed: Observed) -> None:
     store, endpoint = observed.store, control_endpoint(observed, job)
     if store is None or not store.closed or store.round is None or endpoint is None or store.nudges_off:
         return
-    if any(pod.exited_ok for pod in observed.workers):
+    if observed.by_state.finished:
         return  # the training finished: the agents closed it, as torch does at the end
     left = [pod for pod in observed.workers if pod.rendezvous_failed]
     if not left:

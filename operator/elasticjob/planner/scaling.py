@@ -28,7 +28,7 @@ def scale(plan: Plan, job: Job, observed: Observed, desired: int, now: datetime,
     for name in names.values():
         # Recorded now, with the status written before the pods exist (a new job's first write).
         ownership.allocate(plan.status, name, token)
-    leaving = [p for p in workers if p.active and p.index is not None and p.index >= desired]
+    leaving = [p for p in observed.by_state.active if p.index is not None and p.index >= desired]
     leaving += [p for p in surplus or [] if p not in leaving]
     if leaving and planned_stop.hold(plan, job, observed, "ScaleDown", now):
         leaving = []  # the training saves at an agreed step first (planned_stop.py)

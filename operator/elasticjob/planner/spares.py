@@ -54,7 +54,7 @@ def surplus_seated(plan: Plan, observed: Observed) -> list[PodView]:
     if store is None or store.seats is None:
         return []
     total = pods_wanted(plan)
-    staying = sorted((p for p in observed.workers if p.active and p.index is not None and p.index < total
+    staying = sorted((p for p in observed.by_state.active if p.index is not None and p.index < total
                       and p.ip in store.seats.held), key=lambda p: p.index or 0)
     extra = len(staying) - plan.status.desired_replicas
     return staying[-extra:] if extra > 0 else []
@@ -75,7 +75,7 @@ def tell_store(plan: Plan, job: Job, observed: Observed, endpoint: ControlAddres
 
 def remove_at_end(observed: Observed) -> list[PodView]:
     """The spares once the training finished: they trained nothing and would wait for ever."""
-    return [p for p in observed.workers if p.active and p.ip in spare_ips(observed)]
+    return [p for p in observed.by_state.active if p.ip in spare_ips(observed)]
 
 
 def cut_off(plan: Plan, observed: Observed, store: StoreView, now: datetime) -> list[PodView]:

@@ -33,10 +33,10 @@ LOOK_AGAIN = 4.0
 Found = tuple[PodView, PaceView, float]
 
 
-def slowest(paces: tuple[PaceView, ...], workers: list[PodView], desired: int) -> Found | None:
-    """The slowest of the job's running workers that report a pace, its pace, and how many times the median of
-    the others' it is; None for fewer than two such workers."""
-    running = {p.name: p for p in workers if p.index is not None and p.index < desired and p.running}
+def slowest(paces: tuple[PaceView, ...], workers: tuple[PodView, ...], desired: int) -> Found | None:
+    """The slowest of the job's running workers (`workers`) that report a pace, its pace, and how many times the
+    median of the others' it is; None for fewer than two such workers."""
+    running = {p.name: p for p in workers if p.index is not None and p.index < desired}
     found = sorted(((running[pace.pod], pace) for pace in paces if pace.pod in running),
                    key=lambda pair: (pair[1].seconds, pair[0].name))
     if len(found) < 2:
@@ -65,7 +65,8 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
         return
     if replaced_and_still_seen(plan, observed):
         return
-    found = slowest(observed.store.pace, observed.workers, spares.pods_wanted(plan)) if observed.store else None
+    found = slowest(observed.store.pace, observed.by_state.running, spares.pods_wanted(plan)) \
+        if observed.store else None
     if found is not None and found[2] >= LOOK_FACTOR:
         # The store wakes the operator when which pod is LOOK_FACTOR slower changes, not when its factor passes the
         # spec's, nor when the job turns calm again: looked at every two reads of the paces meanwhile (seen on real
