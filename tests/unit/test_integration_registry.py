@@ -138,7 +138,7 @@ def test_an_integration_has_the_core_and_only_the_optional_parts_it_uses():
                                      integrations.Follows) if isinstance(integration, p)}
 
     gang, kueue = integrations.build()
-    assert (parts(gang), parts(kueue)) == ({"Follows"}, {"Starts", "Watches", "Acts", "Follows"})
+    assert (parts(gang), parts(kueue)) == ({"Acts", "Follows"}, {"Starts", "Watches", "Acts", "Follows"})
 
 
 class Core:

@@ -8,6 +8,7 @@ from factory import NOW, SERVICE, UID, creates, job, observed, rdzv, running_sta
 
 from elasticjob import builders, domain, planner
 from elasticjob.gang import podgroup
+from elasticjob.gang.actions import PatchPodGroup
 from elasticjob.gang.podgroup import COSCHEDULING_API, WORKLOAD_API, PodGroupView
 
 
@@ -122,7 +123,7 @@ def test_a_coscheduling_group_is_updated_in_place():
     j = job(running_status(), minReplicas=2, replicas=3, scheduling={"gang": "Coscheduling",
                                                                      "scheduleTimeoutSeconds": 30})
     result = plan(j, [rdzv(), worker(0), worker(1)], pod_group=group(COSCHEDULING_API, 1, timeout_seconds=60))
-    (patch,) = [a for a in result.actions if isinstance(a, planner.PatchObject)]
+    (patch,) = [a for a in result.actions if isinstance(a, PatchPodGroup)]
     assert (patch.api_version, patch.name) == (COSCHEDULING_API, "train-workers")
     assert patch.patch == {"spec": {"minMember": 2, "scheduleTimeoutSeconds": 30}}
     assert not [a for a in result.actions if isinstance(a, planner.DeleteObject)]

@@ -160,8 +160,9 @@ async def apply_one(ctx: Context, ref: JobRef, action: planner.Action, log: logg
         await kube.delete_job(ref.namespace, ref.name, ref.uid)
     elif isinstance(action, planner.StoreAction):
         return await nudge(ctx, ref, action, log) or None
-    elif isinstance(action, (planner.DeleteObject, planner.PatchObject)):
-        return await change_object(ctx, ref, action) or None
+    elif isinstance(action, planner.DeleteObject):
+        return await ctx.kube.delete_object(action.api_version, action.plural, ref.namespace, action.name,
+                                            action.uid, action.resource_version) or None
     elif isinstance(action, planner.IntegrationAction):
         owner = next(i for i in ctx.integrations if isinstance(i, integrations.Acts) and i.handles(action))
         return await owner.apply(kube, ref, action, log) or None  # the one that planned it
@@ -183,18 +184,6 @@ async def holder(ctx: Context, ref: JobRef, manifest: dict[str, Any]) -> planner
         return None
     suffix = "".join(secrets.choice(naming.SUFFIX_ALPHABET) for _ in range(naming.SUFFIX_LENGTH))
     return planner.NameTaken(kind, name, meta.get("uid", ""), suffix)
-
-
-async def change_object(ctx: Context, ref: JobRef, action: planner.DeleteObject | planner.PatchObject) -> bool:
-    """An integration's object (a PodGroup, a Workload slice) deleted or patched: whether it took effect."""
-    if isinstance(action, planner.DeleteObject):
-        return await ctx.kube.delete_object(action.api_version, action.plural, ref.namespace, action.name,
-                                            action.uid, action.resource_version)
-    try:
-        await ctx.kube.patch_object(action.api_version, action.plural, ref.namespace, action.name, action.patch)
-    except k8s.NotFound:
-        return False  # gone meanwhile: read again and made anew
-    return True
 
 
 async def nudge(ctx: Context, ref: JobRef, action: planner.StoreAction,

@@ -1,19 +1,21 @@
 """A job's PodGroup, for the controller: read without a watch, and remembered between reconciles.
 
 The group is read (GET) the first time a job's loop needs it, again after the operator created or deleted it,
-and every few minutes; in between the loop's memory says what is there. Creating, patching and deleting it are
-the controller's generic object actions (controller/apply.py). GangIO is the integration as the controller runs
-it (elasticjob/integrations.py).
+and every few minutes; in between the loop's memory says what is there. Creating and deleting it are the
+controller's generic object actions (controller/apply.py); patching it is the gang's own (gang/actions.py,
+applied here). GangIO is the integration as the controller runs it (elasticjob/integrations.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from elasticjob import k8s, planner
 from elasticjob.domain import JobRef, Settings
 from elasticjob.gang import podgroup
+from elasticjob.gang.actions import PatchPodGroup
 from elasticjob.gang.planning import Gang
 from elasticjob.gang.podgroup import PodGroupView
 
@@ -28,8 +30,8 @@ class Memory:
 
 
 class GangIO:
-    """The integration as the controller runs it (integrations.IntegrationIO, and Follows: a group it made or
-    deleted is read again): no start, no watch, no action of its own."""
+    """The integration as the controller runs it (integrations.IntegrationIO; Acts: its patch; Follows: a group it
+    made, patched or deleted is read again): no start, no watch."""
 
     name = "gang"
 
@@ -38,6 +40,19 @@ class GangIO:
 
     async def read(self, kube: k8s.Kube, memory: Memory, ref: JobRef, settings: Settings) -> Gang:
         return Gang(await read_pod_group(kube, memory, ref))
+
+    def handles(self, action: planner.Action) -> bool:
+        return isinstance(action, PatchPodGroup)
+
+    async def apply(self, kube: k8s.Kube, ref: JobRef, action: planner.Action,
+                    log: logging.LoggerAdapter[logging.Logger]) -> bool:
+        """PatchPodGroup: whether it took effect (its Event is then posted with the reconcile's others)."""
+        assert isinstance(action, PatchPodGroup)
+        try:
+            await kube.patch_object(action.api_version, podgroup.PLURAL, ref.namespace, action.name, action.patch)
+        except k8s.NotFound:
+            return False  # gone meanwhile: read again and made anew
+        return True
 
     def after_apply(self, memory: Memory, actions: list[planner.Action]) -> None:
         after_apply(memory, actions)
@@ -65,5 +80,7 @@ def after_apply(memory: Memory, actions: list[planner.Action]) -> None:
     for action in actions:
         if isinstance(action, planner.CreateObject) and action.manifest["kind"] == "PodGroup":
             memory.groups.pop(action.manifest["apiVersion"], None)
-        elif isinstance(action, (planner.DeleteObject, planner.PatchObject)) and action.kind == "PodGroup":
+        elif isinstance(action, planner.DeleteObject) and action.kind == "PodGroup":
+            memory.groups.pop(action.api_version, None)
+        elif isinstance(action, PatchPodGroup):
             memory.groups.pop(action.api_version, None)

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from elasticjob.domain import Settings
 from elasticjob.gang import podgroup
+from elasticjob.gang.actions import PatchPodGroup
 from elasticjob.gang.podgroup import PodGroupView
 from elasticjob.planner.base import (
     Allowance,
@@ -26,7 +27,6 @@ from elasticjob.planner.base import (
     Event,
     Job,
     Observed,
-    PatchObject,
     Plan,
 )
 
@@ -67,7 +67,7 @@ def ensure_gang(plan: Plan, job: Job, observed: Observed, have: PodGroupView | N
     if have.same_policy(want):
         return True
     if want.api_version == podgroup.COSCHEDULING_API:
-        plan.act(PatchObject(have.api_version, "PodGroup", podgroup.PLURAL, have.name, {"spec": {
+        plan.act(PatchPodGroup(have.api_version, have.name, {"spec": {
             "minMember": want.min_member, "scheduleTimeoutSeconds": want.timeout_seconds}}, Event(
             "Normal", "UpdatedPodGroup", f"PodGroup {have.name}: minMember {have.min_member} -> {want.min_member}")))
         return True

@@ -28,7 +28,6 @@ from elasticjob.planner.base import (
     Leftover,
     NameTaken,
     Observed,
-    PatchObject,
     Plan,
     RoundFailure,
     SetSuspend,
@@ -46,7 +45,7 @@ __all__ = [
     "RESYNC_SECONDS", "UNGATED", "Action", "Allowance", "ApplyObject", "CollectLeftover", "ControlAddress",
     "CreateObject",
     "DefaultReplicas", "DeleteJob", "DeleteObject", "DeletePod", "DeleteService", "Event", "Integration",
-    "IntegrationAction", "Job", "Leftover", "NameTaken", "Observed", "PatchObject", "Plan", "RoundFailure",
+    "IntegrationAction", "Job", "Leftover", "NameTaken", "Observed", "Plan", "RoundFailure",
     "SetSuspend", "StoreAction", "TaintNode", "UntaintNode",
     "admit", "plan", "reject", "service_admitted", "spec_changes", "stuck_nodes", "suspect_nodes", "validate",
 ]

@@ -118,18 +118,6 @@ class CollectLeftover:
 
 
 @dataclass(frozen=True)
-class PatchObject:
-    """A merge patch of an object of another API the job owns (Coscheduling's PodGroup)."""
-
-    api_version: str
-    kind: str
-    plural: str
-    name: str
-    patch: dict[str, Any]
-    event: Event | None = None
-
-
-@dataclass(frozen=True)
 class DefaultReplicas:
     replicas: int
 
@@ -185,7 +173,7 @@ class UntaintNode:
 
 
 Action = (CreateObject | DeletePod | DeleteService | DefaultReplicas | DeleteJob | StoreAction | DeleteObject
-          | PatchObject | SetSuspend | IntegrationAction | CollectLeftover | ApplyObject | TaintNode | UntaintNode)
+          | SetSuspend | IntegrationAction | CollectLeftover | ApplyObject | TaintNode | UntaintNode)
 
 
 def spec_changes(actions: list[Action]) -> tuple[dict[str, Any], list[Event]]:
