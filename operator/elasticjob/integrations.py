@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Coroutine
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from elasticjob import k8s, planner
 from elasticjob.domain import JobRef, Settings
@@ -27,18 +27,23 @@ from elasticjob.kindcache import Cache, Watched
 from elasticjob.kueue.io import KueueIO
 
 
-class IntegrationIO(Protocol):
+# An integration's memory: its own type, which only it reads (the controller keeps it by the integration's name).
+M = TypeVar("M")
+
+
+class IntegrationIO(Protocol[M]):
     """One integration, as the controller runs it (one instance per operator process): what every integration
-    has. What only some do is in the optional protocols below, which the controller finds with isinstance."""
+    has. What only some do is in the optional protocols below, which the controller finds with isinstance. The
+    controller holds them as IntegrationIO[Any]: each one's memory type is checked below, where it is listed."""
 
     name: str  # its key in a job's memory and in Settings
 
-    def memory(self) -> Any:
+    def memory(self) -> M:
         """What a job's loop remembers for it between reconciles (a fresh one per job), which `read` and
-        `after_apply` are handed back: the integration's own type."""
+        `after_apply` are handed back."""
         ...
 
-    async def read(self, kube: k8s.Kube, memory: Any, ref: JobRef, settings: Settings) -> planner.Integration:
+    async def read(self, kube: k8s.Kube, memory: M, ref: JobRef, settings: Settings) -> planner.Integration:
         """What it sees of one job, as the view the planner calls."""
         ...
 
@@ -108,8 +113,15 @@ class Configurable(Protocol):
 # Every integration, in the order their placements merge (the later one's scheduler wins).
 INTEGRATIONS: tuple[type, ...] = (GangIO, KueueIO)
 
+if TYPE_CHECKING:  # mypy checks each against the protocols, with its own memory type
+    from elasticjob.gang import io as gang_io
+    from elasticjob.kueue import io as kueue_io
 
-def build() -> tuple[IntegrationIO, ...]:
+    _gang: IntegrationIO[gang_io.Memory] = GangIO()
+    _kueue: IntegrationIO[kueue_io.Memory] = KueueIO()
+
+
+def build() -> tuple[IntegrationIO[Any], ...]:
     return tuple(kind() for kind in INTEGRATIONS)
 
 

@@ -141,7 +141,7 @@ class Context:
     watches: StoreWatches | None = None
     synced: bool = False
     # Every integration (elasticjob/integrations.py), each with the caches of what it watches.
-    integrations: tuple[IntegrationIO, ...] = field(default_factory=integrations.build)
+    integrations: tuple[IntegrationIO[Any], ...] = field(default_factory=integrations.build)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def cache(self, kind: str) -> Cache:
@@ -150,7 +150,7 @@ class Context:
                      None)
         return owner.caches[kind] if owner is not None else self.mirror.cache(kind)
 
-    def memory_of(self, memory: JobMemory, integration: IntegrationIO) -> Any:
+    def memory_of(self, memory: JobMemory, integration: IntegrationIO[Any]) -> Any:
         """What a job's loop remembers for the integration, made the first time it is asked for."""
         if integration.name not in memory.integrations:
             memory.integrations[integration.name] = integration.memory()
