@@ -26,7 +26,6 @@ from elasticjob.gang.io import GangIO
 from elasticjob.kindcache import Cache, Watched
 from elasticjob.kueue.io import KueueIO
 
-
 # An integration's memory: its own type, which only it reads (the controller keeps it by the integration's name).
 M = TypeVar("M")
 
