@@ -177,7 +177,7 @@ images: ## Build the images, tagged with the chart's appVersion, and push them t
 	  $(PY) -m localcluster.imagebuild --torch-wheels $(WHEELS) --push-local; \
 	fi
 
-release: $(VENV)/.installed ## Build, tag and push the images and the chart of VERSION=x.y.z to REGISTRY=host/path (buildah and Helm logins there first); the chart's image pinned by digest
+release: $(VENV)/.installed ## Build, tag and push the images and the chart of VERSION=x.y.z to REGISTRY=host/path (buildah and Helm logins there first; REGISTRY=local: the local cluster's); the chart's image pinned by digest
 	@test -n "$(VERSION)" -a -n "$(REGISTRY)" || { echo "usage: make release VERSION=x.y.z REGISTRY=host/path" >&2; exit 2; }
 	$(PY) -m localcluster.release --version $(VERSION) --registry $(REGISTRY)
 

@@ -9,6 +9,14 @@
    content whatever the tag later names), pushed as oci://HOST/PATH/charts/elasticjob-operator with Helm's login
    (`helm registry login HOST`, or the same Docker config.json).
 Prints what it pushed: `helm install elasticjob-operator oci://HOST/PATH/charts/elasticjob-operator --version X.Y.Z`.
+
+`--registry local` releases into the local cluster's registry (which must run): pushed through its push side,
+named as pods and Helm pull them, through its read-only side (registry.REPOSITORY, registry.CHARTS). That is how
+tests/e2e/test_upgrade.py installs and upgrades released versions.
+
+The CUDA worker image is not built here: its base cannot be pulled where only package registries are reachable;
+`docker build -f images/worker.Dockerfile` builds it where that base can be pulled. The examples run PyTorch's
+public image, so no job needs this project's worker image.
 """
 
 from __future__ import annotations
@@ -46,20 +54,44 @@ def release_chart(source: Path, destination: Path, version: str, repository: str
     return chart
 
 
+LOCAL = "local"  # --registry local: the local cluster's registry
+
+
 def push_images(version: str, registry: str) -> dict[str, str]:
-    """imagebuild --push: {reference: digest}."""
-    out = subprocess.run([sys.executable, "-m", "localcluster.imagebuild", "--push", registry, "--version", version],
+    """imagebuild --push (--push-local for LOCAL): {reference as pulled: digest}."""
+    where = ["--push-local"] if registry == LOCAL else ["--push", registry]
+    out = subprocess.run([sys.executable, "-m", "localcluster.imagebuild", *where, "--version", version],
                          cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True).stdout
     return dict(line.split("@", 1) for line in out.split() if "@" in line)
+
+
+def release_local(version: str) -> int:
+    """The images and the chart in the local cluster's registry; the chart pushed by operatorchart.publish (a
+    child process that trusts the cluster's CA, with the push side's login)."""
+    from localcluster import operatorchart, registry
+
+    digests = push_images(version, LOCAL)
+    operator = f"{registry.REPOSITORY}/elasticjob-operator"
+    with tempfile.TemporaryDirectory(prefix="elasticjob-release-") as scratch:
+        chart = release_chart(CHART, Path(scratch), version, operator, digests[f"{operator}:{version}"])
+        published = operatorchart.publish(chart=chart)
+    for ref, each in digests.items():
+        print(f"pushed {ref}@{each}")
+    print(f"pushed {published.pinned}\n"
+          f"helm install elasticjob-operator {published.ref} --version {version}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localcluster.release", description=__doc__.splitlines()[0])
     parser.add_argument("--version", required=True)
-    parser.add_argument("--registry", required=True, help="host[:port]/path the images and the chart go to")
+    parser.add_argument("--registry", required=True, help="host[:port]/path the images and the chart go to; "
+                        f"'{LOCAL}': the local cluster's registry")
     args = parser.parse_args(argv)
     if not SEMVER.match(args.version):
         parser.error(f"--version {args.version}: not x.y.z (Helm wants SemVer)")
+    if args.registry == LOCAL:
+        return release_local(args.version)
     registry = args.registry.removeprefix("oci://").rstrip("/")
     digests = push_images(args.version, registry)
     operator = f"{registry}/elasticjob-operator"

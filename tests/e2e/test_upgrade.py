@@ -9,15 +9,24 @@ The earlier commit is ELASTICJOB_UPGRADE_FROM or localcluster/previous.py's DEFA
 the Lease: kopf peering, one replica, Recreate). Its operator image is built from that commit with imagebuild
 (buildah, as root) and pushed once per commit, its chart published as `<version>-g<sha7>`
 (`python -m localcluster.previous` does the same ahead of the run). Its chart has no jobImagePullSecrets, so the
-job's template names the pull secret itself, as a user of that chart did. Real nodes and the local registry only.
-Slow: the first run builds the image (a few minutes); then about 6 minutes.
+job's template names the pull secret itself, as a user of that chart did.
+
+The same scenario from one release to the next, each made by `make release VERSION=0.0.1-e2e.N REGISTRY=local`
+(the path README gives users, into the local registry), the first installed from oci:// by its version. Both are
+of the current tree, so this proves the release and the upgrade's mechanics, the earlier commit the code's.
+
+Real nodes and the local registry only. Slow: the first run builds the images (a few minutes); then about 6
+minutes each.
 """
 
 from __future__ import annotations
 
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,10 +57,10 @@ def earlier(cluster, real_nodes) -> Any:
 
 
 @pytest.fixture
-def release_name(cluster, kube, namespace, earlier) -> Iterator[str]:
+def release_name(cluster, kube, namespace) -> Iterator[str]:
     """The release's name; at the end it is uninstalled, the current CRDs are applied again (whatever step the
-    test stopped at, the session's other tests get the current schema), and CRDs that only the earlier chart had
-    and that this test brought are deleted."""
+    test stopped at, the session's other tests get the current schema), and CRDs that an earlier chart brought and
+    the current one does not have (kopf's peering), which Helm keeps, are deleted."""
     import helm_python as helm
 
     from localcluster import operatorchart
@@ -63,20 +72,13 @@ def release_name(cluster, kube, namespace, earlier) -> Iterator[str]:
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace) as cfg:
         cfg.uninstall(name, ignore_not_found=True)
     operatorchart.apply_crds(cluster.kubeconfig)
-    for crd in leftover_crds(earlier) - before:
+    current = {doc["metadata"]["name"] for doc in operatorchart.chart_crds()}
+    for crd in {c.metadata.name for c in ext.list_custom_resource_definition().items} - before - current:
         try:
             ext.delete_custom_resource_definition(crd)
         except ApiException as err:
             if err.status != 404:
                 raise
-
-
-def leftover_crds(earlier) -> set[str]:
-    """CRDs in the earlier chart's crds/ that the current one no longer has (kopf's peering), which Helm keeps."""
-    from localcluster import operatorchart
-
-    current = {doc["metadata"]["name"] for doc in operatorchart.chart_crds()}
-    return {doc["metadata"]["name"] for doc in operatorchart.chart_crds(earlier.crds)} - current
 
 
 def established(ext: client.ApiextensionsV1Api, name: str) -> bool:
@@ -119,28 +121,87 @@ def rolled_out(apps: client.AppsV1Api, core: client.CoreV1Api, release, image: s
     return pods if done else []
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What the scenario upgrades from: a chart in the local registry, the chart directory whose crds/ it brings,
+    the operator image it runs, and its values."""
+
+    chart: Any  # operatorchart.Published
+    crds: Path
+    image: str
+    values: dict[str, Any]
+
+
 def test_helm_upgrade_from_an_earlier_commit_while_a_job_trains(cluster, kube, jobs, progress, earlier,
                                                                 release_name):
     from chart_operator import published_chart
-    from localcluster import operatorchart, previous, registry
+    from localcluster import previous, registry
+
+    current = published_chart()
+    assert current is not None and current.version != earlier.chart.version
+    upgrade_under_training(cluster, kube, jobs, progress, release_name,
+                           Installed(earlier.chart, earlier.crds, earlier.image, previous.chart_values(jobs.namespace)),
+                           current, registry.image("elasticjob-operator"))
+
+
+def test_make_release_twice_then_helm_upgrade_from_the_first_to_the_second_while_a_job_trains(
+        cluster, kube, jobs, progress, released, release_name):
+    """The path README gives users: `make release` (here REGISTRY=local, the local cluster's registry) of two
+    versions, the first installed from oci:// by its version, a job started, `helm upgrade` to the second."""
+    from localcluster import operatorchart
+
+    (first, first_image), (second, second_image) = released
+    # The released chart's repository is the registry's (registry_values names the same), its digest its own.
+    values = {"watch": {"allNamespaces": False, "namespaces": [jobs.namespace]}, **operatorchart.registry_values()}
+    upgrade_under_training(cluster, kube, jobs, progress, release_name,
+                           Installed(first, operatorchart.CHART, first_image, values), second, second_image)
+
+
+def make_release(version: str) -> tuple[Any, str]:
+    """`make release VERSION=version REGISTRY=local`, as a user runs it: (the chart it pushed, the operator image
+    the chart pins)."""
+    from localcluster import operatorchart, registry
+
+    done = subprocess.run(["make", "--no-print-directory", "release", f"VERSION={version}", "REGISTRY=local"],
+                          cwd=operatorchart.ROOT, stdout=subprocess.PIPE, text=True)
+    assert done.returncode == 0, f"make release VERSION={version} failed (exit {done.returncode}): {done.stdout}"
+    pushed = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("pushed ")]
+    pinned = next(p for p in pushed if p.startswith("oci://"))
+    ref_version, digest = pinned.rsplit("@", 1)
+    ref, chart_version = ref_version.rsplit(":", 1)
+    image = next(p for p in pushed if p.startswith(f"{registry.REPOSITORY}/elasticjob-operator:{version}@"))
+    return operatorchart.Published(ref, chart_version, digest), image
+
+
+@pytest.fixture
+def released(cluster, real_nodes) -> list[tuple[Any, str]]:
+    if not cluster.pulls_from_registry:
+        pytest.skip("needs the local registry: `make release REGISTRY=local` pushes there")
+    # Fixed versions: the images are built once (imagebuild's cache is by tag and content) and pushed once.
+    return [make_release(f"0.0.1-e2e.{n}") for n in (1, 2)]
+
+
+def upgrade_under_training(cluster, kube, jobs, progress, release_name: str, old: Installed, new: Any,
+                           new_image: str) -> None:
+    """`old` installed, a job trained under it, the CRDs applied and `helm upgrade` to `new` while it trains; the
+    job must not notice."""
+    from localcluster import operatorchart
 
     core, apps, ext = jobs.core, client.AppsV1Api(kube), client.ApiextensionsV1Api(kube)
     coordination = client.CoordinationV1Api(kube)
     ns = jobs.namespace
-    current = published_chart()
-    assert current is not None and current.version != earlier.chart.version
 
     # --- the earlier chart, its CRDs with it, as its users installed it -------------------------------------
-    installed = operatorchart.install_or_upgrade(cluster.kubeconfig, previous.chart_values(ns), release=release_name,
-                                                 namespace=ns, chart=earlier.chart, crds=earlier.crds)
+    installed = operatorchart.install_or_upgrade(cluster.kubeconfig, old.values, release=release_name,
+                                                 namespace=ns, chart=old.chart, crds=old.crds)
     assert installed.installed
     wait_for(lambda: established(ext, "elasticjobs.elasticjob.dev"), 30, "the earlier ElasticJob CRD Established")
     old_pod = operatorchart.wait_running(core, installed)
-    assert old_pod.spec.containers[0].image == earlier.image
+    assert old_pod.spec.containers[0].image == old.image
 
     manifest = job_manifest(ns, train_args=train_args(STEPS, step_seconds=STEP_SECONDS))
-    # The earlier operator has no --image-pull-secret: its job pods (the store takes the template's) pull the kit
-    # and the worker image with the template's secrets.
+    # An earlier operator may have no --image-pull-secret: its job pods (the store takes the template's) pull the
+    # kit and the worker image with the template's secrets.
     manifest["spec"]["template"]["spec"]["imagePullSecrets"] = PULL_SECRETS
     jobs.create(manifest)
     wait_for(progress, START_TIMEOUT, "training at world size 2 under the earlier operator",
@@ -159,11 +220,10 @@ def test_helm_upgrade_from_an_earlier_commit_while_a_job_trains(cluster, kube, j
     upgrade_at = time.time()
     upgraded = operatorchart.install_or_upgrade(
         cluster.kubeconfig, {"watch": {"allNamespaces": False, "namespaces": [ns]}, **operatorchart.registry_values()},
-        release=release_name, namespace=ns, chart=current)
+        release=release_name, namespace=ns, chart=new)
     assert not upgraded.installed and upgraded.revision == 2
-    image = registry.image("elasticjob-operator")
-    new_pods = wait_for(lambda: rolled_out(apps, core, upgraded, image), ROLLOUT_TIMEOUT,
-                        "the current operator rolled out: 2 replicas of its image, the earlier pod gone")
+    new_pods = wait_for(lambda: rolled_out(apps, core, upgraded, new_image), ROLLOUT_TIMEOUT,
+                        "the new operator rolled out: 2 replicas of its image, the earlier pod gone")
     assert len(new_pods) == 2 and old_pod.metadata.name not in {p.metadata.name for p in new_pods}
     names = {p.metadata.name for p in new_pods}
     lease = wait_for(lambda: coordination.read_namespaced_lease(upgraded.fullname, ns), 60,
@@ -172,7 +232,7 @@ def test_helm_upgrade_from_an_earlier_commit_while_a_job_trains(cluster, kube, j
     rolled_at = time.time()
     # The new operator took the job over: status.goodput is the current operator's (the earlier one never wrote
     # it; with a later ELASTICJOB_UPGRADE_FROM it may have).
-    wait_for(jobs.status, 60, "the current operator's first status write (status.goodput)",
+    wait_for(jobs.status, 60, "the new operator's first status write (status.goodput)",
              until=lambda s: s.get("goodput") is not None)
 
     # --- the job did not notice --------------------------------------------------------------------------------
@@ -191,5 +251,5 @@ def test_helm_upgrade_from_an_earlier_commit_while_a_job_trains(cluster, kube, j
     missing = set(range(1, STEPS + 1)) - {r["step"] for r in trained.records}
     assert trained.last_step == STEPS and not missing, f"steps never done: {sorted(missing)[:20]}; {trained}"
     started = min(r["time"] for r in trained.records)
-    print(f"\nupgraded {earlier.version} -> {current.version} at +{upgrade_at - started:.0f}s of training; "
+    print(f"\nupgraded {old.chart.version} -> {new.version} at +{upgrade_at - started:.0f}s of training; "
           f"rolled out in {rolled_at - upgrade_at:.1f}s; Lease held by {lease.spec.holder_identity}")
