@@ -124,6 +124,23 @@ def test_a_silent_peer_whose_kernel_answers_nothing_is_cut_off_without_a_progres
         assert "answered none of the store's TCP for 0.6s" in event.message, event.message
 
 
+def test_the_kernels_word_seen_twice_or_late_takes_the_agent_out_once_and_never_stops_a_pod():
+    """A doubled answer (the same state again, after the status write) keeps the pod left out once and books
+    nothing; a late one, naming an address whose pod is gone or replaced by one not yet in the round, does
+    nothing."""
+    silent = dataclasses.replace(node(1, age=1.6), unanswered=0.6)
+    pods = [worker(0), worker(1), worker(2)]
+    first = plan(pods, view(node(0), silent, node(2)), replicas=3)
+    again = planner.plan(job(first.status.model_dump(by_alias=True, mode="json"), replicas=3),
+                         observed([rdzv()] + pods, store=view(node(0), silent, node(2))), NOW)
+    assert again.status.rendezvous.left_out == first.status.rendezvous.left_out == ["uid-w1"]
+    for result in (first, again):
+        assert not [a for a in result.actions if isinstance(a, planner.DeletePod)]
+        assert result.status.infrastructure_failures == 0 and result.status.restarts == 0
+    late = plan([worker(0), worker(2)], view(node(0), silent, node(2)), replicas=3)  # its pod gone
+    assert [c.reason for c in late.cut_off] == [] and "uid-w1" not in late.status.rendezvous.left_out
+
+
 @pytest.mark.parametrize(("report_changed", "cut"), [
     (5.0, True),  # this round's training stepped (at 5 s), then stopped: every rank waits on the silent one
     (1.0, False),  # the report is the restarted world's (before the round completed at 2 s): a restart under way
