@@ -164,7 +164,7 @@ def convert_file(path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "crd":
-        sys.stdout.write(crd.crd_yaml())
+        sys.stdout.write(crd.crd_yaml(integrations.status_parts()))
     elif args.command == "convert":
         return convert_file(args.file)
     elif args.command == "run":

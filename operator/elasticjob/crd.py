@@ -7,6 +7,7 @@ is Kubernetes' own PodTemplateSpec, resolved from its OpenAPI and vendored (pods
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -24,6 +25,7 @@ from elasticjob.models import (
     VERSION,
     ElasticJobSpec,
     ElasticJobStatus,
+    StatusPart,
 )
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -72,7 +74,7 @@ def template_schema(description: str) -> dict[str, Any]:
     return template
 
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready workers"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
@@ -85,14 +87,10 @@ PRINTER_COLUMNS = [
      "description": "Percent of wall time spent training (ETTR), as of the ledger's last account"},
     {"name": "Weighted", "type": "number", "jsonPath": ".status.goodput.weightedGoodputPercent", "priority": 1,
      "description": "ETTR with each second weighted by the nodes that trained over the nodes wanted"},
-    {"name": "Admission", "type": "string", "jsonPath": ".status.admission.state",
-     "description": "Kueue admission: Queued, Admitted, Preempted, Evicted, Finished (empty without Kueue)"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Rendezvous", "type": "string", "jsonPath": ".status.rendezvous.endpoint", "priority": 1},
     {"name": "Round", "type": "integer", "jsonPath": ".status.rendezvous.round", "priority": 1,
      "description": "How often the worker group has (re)formed"},
-    {"name": "Queue", "type": "string", "jsonPath": ".status.admission.clusterQueue", "priority": 1,
-     "description": "The ClusterQueue that admitted the job"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -162,15 +160,32 @@ def spec_schema() -> dict[str, Any]:
     return schema
 
 
-def status_schema() -> dict[str, Any]:
+def status_schema(parts: Sequence[StatusPart] = ()) -> dict[str, Any]:
+    """The core's status, and each integration's part under its key (the core allows keys of its own: the CRD
+    names exactly these, and the API server prunes any other)."""
     schema = _schema_of(ElasticJobStatus)
-    schema["properties"]["lastFailures"]["maxItems"] = MAX_FAILURES_KEPT
-    schema["properties"]["conditions"]["x-kubernetes-list-type"] = "map"
-    schema["properties"]["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
+    schema.pop("additionalProperties", None)
+    props = schema["properties"]
+    props["lastFailures"]["maxItems"] = MAX_FAILURES_KEPT
+    props["conditions"]["x-kubernetes-list-type"] = "map"
+    props["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
+    for part in parts:
+        props[part.key] = {**_schema_of(part.model), "description": part.description}
     return schema
 
 
-def crd() -> dict[str, Any]:
+def printer_columns(parts: Sequence[StatusPart] = ()) -> list[dict[str, Any]]:
+    """PRINTER_COLUMNS with each part's columns, each after the one it names."""
+    columns = list(PRINTER_COLUMNS)
+    for part in parts:
+        for after, column in part.columns:
+            at = next(i for i, c in enumerate(columns) if c["name"] == after)
+            columns.insert(at + 1, column)
+    return columns
+
+
+def crd(parts: Sequence[StatusPart] = ()) -> dict[str, Any]:
+    """The CRD, with the integrations' parts of the status (integrations.status_parts()) where given."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -194,7 +209,7 @@ def crd() -> dict[str, Any]:
                         # The API server refuses anything here but the type: it describes ObjectMeta itself.
                         "metadata": {"type": "object"},
                         "spec": spec_schema(),
-                        "status": status_schema(),
+                        "status": status_schema(parts),
                     },
                 }},
                 "subresources": {
@@ -202,12 +217,12 @@ def crd() -> dict[str, Any]:
                     "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
                               "labelSelectorPath": ".status.selector"},
                 },
-                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "additionalPrinterColumns": printer_columns(parts),
             }],
         },
     }
 
 
-def crd_yaml() -> str:
+def crd_yaml(parts: Sequence[StatusPart] = ()) -> str:
     header = "# Generated from operator/elasticjob/models/ by `elasticjob crd` (make crds). Do not edit.\n"
-    return header + str(yaml.safe_dump(crd(), sort_keys=False, width=120))
+    return header + str(yaml.safe_dump(crd(parts), sort_keys=False, width=120))

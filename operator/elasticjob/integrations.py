@@ -25,6 +25,7 @@ from elasticjob.domain import JobRef, Settings
 from elasticjob.gang.io import GangIO
 from elasticjob.kindcache import Cache, Watched
 from elasticjob.kueue.io import KueueIO
+from elasticjob.models import StatusPart
 
 # An integration's memory: its own type, which only it reads (the controller keeps it by the integration's name).
 M = TypeVar("M")
@@ -93,6 +94,13 @@ class Follows(Protocol):
 
 
 @runtime_checkable
+class Reports(Protocol):
+    """An integration with a part of the job's status of its own (optional): its key, model and columns."""
+
+    status_part: StatusPart
+
+
+@runtime_checkable
 class Configurable(Protocol):
     """An integration with flags of its own (optional), called on its class before any instance exists."""
 
@@ -118,6 +126,11 @@ if TYPE_CHECKING:  # mypy checks each against the protocols, with its own memory
 
     _gang: IntegrationIO[gang_io.Memory] = GangIO()
     _kueue: IntegrationIO[kueue_io.Memory] = KueueIO()
+
+
+def status_parts() -> tuple[StatusPart, ...]:
+    """Each integration's own part of the job's status, for the CRD (crd.crd): Kueue's `admission`."""
+    return tuple(kind.status_part for kind in INTEGRATIONS if isinstance(kind, Reports))
 
 
 def build() -> tuple[IntegrationIO[Any], ...]:

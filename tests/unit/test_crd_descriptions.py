@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob import crd, podschema
+from elasticjob import crd, integrations, podschema
 
 ROOT = Path(__file__).resolve().parents[2]
 # What only the project's own people could follow: source files, notes, issue numbers.
@@ -20,7 +20,7 @@ UNDESCRIBABLE = {"metadata"}
 
 
 def _crds() -> list[dict[str, Any]]:
-    return [crd.crd()]
+    return [crd.crd(integrations.status_parts())]
 
 
 def _schema(definition: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def _wire(value: Any) -> str:
 
 def test_spec_descriptions_name_their_defaults() -> None:
     """A user reads the default in the description; one that names another value misleads."""
-    spec = _schema(crd.crd())["properties"]["spec"]
+    spec = _schema(crd.crd(integrations.status_parts()))["properties"]["spec"]
     wrong = {path: prop["default"] for path, prop in properties(spec)
              if isinstance(prop.get("default"), (bool, int, str)) and prop["description"] not in kubernetes_own()
              and not re.search(rf"\bDefault {re.escape(_wire(prop['default']))}\b", prop["description"])}

@@ -130,15 +130,16 @@ def test_the_cores_settings_name_no_integration():
 
 
 def test_an_integration_has_the_core_and_only_the_optional_parts_it_uses():
-    """The gang starts nothing, watches nothing and has no writes of its own: it implements none of those."""
+    """The gang starts nothing, watches nothing and has no status of its own: it implements none of those."""
     from elasticjob import integrations
 
     def parts(integration) -> set[str]:
         return {p.__name__ for p in (integrations.Starts, integrations.Watches, integrations.Acts,
-                                     integrations.Follows) if isinstance(integration, p)}
+                                     integrations.Follows, integrations.Reports) if isinstance(integration, p)}
 
     gang, kueue = integrations.build()
-    assert (parts(gang), parts(kueue)) == ({"Acts", "Follows"}, {"Starts", "Watches", "Acts", "Follows"})
+    assert (parts(gang), parts(kueue)) == ({"Acts", "Follows"}, {"Starts", "Watches", "Acts", "Follows", "Reports"})
+    assert [part.key for part in integrations.status_parts()] == ["admission"]
 
 
 class Core:

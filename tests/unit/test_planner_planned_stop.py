@@ -11,6 +11,7 @@ import test_planner_queueing as queueing
 from factory import NOW, deletes, job, observed, rdzv, running_status, worker
 
 from elasticjob import planner
+from elasticjob.kueue.status import admission as kueue_admission
 from elasticjob.models import ElasticJobStatus, GoodputStatus, PlannedStop
 from elasticjob.observe import ProgressView
 from elasticjob.planner import planned_stop
@@ -224,7 +225,7 @@ def test_kueues_preemption_waits_for_the_stop_then_stops_every_pod_and_queues():
     result = queueing.plan(queueing.kueue_job(status, suspend=True), pods, store=seen,
                            workload=queueing.workload(queueing.PREEMPTED, queueing.admission(2)))
     assert deletes(result) == [("train-worker-0", None), ("train-worker-1", None)]  # the store once they are gone
-    assert (result.status.phase, result.status.admission.state) == ("Queued", "Preempted")
+    assert (result.status.phase, kueue_admission(result.status).state) == ("Queued", "Preempted")
 
 
 def test_a_stop_a_workers_agent_asked_is_taken_up_and_the_survivors_restart_once_the_pod_is_gone():

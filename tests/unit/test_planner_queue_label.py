@@ -9,6 +9,7 @@ from test_planner_queueing import ADMITTED, FLAVORS, PENDING, admission, workloa
 
 from elasticjob import planner
 from elasticjob.kueue import names as kueue_names
+from elasticjob.kueue.status import admission as kueue_admission
 from elasticjob.models import Phase
 
 QUEUED = {kueue_names.QUEUE_LABEL: "lq"}
@@ -55,7 +56,7 @@ def test_an_admitted_job_whose_label_is_removed_stays_at_its_admitted_count():
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
     result = planner.plan(j, seen, NOW, with_kueue(on=True))
     assert creates(result) == []
-    assert result.status.admission.state == "Admitted" and result.status.desired_replicas == 2
+    assert kueue_admission(result.status).state == "Admitted" and result.status.desired_replicas == 2
 
 
 def test_a_pending_workload_keeps_an_unlabelled_job_queued():
@@ -81,7 +82,7 @@ def test_a_job_without_a_queue_is_held_where_one_is_required(settings, labels, h
     assert (result.status.reason == "QueueNameRequired") == held
     if held:
         assert creates(result) == [] and [n for n, _ in deletes(result)] == [p.name for p in pods[1:]]  # store last
-        assert result.status.phase == Phase.QUEUED and result.status.admission is None
+        assert result.status.phase == Phase.QUEUED and kueue_admission(result.status) is None
         admitted = next(c for c in result.status.conditions if c.type == "Admitted")
         assert admitted.status == "False" and kueue_names.QUEUE_LABEL in admitted.message
         assert [e.reason for e in result.events if e.type == "Warning"] == ["QueueNameRequired"]
@@ -92,4 +93,4 @@ def test_a_job_whose_label_was_removed_keeps_its_workloads_gate_where_a_queue_is
     seen = observed([rdzv(), worker(0), worker(1)], SERVICE, flavors=FLAVORS,
                     workload=workload(ADMITTED, admission(2), workers=(2, 1)))
     result = planner.plan(j, seen, NOW, with_kueue(on=True, require_queue_name=True))
-    assert result.status.admission.state == "Admitted" and deletes(result) == []
+    assert kueue_admission(result.status).state == "Admitted" and deletes(result) == []

@@ -24,6 +24,7 @@ from elasticjob import planner
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
+from elasticjob.kueue.status import admission as kueue_admission
 from elasticjob.models import Phase
 
 KUEUE = with_kueue(on=True)
@@ -50,8 +51,8 @@ def test_the_template_a_workload_charges_is_recorded_on_it_and_in_status():
     wl = made_from(SMALL)
     assert wl.template_hash == workloads.template_hash(job(template=SMALL).ref.spec)
     result = plan(SMALL, [rdzv(), worker(0), worker(1)], wl)
-    assert result.status.admission.template_hash == wl.template_hash
-    assert result.status.admission.state == "Admitted"
+    assert kueue_admission(result.status).template_hash == wl.template_hash
+    assert kueue_admission(result.status).state == "Admitted"
 
 
 @pytest.mark.parametrize("tmpl, replaced", [
@@ -129,6 +130,6 @@ def test_a_port_protocol_the_schema_defaults_is_no_change_of_template():
     wl = made_from(before)
     assert wl.template_hash == workloads.template_hash(job(template=after).ref.spec)
     result = plan(after, [rdzv(), worker(0), worker(1)], wl)
-    assert result.status.admission.state == "Admitted" and not deletes(result)
+    assert kueue_admission(result.status).state == "Admitted" and not deletes(result)
     udp = template(ports=[{"containerPort": 8080, "protocol": "UDP"}])
     assert workloads.template_hash(job(template=udp).ref.spec) != wl.template_hash

@@ -28,6 +28,7 @@ from elasticjob.domain import Settings
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
+from elasticjob.kueue.status import admission as kueue_admission
 from elasticjob.kueue.workloads import FlavorView, Priority
 
 KUEUE = with_kueue(on=True)
@@ -96,7 +97,7 @@ def created(result, kind):
 def test_jobs_kueue_does_not_manage_run_at_once(settings):
     result = plan(job(), [rdzv()], settings=settings)
     assert creates(result) == ["train-worker-0", "train-worker-1"]
-    assert not actions(result, planner.SetSuspend) and result.status.admission is None
+    assert not actions(result, planner.SetSuspend) and kueue_admission(result.status) is None
 
 
 # --- queued -----------------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def test_a_suspended_job_gets_its_workload_and_waits_queued():
     assert (store["name"], store["count"], "minCount" in store) == ("store", 1, False)
     assert store["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
     assert (result.status.phase, result.status.reason) == ("Queued", "Queued")
-    assert result.status.admission.state == "Queued" and result.status.admission.workload == WL
+    assert kueue_admission(result.status).state == "Queued" and kueue_admission(result.status).workload == WL
     assert condition(result, "Admitted") == "False"
     assert [e.reason for e in result.events] == ["Queued"]
 
@@ -167,7 +168,7 @@ def test_a_pending_workload_shows_kueues_words():
     assert not actions(result, planner.CreateObject) and not actions(result, kueue_actions.PatchWorkload)
     assert (result.status.phase, result.status.reason) == ("Queued", "Queued")
     assert "insufficient unused quota for cpu" in result.status.message
-    assert result.status.admission.message == result.status.message
+    assert kueue_admission(result.status).message == result.status.message
 
 
 RESERVED_NOT_ADMITTED = [cond("QuotaReserved", "True", "QuotaReserved"),
@@ -214,7 +215,7 @@ def test_admitted_pods_get_the_flavors_node_labels_and_tolerations():
         assert pod["spec"]["nodeSelector"] == {"pool": "a100"}
         assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/podset"] == pod_set
-    status = result.status.admission
+    status = kueue_admission(result.status)
     assert (status.state, status.cluster_queue, status.workers) == ("Admitted", "cq", 2)
     assert status.flavors == {"cpu": "gpu-a", "nvidia.com/gpu": "gpu-a"}
     assert condition(result, "Admitted") == "True"
@@ -278,7 +279,7 @@ def test_a_preempted_job_stops_its_pods_without_counting_a_failure():
     assert not actions(result, kueue_actions.ApplyWorkloadStatus)  # the quota goes once the pods are gone
     assert (result.status.phase, result.status.reason) == ("Queued", "Preempted")
     assert result.status.restarts == 1 and result.status.last_failures == [] and result.status.counted_failures == []
-    assert result.status.admission.state == "Preempted"
+    assert kueue_admission(result.status).state == "Preempted"
     assert "Preempted to accommodate a workload" in result.status.message
     assert result.status.rendezvous.ready is False  # the store went on purpose: not a lost store later
     assert "Preempted" in [e.reason for e in result.events]
@@ -312,7 +313,7 @@ def test_a_deactivated_workload_is_not_requeued():
     (release,) = actions(result, kueue_actions.ApplyWorkloadStatus)
     conds = {c["type"]: c for c in release.body["status"]["conditions"]}
     assert conds["Requeued"]["status"] == "False"
-    assert (result.status.reason, result.status.admission.state) == ("Evicted", "Evicted")
+    assert (result.status.reason, kueue_admission(result.status).state) == ("Evicted", "Evicted")
 
 
 def test_a_released_workload_waits_preempted_then_resumes_when_admitted_again():
@@ -344,7 +345,7 @@ def test_a_finished_job_marks_its_workload_finished(phase, reason):
     assert (conds["Finished"]["status"], conds["Finished"]["reason"], conds["Finished"]["message"]) == (
         "True", reason, "done")
     assert finish.body["status"]["admission"] == admission(2)  # kept: Kueue frees a finished one's quota
-    assert result.status.admission.state == "Finished"
+    assert kueue_admission(result.status).state == "Finished"
     done = workload(ADMITTED + [cond("Finished", "True", reason)], admission(2))
     assert not actions(plan(kueue_job(status), [], workload=done), kueue_actions.ApplyWorkloadStatus)
 
@@ -366,7 +367,7 @@ def test_status_changes_and_events_come_once_per_transition():
     again = planner.plan(kueue_job(first.status.wire(), suspend=True),
                          observed([], SERVICE, workload=workload(PENDING)), NOW + timedelta(seconds=5), KUEUE)
     assert [e.reason for e in first.events] == ["Queued"] and again.events == []
-    assert again.status.admission.last_transition_time == first.status.admission.last_transition_time
+    assert kueue_admission(again.status).last_transition_time == kueue_admission(first.status).last_transition_time
 
 
 @pytest.mark.parametrize("assigned, desired, spares", [

@@ -11,6 +11,7 @@ from elasticjob import planner
 from elasticjob.kueue import actions as kueue_actions
 from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import workloads
+from elasticjob.kueue.status import admission as kueue_admission
 from elasticjob.kueue.workloads import FlavorView
 
 KUEUE = with_kueue(on=True)
@@ -75,7 +76,7 @@ def test_growing_past_the_admitted_slice_asks_for_a_new_one_and_runs_what_was_ad
     [pod_set] = [p for p in made["spec"]["podSets"] if p["name"] == "workers"]
     assert pod_set["count"] == 4 and "minCount" not in pod_set  # Kueue refuses partial admission of a slice
     assert creates(result) == [] and deletes(result) == []  # the running world is left alone
-    admission = result.status.admission
+    admission = kueue_admission(result.status)
     assert (admission.workers, admission.requested) == (2, 4)
     assert f"4 asked of Kueue in Workload {WL}-s1" in result.status.message
 
@@ -83,7 +84,7 @@ def test_growing_past_the_admitted_slice_asks_for_a_new_one_and_runs_what_was_ad
 def test_a_slice_kueue_has_not_admitted_is_asked_once_and_its_wait_shown():
     result = plan(4, workers(2), slice_(), slice_(f"{WL}-s1", 4, PENDING, replaces=WL, created="2026-01-01T11:01:00Z"))
     assert not workloads_made(result) and not actions(result, kueue_actions.PatchWorkload)
-    assert "not admitted: insufficient unused quota for cpu in flavor f" in result.status.admission.message
+    assert "not admitted: insufficient unused quota for cpu in flavor f" in kueue_admission(result.status).message
     assert result.status.phase == "Running" and "2/2 workers ready" in result.status.message
 
 
@@ -99,7 +100,7 @@ def test_a_pending_slice_no_longer_needed_is_deleted_only_if_unchanged(replicas)
     result = plan(replicas, workers(2), slice_(), pending)
     [delete] = actions(result, planner.DeleteObject)
     assert (delete.name, delete.uid, delete.resource_version) == (pending.name, pending.uid, "90")
-    assert result.status.admission.requested is None
+    assert kueue_admission(result.status).requested is None
 
 
 def test_once_kueue_admits_the_new_slice_the_job_grows_and_the_old_slice_is_finished():
@@ -111,7 +112,7 @@ def test_once_kueue_admits_the_new_slice_the_job_grows_and_the_old_slice_is_fini
     assert finish.name == WL
     finished = next(c for c in finish.body["status"]["conditions"] if c["type"] == "Finished")
     assert (finished["status"], finished["reason"]) == ("True", workloads.SLICE_REPLACED)
-    assert (result.status.admission.workload, result.status.admission.workers) == (f"{WL}-s1", 4)
+    assert (kueue_admission(result.status).workload, kueue_admission(result.status).workers) == (f"{WL}-s1", 4)
 
 
 def test_a_slice_kueue_already_marked_replaced_is_left_alone():
@@ -183,7 +184,7 @@ def test_a_preempted_slice_is_requeued_as_a_new_workload_that_kueue_may_admit_in
     assert made["metadata"]["name"] == f"{WL}-s1" and "annotations" not in made["metadata"]
     [pod_set] = [p for p in made["spec"]["podSets"] if p["name"] == "workers"]
     assert (pod_set["count"], pod_set["minCount"]) == (4, 1)
-    assert result.status.admission.workload == f"{WL}-s1"
+    assert kueue_admission(result.status).workload == f"{WL}-s1"
 
 
 @pytest.mark.parametrize("seen, want", [

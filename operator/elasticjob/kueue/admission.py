@@ -27,9 +27,10 @@ from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import slices, view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
+from elasticjob.kueue.status import AdmissionStatus, admission, set_admission
 from elasticjob.kueue.view import KueueObserved, admission_of
 from elasticjob.kueue.workloads import WorkloadView
-from elasticjob.models import AdmissionStatus, Phase
+from elasticjob.models import Phase
 from elasticjob.planner import planned_stop
 from elasticjob.planner.base import (
     UNGATED,
@@ -93,7 +94,7 @@ def gate(plan: Plan, job: Job, observed: Observed, settings: Settings, now: date
         without_queue(plan, job, observed, now)
         return None
     if name is None:
-        plan.status.admission = None
+        set_admission(plan.status, None)
         return UNGATED  # not a Kueue job: run as usual
     wl = own_workload(job, observed)
     suspended = job.ref.spec.run_policy.suspend
@@ -159,7 +160,7 @@ def without_kueue(plan: Plan, job: Job, observed: Observed, label: str, settings
     if job.ref.spec.run_policy.suspend:
         message += " and set spec.runPolicy.suspend to false"
     stop(plan, observed, now)
-    plan.status.admission = None
+    set_admission(plan.status, None)
     plan.status.start_time = None
     set_condition(plan.status, "Admitted", False, reason, message, now, job.generation)
     enter_phase(plan, job, Phase.QUEUED, reason, message, now, warn=True)
@@ -173,7 +174,7 @@ def without_queue(plan: Plan, job: Job, observed: Observed, now: datetime) -> No
     message = (f"this installation requires every job to name a Kueue LocalQueue (--require-queue-name): not "
                f"started; label it {kueue_names.QUEUE_LABEL}=<LocalQueue>")
     stop(plan, observed, now)
-    plan.status.admission = None
+    set_admission(plan.status, None)
     plan.status.start_time = None
     set_condition(plan.status, "Admitted", False, "QueueNameRequired", message, now, job.generation)
     enter_phase(plan, job, Phase.QUEUED, "QueueNameRequired", message, now, warn=True)
@@ -273,10 +274,10 @@ def first_workload_name(job: Job, observed: Observed) -> str:
 
 
 def record(plan: Plan, job: Job, observed: Observed, wl: WorkloadView | None) -> None:
-    status = plan.status.admission or AdmissionStatus()
+    status = admission(plan.status) or AdmissionStatus()
     status.workload = wl.name if wl is not None else first_workload_name(job, observed)
     status.template_hash = wl.template_hash if wl is not None else workloads.template_hash(job.ref.spec)
-    plan.status.admission = status
+    set_admission(plan.status, status)
 
 
 def transition(plan: Plan, state: str, message: str, now: datetime) -> None:

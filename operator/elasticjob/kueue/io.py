@@ -20,6 +20,7 @@ from elasticjob.kindcache import Cache, Entry, JobKey, KindCache, Watched, label
 from elasticjob.kueue import discovery, workloads
 from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import settings as kueue_settings
+from elasticjob.kueue import status as kueue_status
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
 from elasticjob.kueue.admission import Kueue
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, flavor_view, workload_view
@@ -66,6 +67,7 @@ class KueueIO:
     """The integration as the controller runs it (integrations.IntegrationIO)."""
 
     name = kueue_settings.NAME
+    status_part = kueue_status.PART  # status.admission (integrations.Reports)
     add_arguments = staticmethod(kueue_settings.add_arguments)
     from_arguments = staticmethod(kueue_settings.from_arguments)
 

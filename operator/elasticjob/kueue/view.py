@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from elasticjob.kueue.status import AdmissionStatus, admission, set_admission
 from elasticjob.kueue.workloads import FlavorView, Priority, WorkloadView, current_slice
-from elasticjob.models import AdmissionStatus
 from elasticjob.planner.base import Observed, Plan
 
 
@@ -35,6 +35,8 @@ def of(observed: Observed) -> KueueObserved:
 
 def admission_of(plan: Plan) -> AdmissionStatus:
     """The plan's status.admission (Kueue's part of the job's status), made empty where there is none yet."""
-    if plan.status.admission is None:
-        plan.status.admission = AdmissionStatus()
-    return plan.status.admission
+    found = admission(plan.status)
+    if found is None:
+        found = AdmissionStatus()
+        set_admission(plan.status, found)
+    return found

@@ -32,7 +32,6 @@ from elasticjob.models.spec import (
     WatchdogSpec,
 )
 from elasticjob.models.status import (
-    AdmissionStatus,
     AvoidedNode,
     Condition,
     ElasticJobStatus,
@@ -40,16 +39,17 @@ from elasticjob.models.status import (
     OwnedPod,
     Phase,
     RendezvousStatus,
+    StatusPart,
     Straggler,
 )
 
 __all__ = [
-    "API_VERSION", "AdmissionStatus", "AvoidedNode", "CleanPodPolicy", "Condition", "ElasticJobSpec",
+    "API_VERSION", "AvoidedNode", "CleanPodPolicy", "Condition", "ElasticJobSpec",
     "ElasticJobStatus",
     "FailurePolicy", "FailureRecord", "GROUP", "GangMode", "GoodputStatus", "Incident", "KIND", "KitSource",
     "LostPhases", "MAX_FAILURES_KEPT", "MAX_INCIDENTS_KEPT", "MAX_NODES", "Model", "NodeCheckSpec", "OwnedPod",
     "PLURAL", "Phase",
     "PlannedStop", "RendezvousSpec", "RendezvousStatus", "RunPolicy", "SHORT_NAMES", "SINGULAR", "SchedulingSpec",
-    "ShortOfSize",
+    "ShortOfSize", "StatusPart",
     "Straggler", "StragglerSpec", "VERSION", "WatchdogSpec",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from elasticjob.models.base import Model
 from elasticjob.models.ledger import GoodputStatus, PlannedStop
@@ -130,28 +131,26 @@ class OwnedPod(Model):
                      "record alone vouches for the pod.")
 
 
-class AdmissionStatus(Model):
-    """Admission by Kueue, for a job labelled kueue.x-k8s.io/queue-name."""
+@dataclass(frozen=True)
+class StatusPart:
+    """An integration's own part of the job's status, under its own key (Kueue's `admission`): its model, which
+    only the integration reads and writes, and the `kubectl get` columns that show it, each after the column it
+    names. The core's status keeps the part as it is (ElasticJobStatus allows keys of its own); the CRD carries its
+    schema and columns (crd.py, given the parts by the registry of integrations)."""
 
-    workload: str | None = Field(None, description="The Kueue Workload the operator made for the job.")
-    cluster_queue: str | None = Field(None, description="The Kueue ClusterQueue that admitted the job.")
-    state: str | None = Field(None, description="Queued, Admitted, Preempted, Evicted or Finished.")
-    message: str | None = Field(None, description="Kueue's words: why it waits, or why it was evicted.")
-    workers: int | None = Field(None, description="Workers admitted (podSetAssignments count): the most "
-                                "that run until the job is queued again.")
-    flavors: dict[str, str] | None = Field(None, description="Resource flavor per resource of the workers.")
-    requested: int | None = Field(None, description="Workers asked of Kueue in a workload slice it has not "
-                                  "admitted yet; the job runs `workers` until it does.")
-    template_hash: str | None = Field(None, description="Hash of the spec.template the Kueue Workload was "
-                                      "made from, the one its quota charges. A job whose template differs "
-                                      "runs no pod of it on that admission: it is requeued with a new "
-                                      "Workload.")
-    last_transition_time: str | None = Field(None, description="When state last changed (RFC 3339, UTC).")
+    key: str
+    model: type[Model]
+    description: str
+    columns: tuple[tuple[str, dict[str, Any]], ...] = ()  # (the column it follows, the column)
 
 
 class ElasticJobStatus(Model):
     """What the operator observed and did: the job's phase, its workers, restarts and failures, its rendezvous
-    store and its admission by Kueue. Written by the operator."""
+    store, and each integration's own part (StatusPart: kept here unread, under the integration's key). Written by
+    the operator."""
+
+    # An integration's part is a key this model does not declare: kept, not dropped (the CRD's schema names it).
+    model_config = ConfigDict(extra="allow")  # merged with Model's (camelCase aliases)
 
     phase: Phase = Field(Phase.PENDING, description="Pending (waiting for the store or for minReplicas ready "
                          "workers), Running, Restarting (failed workers being replaced), Succeeded, Failed, "
@@ -198,8 +197,6 @@ class ElasticJobStatus(Model):
     renamed: dict[str, str] | None = Field(None, description="Names that someone else's object held when the "
                                            "operator went to make the job's object (Kind/name), each with the "
                                            "name it used instead: the usual one and a random suffix.")
-    admission: AdmissionStatus | None = Field(None, description="Admission by Kueue, for a job labelled "
-                                              "kueue.x-k8s.io/queue-name; absent otherwise.")
     planned_stop: PlannedStop | None = Field(None, description="The planned stop under way (runPolicy."
                                              "stopGraceSeconds), if any.")
     last_stop: str | None = Field(None, description="The store's id of the last planned stop settled: a stop "
