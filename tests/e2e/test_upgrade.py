@@ -33,7 +33,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e_support import PULL_SECRETS, Jobs, Progress, job_manifest, summary, train_args
+from e2e_support import PULL_SECRETS, Jobs, Progress, job_manifest, story, summary, train_args
 from helpers import wait_for
 
 # The first run builds the earlier operator image (a few minutes) before the scenario's 6 or so: past pytest's
@@ -196,8 +196,10 @@ def upgrade_under_training(cluster, kube, jobs, progress, release_name: str, old
                                                  namespace=ns, chart=old.chart, crds=old.crds)
     assert installed.installed
     wait_for(lambda: established(ext, "elasticjobs.elasticjob.dev"), 30, "the earlier ElasticJob CRD Established")
-    old_pod = operatorchart.wait_running(core, installed)
-    assert old_pod.spec.containers[0].image == old.image
+    # Every replica its chart asks for (the earlier commit's one, a release of the current chart's two), running
+    # its image.
+    old_pods = wait_for(lambda: rolled_out(apps, core, installed, old.image), ROLLOUT_TIMEOUT,
+                        f"the earlier operator running: its replicas, of image {old.image}")
 
     manifest = job_manifest(ns, train_args=train_args(STEPS, step_seconds=STEP_SECONDS))
     # An earlier operator may have no --image-pull-secret: its job pods (the store takes the template's) pull the
@@ -224,7 +226,7 @@ def upgrade_under_training(cluster, kube, jobs, progress, release_name: str, old
     assert not upgraded.installed and upgraded.revision == 2
     new_pods = wait_for(lambda: rolled_out(apps, core, upgraded, new_image), ROLLOUT_TIMEOUT,
                         "the new operator rolled out: 2 replicas of its image, the earlier pod gone")
-    assert len(new_pods) == 2 and old_pod.metadata.name not in {p.metadata.name for p in new_pods}
+    assert len(new_pods) == 2 and not {p.metadata.name for p in old_pods} & {p.metadata.name for p in new_pods}
     names = {p.metadata.name for p in new_pods}
     lease = wait_for(lambda: coordination.read_namespaced_lease(upgraded.fullname, ns), 60,
                      f"a new operator pod ({sorted(names)}) holding the Lease", ignore=(ApiException,),
@@ -246,7 +248,7 @@ def upgrade_under_training(cluster, kube, jobs, progress, release_name: str, old
     assert charged(done) == charges, summary(done)
     workers = {p.metadata.name: p.metadata.uid for p in jobs.worker_pods()}
     assert workers == {n: u for n, u in pods.items() if n in workers} and len(workers) == 2, (
-        f"a worker was replaced after the upgrade: {pods} -> {workers}")
+        f"a worker was replaced after the upgrade: {pods} -> {workers}\n{story(jobs)}")
     trained = progress()
     missing = set(range(1, STEPS + 1)) - {r["step"] for r in trained.records}
     assert trained.last_step == STEPS and not missing, f"steps never done: {sorted(missing)[:20]}; {trained}"

@@ -28,6 +28,10 @@ SLOW_NODE = "SlowNode"
 # (two of the store's reads of the paces).
 LOOK_FACTOR = 1.5
 LOOK_AGAIN = 4.0
+# A forward slower than the others' by less than this is no straggler, whatever the ratio: on a small model (a
+# forward of 2 ms) the scheduler's noise makes one pod 3 to 9 times the others for seconds at a time (seen on real
+# nodes while operator pods rolled out: two pods replaced in one job), and a pod can cost each step at most this.
+MIN_EXCESS_SECONDS = 0.01
 
 
 Found = tuple[PodView, PaceView, float]
@@ -46,6 +50,14 @@ def slowest(paces: tuple[PaceView, ...], workers: tuple[PodView, ...], desired: 
     middle = len(others) // 2
     median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
     return pod, pace, pace.seconds / median
+
+
+def slow(found: Found | None, factor: float) -> bool:
+    """The slowest is `factor` times the others' median, and MIN_EXCESS_SECONDS slower than it."""
+    if found is None:
+        return False
+    _, pace, ratio = found
+    return ratio >= factor and pace.seconds - pace.seconds / ratio >= MIN_EXCESS_SECONDS
 
 
 def calm(plan: Plan, observed: Observed) -> bool:
@@ -76,7 +88,7 @@ def replace_stragglers(plan: Plan, job: Job, observed: Observed, now: datetime) 
         # Held, not forgotten: a slow rank stalls the training now and then itself (seen on real nodes: a CPU at a
         # tenth of a core made the step stall past the store's limit, which restarted the window twice).
         return
-    if found is None or found[2] < spec.factor:
+    if found is None or not slow(found, spec.factor):
         recovered(plan, observed, found)
         return
     pod, pace, factor = found
