@@ -107,7 +107,16 @@ class Probe:
             time.sleep(3600)
         if self.fault == "slow":
             time.sleep(SLOW_SECONDS)
-        self.wait((self.group.send if sending else self.group.recv)([tensor], peer, 0), peer, what)
+        self.wait(self.post(sending, tensor, peer, what), peer, what)
+
+    def post(self, sending: bool, tensor: torch.Tensor, peer: int, what: str) -> Work:
+        """A send or a receive, blamed on the peer where gloo refuses it at once (its pair closed already: seen
+        when a peer died mid-probe, which then went unnamed)."""
+        try:
+            work: Work = (self.group.send if sending else self.group.recv)([tensor], peer, 0)
+        except Exception as error:  # noqa: BLE001 - gloo's errors: a peer gone, a reset
+            raise self.blame(peer, f"the {what} with rank {peer} failed: {one_line(error)}") from None
+        return work
 
     def wait(self, work: Work, peer: int, what: str) -> None:
         try:
@@ -156,7 +165,8 @@ class Probe:
         mine = {peer: torch.tensor([min(s[0] for s in got), min(s[1] for s in got)], dtype=torch.float64)
                 for peer, got in self.samples.items()}
         theirs = {peer: torch.zeros(2, dtype=torch.float64) for peer in mine}
-        works = [(peer, self.group.send([mine[peer]], peer, 0), self.group.recv([theirs[peer]], peer, 0))
+        works = [(peer, self.post(True, mine[peer], peer, "exchange of figures"),
+                  self.post(False, theirs[peer], peer, "exchange of figures"))
                  for peer in mine]  # all posted at once: no pair waits on another
         for peer, sent, received in works:
             self.wait(sent, peer, "exchange of figures")

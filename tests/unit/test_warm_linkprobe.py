@@ -360,3 +360,27 @@ def test_an_agent_that_hangs_is_named_once_the_deadline_passes(master):
         assert 3.9 < agent["wall"] < 7, agent["wall"]
         assert agent["threads"][0] == agent["threads"][1], agent  # the group's threads ended with it
     assert not master.check([f"{ROUND}/{linkprobe.REPORT_KEY}"])
+
+
+class Refusing:
+    """A gloo group whose pair with every peer is closed already: send and recv raise at once, no Work."""
+
+    def send(self, tensors, peer, tag):
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:24192")
+
+    recv = send
+
+
+@pytest.mark.parametrize("gave_up", [False, True])
+def test_a_send_gloo_refuses_at_once_is_blamed_on_its_peer(master, gave_up):
+    """Seen in CI: an agent whose peer had died mid-probe logged gloo's words alone, naming no rank, because the
+    refusal came from posting the send, not from waiting on it."""
+    if gave_up:
+        master.set(linkprobe.key("failed", 2), "the ping with rank 1 failed: reset")
+    probe = linkprobe.Probe(Refusing(), master, 0, time.monotonic() + 5, 8, None)
+    why = "rank 2 gave up first: the ping with rank 1 failed" if gave_up else "the ping with rank 2 failed: "
+    with pytest.raises(linkprobe.Failed, match=why):
+        probe.op(True, probe.small, 2, "ping")
+    probe.samples = {2: [(0.001, 0.01)]}
+    with pytest.raises(linkprobe.Failed, match="rank 2 gave up first" if gave_up else "exchange of figures with rank 2"):
+        probe.links()
