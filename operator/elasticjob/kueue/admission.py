@@ -27,7 +27,7 @@ from elasticjob.kueue import names as kueue_names
 from elasticjob.kueue import settings as kueue_settings
 from elasticjob.kueue import slices, view, workloads
 from elasticjob.kueue.actions import ApplyWorkloadStatus, PatchWorkload
-from elasticjob.kueue.status import AdmissionStatus, admission, set_admission
+from elasticjob.kueue.status import AdmissionStatus, set_admission
 from elasticjob.kueue.view import KueueObserved, admission_of
 from elasticjob.kueue.workloads import WorkloadView
 from elasticjob.models import Phase
@@ -274,10 +274,9 @@ def first_workload_name(job: Job, observed: Observed) -> str:
 
 
 def record(plan: Plan, job: Job, observed: Observed, wl: WorkloadView | None) -> None:
-    status = admission(plan.status) or AdmissionStatus()
+    status = admission_of(plan)
     status.workload = wl.name if wl is not None else first_workload_name(job, observed)
     status.template_hash = wl.template_hash if wl is not None else workloads.template_hash(job.ref.spec)
-    set_admission(plan.status, status)
 
 
 def transition(plan: Plan, state: str, message: str, now: datetime) -> None:
