@@ -35,6 +35,20 @@ def ensure_bridge() -> None:
     if cidr not in sh("ip", "-o", "addr", "show", "dev", state.BRIDGE).stdout:
         sh("ip", "addr", "add", cidr, "dev", state.BRIDGE)
     sh("ip", "link", "set", state.BRIDGE, "up")
+    accept_forwarding(state.BRIDGE)
+
+
+def forward_rules(bridge: str) -> list[tuple[str, ...]]:
+    """iptables FORWARD rules that accept the bridge's traffic: the nodes' packets cross the host's FORWARD chain
+    (br_netfilter, which kube-proxy needs), whose policy Docker sets to DROP when it starts (kind's engine)."""
+    return [("FORWARD", "-i", bridge, "-j", "ACCEPT"), ("FORWARD", "-o", bridge, "-j", "ACCEPT")]
+
+
+def accept_forwarding(bridge: str) -> None:
+    """Inserts forward_rules where missing (iptables -C first, so that a second `up` adds no duplicate)."""
+    for rule in forward_rules(bridge):
+        if sh("iptables", "-C", *rule, check=False).returncode != 0:
+            sh("iptables", "-I", *rule)
 
 
 class Ipam:
@@ -131,5 +145,7 @@ def teardown_all(state_dir: Path) -> None:
         delete_netns(ns)
     if link_exists(state.BRIDGE):
         sh("ip", "link", "del", state.BRIDGE, check=False)
+    for rule in forward_rules(state.BRIDGE):
+        sh("iptables", "-D", *rule, check=False)
     LoopbackIps(state_dir).remove_all()
     Path(state.ipam_file(state_dir)).unlink(missing_ok=True)
