@@ -43,6 +43,8 @@ declare -A pkgs=(
   [kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
   [pause]=./cmd/pause
 )
+# kind's node image (tests/e2e/kind/node-image.sh) also needs kubeadm; the local cluster does not.
+[[ ${1:-} == --with-kubeadm ]] && pkgs[kubeadm]=k8s.io/kubernetes/cmd/kubeadm
 # The real nodes' cluster DNS and resource metrics (localcluster/realnodes/systemapps.py); each its own module,
 # so `go install` at a pinned version rather than go.mod.
 declare -A modules=(
