@@ -62,7 +62,8 @@ $(ACTIONLINT):
 	@echo "building actionlint $(ACTIONLINT_VERSION) into $(@D) (first time only; about 25 s on 2 cores with cold Go caches)" >&2
 	CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags "-s -w" github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
-# kind, pinned, built the same way (issue 56: kindest/node cannot be pulled here; the node image is another step).
+# kind, pinned, built the same way; its node image is built here by tests/e2e/kind/node-image.sh (kindest/node
+# cannot be pulled on a machine without Docker Hub).
 KIND_VERSION ?= v0.33.0
 KIND_BIN := $(TOOLS_CACHE)/kind-$(KIND_VERSION)/bin/kind
 
@@ -185,5 +186,6 @@ chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check sc
 	$(PY) charts/values_table.py
 	$(PY) -m pytest tests/unit/test_chart.py tests/unit/test_chart_docs.py tests/unit/test_images.py -p no:cacheprovider
 
-e2e-kind: $(VENV)/.installed $(KIND_BIN) ## kind (KIND_VERSION, built once) + images + chart, then every e2e scenario on it (needs Docker; exits 3 without)
+e2e-kind: $(VENV)/.installed $(KIND_BIN) host-packages ## Docker (Debian's, started where missing), kind (KIND_VERSION), its node image built here (KIND_NODE=published: kindest/node), images, chart, then the e2e suite on it
+	bash localcluster/container-engine.sh
 	KIND=$(KIND_BIN) $(MAKE) e2e E2E_CLUSTER=kind
