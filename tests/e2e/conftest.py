@@ -37,12 +37,44 @@ def jobs(kube, namespace: str) -> Jobs:
 
 
 @pytest.fixture
-def real_nodes(jobs) -> None:
-    """Skips where the nodes are not real: the node agent enforces no memory limit, runs no probe and serves no
-    resource metrics."""
+def local_cluster(cluster) -> None:
+    """Skips on any cluster but the local one, where the test injects its fault through localcluster. Requested
+    before `operator`, so that a skipped test starts no operator."""
+    if cluster.kind != "local":
+        pytest.skip("the fault is injected through the local cluster (localcluster's faults, its nodes' netns)")
+
+
+@pytest.fixture
+def real_nodes(cluster, jobs) -> None:
+    """Skips where the nodes are not real kubelets: the local cluster's process-backed agent enforces no memory
+    limit, runs no probe and serves no resource metrics. The local cluster's real nodes and kind's are real."""
+    if os.environ.get("E2E_CLUSTER") == "kind":
+        return
     nodes = jobs.core.list_node().items
     if not nodes or any((n.metadata.labels or {}).get(REAL_NODE_LABEL) != "real" for n in nodes):
-        pytest.skip("needs real nodes (LOCALCLUSTER_NODE_KIND=real)")
+        pytest.skip("needs real nodes (LOCALCLUSTER_NODE_KIND=real, or kind)")
+
+
+@pytest.fixture
+def gpu_nodes(real_nodes, jobs) -> None:
+    """Skips where no node advertises nvidia.com/gpu (the local real nodes' device plugin does; kind's do not)."""
+    if not any((n.status.allocatable or {}).get("nvidia.com/gpu") for n in jobs.core.list_node().items):
+        pytest.skip("no node advertises nvidia.com/gpu (the local cluster's real nodes run a device plugin)")
+
+
+# The NetworkPolicy enforcers this suite knows, by the name of their pods in kube-system.
+ENFORCERS = ("kube-network-policies", "kindnet")
+
+
+@pytest.fixture
+def enforced_policies(cluster, real_nodes, jobs) -> None:
+    """Skips where no NetworkPolicy enforcer runs: the local real nodes run kube-network-policies, kindnetd
+    enforces policies on kind; kind's node image built here has neither (no module serves kindnetd)."""
+    if cluster.kind == "local":
+        return
+    pods = jobs.core.list_namespaced_pod("kube-system").items
+    if not any(p.metadata.name.startswith(ENFORCERS) for p in pods):
+        pytest.skip(f"no NetworkPolicy enforcer in kube-system (none of {', '.join(ENFORCERS)})")
 
 
 class Training:

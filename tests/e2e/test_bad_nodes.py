@@ -26,9 +26,10 @@ from helpers import wait_for
 from test_training import CHECKPOINT_EVERY, finish, recovery, start, wait_progress
 
 
-def local_only(cluster) -> None:
-    if cluster.kind != "local":
-        pytest.skip("the fault is injected through the local cluster (its hostPath marker, its nodes' netns)")
+@pytest.fixture(autouse=True)
+def _local_only(local_cluster) -> None:
+    """Every fault here is injected through the local cluster (its hostPath marker, its nodes' netns); autouse,
+    so it is decided before the operator starts."""
 
 
 def node_of(jobs, pod_name: str) -> str:
@@ -37,7 +38,6 @@ def node_of(jobs, pod_name: str) -> str:
 
 def test_a_sick_node_is_avoided_and_the_job_succeeds_with_one_restart(cluster, operator, jobs, progress, faults,
                                                                       record_recovery):
-    local_only(cluster)
     steps = 100
     manifest = with_node_name(spread_workers(job_manifest(
         jobs.namespace, replicas=2, max_restarts=3,
@@ -75,7 +75,6 @@ def test_a_cut_off_worker_is_replaced_and_the_job_is_back_at_full_size_with_noth
     round (the store's kernel sees its address answer nothing), the kit's readiness probe fails (its agent hears
     nothing from the store), and on that, the kubelet's word, the pod is replaced on another node. The script
     reports no progress, as most do: the store cannot see the training stall."""
-    local_only(cluster)
     steps = 140
     manifest = spread_workers(job_manifest(jobs.namespace, replicas=2,
                                            train_args=train_args(steps, extra=("--no-progress-api",))))
@@ -124,7 +123,6 @@ def test_a_cut_off_spare_is_replaced_and_the_training_never_waits(cluster, opera
     """spec.spares: 1 (issue 53). The spare has no agent in the rendezvous for the operator to find silent: once
     its readiness probe fails (its agent hears nothing from the store), the kubelet's word, the operator stops it
     and a new spare takes its place on another node. The two workers train on at their size, nothing charged."""
-    local_only(cluster)
     steps = 200
     manifest = job_manifest(jobs.namespace, replicas=2, spares=1, train_args=train_args(steps))
     start(jobs, progress, manifest, world_size=2, min_step=3)
@@ -182,7 +180,6 @@ def test_a_slow_worker_is_replaced_and_the_step_rate_comes_back_within_a_minute(
     all-reduce. Its forward, which each rank times (elasticjob_progress's watch), takes many times the other's;
     after spec.stragglers.windowSeconds the pod is deleted (its agent asks for the planned stop: every rank saves
     the same step), its node avoided, and its replacement on the third node brings the pace back."""
-    local_only(cluster)
     manifest = spread_workers(job_manifest(
         jobs.namespace, replicas=2,
         train_args=train_args(5000, step_seconds=0.25, extra=("--forward-matmuls", str(FORWARD_MATMULS)))))
@@ -242,7 +239,6 @@ def test_a_worker_whose_every_link_is_slow_is_replaced_on_the_round_probe_and_it
     """One pod's link is slowed before its agent joins (its container runs while its agent imports torch): the first
     round's link probe names it, the operator deletes it (a planned stop, not charged) and avoids its node. With
     its node avoided and the other two taken, its replacement waits: the job trains on with two workers."""
-    local_only(cluster)
     manifest = spread_workers(job_manifest(jobs.namespace, replicas=3, train_args=train_args(5000)))
     jobs.create(manifest)
     victim = "train-worker-1"

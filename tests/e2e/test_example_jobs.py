@@ -51,7 +51,7 @@ def test_the_example_trains_from_its_configmap_script(real_nodes, operator, jobs
     trained(jobs, example("elasticjob.yaml", jobs.namespace), workers=2)
 
 
-def test_the_gpu_example_trains_sized_to_the_local_nodes(real_nodes, operator, jobs: Jobs):
+def test_the_gpu_example_trains_sized_to_the_local_nodes(gpu_nodes, operator, jobs: Jobs):
     job = example("gpu/elasticjob.yaml", jobs.namespace)
     spec = job["spec"]
     spec.update(replicas=2, minReplicas=2, maxReplicas=2)

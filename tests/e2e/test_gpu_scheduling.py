@@ -24,7 +24,7 @@ def gpu_worker(manifest: dict, gpus: int) -> dict:
     return manifest
 
 
-def test_nproc_auto_runs_a_process_per_gpu_the_kubelet_allocated(real_nodes, operator, jobs: Jobs, progress):
+def test_nproc_auto_runs_a_process_per_gpu_the_kubelet_allocated(gpu_nodes, operator, jobs: Jobs, progress):
     nodes = jobs.core.list_node().items
     assert all(n.status.allocatable.get("nvidia.com/gpu") == str(GPUS_PER_NODE) for n in nodes), (
         f"every real node advertises {GPUS_PER_NODE} GPUs: "
@@ -40,7 +40,7 @@ def test_nproc_auto_runs_a_process_per_gpu_the_kubelet_allocated(real_nodes, ope
     jobs.wait_phase("Succeeded", START_TIMEOUT)
 
 
-def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_why(real_nodes, operator, jobs: Jobs):
+def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_why(gpu_nodes, operator, jobs: Jobs):
     manifest = gpu_worker(job_manifest(jobs.namespace, replicas=1, train_args=train_args(1)), GPUS_PER_NODE + 1)
     jobs.create(manifest)
     status = wait_for(jobs.status, 60, "the job naming the scheduler's reason",
@@ -50,7 +50,7 @@ def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_wh
     assert pod.status.phase == "Pending" and not pod.spec.node_name, pod.status
 
 
-def test_kueue_holds_a_job_past_the_gpu_quota_until_gpus_free(real_nodes, kueue, operator_factory, jobs: Jobs,
+def test_kueue_holds_a_job_past_the_gpu_quota_until_gpus_free(gpu_nodes, kueue, operator_factory, jobs: Jobs,
                                                              queues: Queues):
     """A ClusterQueue of 2 GPUs: a job of 2 one-GPU workers is admitted and trains; a second job of one
     one-GPU worker waits Queued in Kueue's words, holding no pod, until the first finishes."""

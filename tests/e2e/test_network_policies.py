@@ -94,7 +94,7 @@ def probe(core: client.CoreV1Api, namespace: str, pod: str, targets: dict[str, t
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_another_namespace_reaches_neither_the_store_nor_the_workers(real_nodes, operator, jobs, progress, intruders):
+def test_another_namespace_reaches_neither_the_store_nor_the_workers(enforced_policies, operator, jobs, progress, intruders):
     core, steps = jobs.core, 80
     nodes = [n.metadata.name for n in core.list_node().items]
     for node in nodes:

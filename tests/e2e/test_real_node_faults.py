@@ -44,7 +44,7 @@ def test_a_worker_killed_by_the_oom_killer_is_charged_once_and_training_resumes(
 
 @pytest.mark.slow
 def test_a_worker_whose_liveness_probe_fails_is_replaced_and_charged_once(
-        real_nodes, operator, jobs, progress, record_recovery):
+        real_nodes, local_cluster, operator, jobs, progress, record_recovery):
     steps, victim = 40, "train-worker-1"
     manifest = job_manifest(jobs.namespace, train_args=train_args(steps))
     # Unhealthy once a marker named after the pod appears in the shared checkpoint dir (a hostPath here).

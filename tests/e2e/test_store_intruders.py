@@ -86,7 +86,9 @@ def longest_wait(records: list[dict], since: float, until: float) -> float:
     pytest.param("enforced", id="with-network-policies", marks=pytest.mark.slow),
 ])
 def test_strangers_write_nothing_into_the_store_and_the_job_trains_on(
-        real_nodes, operator_factory, jobs, progress, intruders, policies):  # noqa: F811 - the fixture
+        real_nodes, operator_factory, jobs, progress, intruders, policies, request):  # noqa: F811 - the fixture
+    if policies == "enforced":
+        request.getfixturevalue("enforced_policies")  # skips where nothing enforces them, before any operator
     operator_factory(extra_args=["--no-network-policy"] if policies == "absent" else [])
     core = jobs.core
     strangers = [(jobs.namespace, "neighbour"), (intruders, "outsider")]

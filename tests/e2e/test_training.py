@@ -307,9 +307,7 @@ def rejoin_story(jobs: Jobs) -> str:
 
 @pytest.mark.slow
 @pytest.mark.host_operator
-def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
-    if cluster.kind != "local":
-        pytest.skip("node loss is injected through the local cluster's faults API")
+def test_node_loss(cluster, local_cluster, operator, jobs, progress, faults, record_recovery):
     # Training must outlast the node's eviction, about 55 s after the fault (20 s to NotReady, 30 s of
     # toleration): with warm recovery 100 steps of 0.25 s ended before it, and nothing was lost to count.
     steps = 320
@@ -337,14 +335,12 @@ def test_node_loss(cluster, operator, jobs, progress, faults, record_recovery):
 
 @pytest.mark.slow
 @pytest.mark.host_operator
-def test_node_loss_with_the_store(cluster, operator, jobs, progress, faults, record_recovery):
+def test_node_loss_with_the_store(cluster, local_cluster, operator, jobs, progress, faults, record_recovery):
     """The store and a worker on the node lost. The survivor's workers wait in a collective for the lost peer, and
     no new round forms until a store serves again; the operator makes none while the lost node's store may still
     serve whoever it can reach (two stores are two worlds), so the new store comes once the node's pods are
     evicted, about 75 s after the loss. The survivor's agent waits for it (elasticjob_warm/outage.py) and joins
     its round with the lost worker's replacement: nothing charged, no pod but the lost ones replaced."""
-    if cluster.kind != "local":
-        pytest.skip("node loss is injected through the local cluster's faults API")
     from localcluster.faults import cordon
 
     steps = 60  # no step is made while the store is gone: the survivor waits for its lost peer
