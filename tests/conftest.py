@@ -239,14 +239,15 @@ def _operator_python() -> str:
 
 
 def _from_the_chart(cluster: ClusterHandle, request: pytest.FixtureRequest, env: dict[str, str] | None) -> bool:
-    """The e2e tests on real nodes run the operator from its image through its chart (E2E_OPERATOR=host: as a
+    """The e2e tests on real nodes and on kind run the operator from its image through its chart (E2E_OPERATOR=host: as a
     process on the host instead); so does nothing else: the soak and the integration tests kill, restart and
     read the operator as a process, a test that hands it its own credentials (env) wants the process, and one
     marked host_operator cuts off or loses a node, which might be the operator's own."""
-    wanted = os.environ.get("E2E_OPERATOR", "chart" if cluster.node_kind == "real" else "host")
+    on_kind = os.environ.get("E2E_CLUSTER") == "kind"  # the image loaded into kind's node by up.sh
+    wanted = os.environ.get("E2E_OPERATOR", "chart" if cluster.node_kind == "real" or on_kind else "host")
     in_e2e = ROOT / "tests" / "e2e" in Path(str(request.node.path)).parents
     on_host = request.node.get_closest_marker("host_operator") is not None
-    return wanted == "chart" and in_e2e and env is None and not on_host and cluster.kind == "local"
+    return wanted == "chart" and in_e2e and env is None and not on_host and (cluster.kind == "local" or on_kind)
 
 
 @pytest.fixture

@@ -93,6 +93,7 @@ class _Progress(_Strict):
     listens: bool = False
     stopped: _Mark | None = None
     stalled: bool = False
+    previous_pod: str = Field("", alias="previousPod", max_length=253)
 
 
 class _Round(_Strict):
@@ -272,7 +273,8 @@ def parse_progress(raw: dict[str, Any] | None) -> ProgressView | None:
         saved_at=at(saved.at) if saved else None, loading_at=at(found.loading_at),
         loaded_step=loaded.step if loaded else None, loaded_at=at(loaded.at) if loaded else None,
         received_at=at(found.received_at), listens=found.listens, stalled=found.stalled,
-        stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None)
+        stopped_step=stopped.step if stopped else None, stopped_at=at(stopped.at) if stopped else None,
+        previous_pod=printable(found.previous_pod))
 
 
 def valid_one(raw: dict[str, Any] | None, model: type[M]) -> M | None:

@@ -44,6 +44,7 @@ class ProgressView:
     stopped_at: datetime | None = None
     # No step for a few steps' time, as of the store's answer (it answers when this changes): all ranks wait.
     stalled: bool = False
+    previous_pod: str = ""  # the pod that reported before `pod` did (rank 0's pod before the last restart)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,19 +94,26 @@ class ProgressReader:
         self._raw = b""
         self.report: dict[str, Any] | None = None
         self.received_at: float | None = None
+        # The pod that reported before the current one: when rank 0's pod is lost, the survivors' new rank 0 may
+        # report before the operator books the loss, and the loss is still rank 0's (ledger.held_rank0).
+        self.previous_pod = ""
 
     def take(self, raw: bytes, now: float) -> None:
         if raw == self._raw:
             return
         self._raw = raw
+        before = self.report["pod"] if self.report is not None else ""
         self.report = check(raw) if raw else None
         self.received_at = now if self.report is not None else None
+        if self.report is not None and before and self.report["pod"] != before:
+            self.previous_pod = before
 
     def describe(self, now: float) -> dict[str, Any] | None:
         """The `progress` object of GET /v1/state; None before any valid report."""
         if self.report is None:
             return None
-        return {**self.report, "receivedAt": self.received_at, "stalled": self.stalled(now)}
+        return {**self.report, "receivedAt": self.received_at, "stalled": self.stalled(now),
+                "previousPod": self.previous_pod}
 
     def stalled(self, now: float) -> bool:
         """The training stepped, and its report has not changed since for longer than a few of its steps: every

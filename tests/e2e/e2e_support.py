@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from helpers import wait_for
 from localcluster import registry
@@ -307,6 +308,22 @@ def parse_progress(text: str) -> Progress:
         except json.JSONDecodeError:
             continue  # a line being written right now
     return Progress(records)
+
+
+# The store pod's CPU request (operator/elasticjob/builders.py).
+STORE_CPU = parse_quantity("100m")
+
+
+def free_cpu(core: client.CoreV1Api) -> Any:
+    """Cores (a Decimal) of the schedulable nodes' allocatable CPU that no unfinished pod requests."""
+    nodes = [n for n in core.list_node().items if not n.spec.unschedulable]
+    total = sum((parse_quantity(n.status.allocatable["cpu"]) for n in nodes), parse_quantity("0"))
+    names = {n.metadata.name for n in nodes}
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.spec.node_name in names and pod.status.phase not in ("Succeeded", "Failed"):
+            for c in pod.spec.containers:
+                total -= parse_quantity(((c.resources and c.resources.requests) or {}).get("cpu", "0"))
+    return total
 
 
 # ---------------------------------------------------------------- faults

@@ -45,10 +45,15 @@ def wrong_credentials(secret: client.V1Secret) -> dict:
     return {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}
 
 
-def test_a_wrong_pull_secret_is_shown_on_the_job_and_the_right_one_lets_it_train(real_nodes, cluster, operator,
-                                                                                 jobs):
+@pytest.fixture
+def local_registry_pulls(cluster) -> None:
+    """Skips where the nodes do not pull from the local registry; requested before `operator`."""
     if not cluster.pulls_from_registry:
         pytest.skip("no local registry: the nodes import the images")
+
+
+def test_a_wrong_pull_secret_is_shown_on_the_job_and_the_right_one_lets_it_train(real_nodes, local_registry_pulls,
+                                                                                 operator, jobs):
     core = jobs.core
     secret = core.read_namespaced_secret(registry.PULL_SECRET, jobs.namespace)
     right = dict(secret.data)
@@ -93,12 +98,10 @@ def start_upload(address: str, auth: str, ca: Path) -> int:
         return err.code
 
 
-def test_the_pull_secret_can_pull_and_never_push(real_nodes, cluster, jobs):
+def test_the_pull_secret_can_pull_and_never_push(real_nodes, local_registry_pulls, jobs):
     """The credential every job namespace holds reaches the registry's read-only side, which refuses writes: a
     pod that reads its namespace's Secret cannot replace the images every job runs. The host pushes through the
     other side, on its loopback."""
-    if not cluster.pulls_from_registry:
-        pytest.skip("no local registry: the nodes import the images")
     secret = jobs.core.read_namespaced_secret(registry.PULL_SECRET, jobs.namespace)
     (address, entry), = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"].items()
     assert address == registry.ADDRESS

@@ -127,3 +127,24 @@ def test_a_worker_evicted_after_every_rank_saved_a_stop_it_asked_recomputes_none
     plan = step(plan.status, [worker(0), worker(1)], 6.5, round=2, progress=fresh)
     closed = plan.status.goodput.last_incidents[-1]
     assert closed.stopped_step == 300 and closed.phases.recompute == 0.0, closed
+
+
+def test_rank0_lost_is_told_even_when_the_survivors_new_rank0_reported_before_the_loss_was_booked():
+    """The kubelet saw rank 0's container end late (kind: a second or two): by then the survivor's new worker
+    process, started after the fault, reports as rank 0 from another pod; the store's previous reporter names
+    the lost pod. A report whose process started before the fault moved rank 0 earlier: a worker lost."""
+    survivor = dict(pod="train-worker-0", previous_pod="train-worker-1")
+    for started, kind in ((seconds(0.4), "Rank0Lost"), (seconds(-30), "WorkerLost")):
+        plan = step(running(), [worker(0), failed(1, exit_code=137, ago=0.0)], 1.5,
+                    progress=report(**survivor, started_at=started, step=None, step_at=None, first_step=None,
+                                    first_step_at=None))
+        assert booked(plan).kind == kind, started
+    other = report(pod="train-worker-0", previous_pod="train-worker-2", started_at=seconds(0.4), step=None,
+                   step_at=None, first_step=None, first_step_at=None)
+    plan = step(running(), [worker(0), failed(1, exit_code=137, ago=0.0)], 1.5, progress=other)
+    assert booked(plan).kind == "WorkerLost"
+
+
+def booked(plan):
+    ledger = plan.status.goodput
+    return ledger.open_incident or ledger.last_incidents[-1]

@@ -178,3 +178,18 @@ def test_the_api_and_the_store_name_the_same_key_and_the_report_says_its_interva
     written = Report(pod="w-0", started_at=1.0, interval=elasticjob_progress.INTERVAL).wire(2.0)
     checked = store_progress.check(json.dumps(written).encode())
     assert checked is not None and checked["interval"] == elasticjob_progress.INTERVAL
+
+
+def test_the_store_remembers_which_pod_reported_before_the_current_one_and_the_operator_reads_it():
+    """Rank 0's pod lost: the survivors' new rank 0 may report before the operator books the loss; the store keeps
+    the pod that reported before (ledger.held_rank0 still names the loss rank 0's)."""
+    reader = store_progress.ProgressReader()
+    for pod, at in (("w-1", 1.0), ("w-1", 2.0), ("w-0", 3.0)):
+        reader.take(json.dumps(Report(pod=pod, started_at=at).wire(at)).encode(), at)
+    described = reader.describe(3.0)
+    assert described is not None and (described["pod"], described["previousPod"]) == ("w-0", "w-1")
+    reader.take(json.dumps(Report(pod="w-0", started_at=4.0).wire(4.0)).encode(), 4.0)  # same pod again: kept
+    reply = {"epoch": "ab12", "round": 1, "complete": True, "progress": reader.describe(4.0)}
+    view = store_reply.parse_state(json.dumps(reply).encode())
+    assert view is not None and view.progress is not None
+    assert (view.progress.pod, view.progress.previous_pod) == ("w-0", "w-1")

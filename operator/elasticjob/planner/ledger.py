@@ -183,11 +183,24 @@ def saved_first(incident: Incident, plan: Plan, progress: ProgressView | None) -
         incident.start_time = stop.stopped_time
 
 
+def held_rank0(record: FailureRecord, progress: ProgressView | None) -> bool:
+    """The failed pod held rank 0 when it failed: it reports the training's progress, or it did until a worker
+    process started after the failure took over (the survivors restarted before the loss was booked: a kubelet
+    that saw the container end a second or two late)."""
+    if progress is None or not record.pod:
+        return False
+    if record.pod == progress.pod:
+        return True
+    failed = parse(record.time) if record.time else None
+    return (record.pod == progress.previous_pod and failed is not None and progress.started_at is not None
+            and progress.started_at >= failed)
+
+
 def from_failure(record: FailureRecord, progress: ProgressView | None, now: datetime) -> Incident:
     """A failure booked: its start is the container's end (finishedAt, to the second) or, later within that
     second, the training's last step before it (goodput.fault_start says why)."""
     kind = KINDS.get(record.reason, "WorkerLost")
-    if kind == "WorkerLost" and progress is not None and progress.pod and record.pod == progress.pod:
+    if kind == "WorkerLost" and held_rank0(record, progress):
         kind = "Rank0Lost"
     start = record.time or precise(now)
     evidence = parse(start) or now

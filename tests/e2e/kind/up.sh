@@ -88,6 +88,8 @@ step "the chart (Helm's SDK), watching $SMOKE_NAMESPACE only"
 kubectl create namespace "$SMOKE_NAMESPACE" --dry-run=client -o yaml | kubectl apply -f -
 "$PY" tests/e2e/kind/install_chart.py --kubeconfig "$E2E_KUBECONFIG" --namespace "$NAMESPACE" \
     --image "$OPERATOR_IMAGE" --watch "$SMOKE_NAMESPACE"
+# The same tag may now name a newer image (loaded above): the operator's pods start again from it.
+kubectl -n "$NAMESPACE" rollout restart deployment/elasticjob-operator
 kubectl -n "$NAMESPACE" rollout status deployment/elasticjob-operator --timeout=120s
 kubectl wait --for=condition=Established crd/elasticjobs.elasticjob.dev --timeout=60s
 
