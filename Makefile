@@ -162,7 +162,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind
+.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind e2e-kind-down
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)
@@ -189,3 +189,6 @@ chart: $(VENV)/.installed ## Render and lint the chart with Helm's SDK, check sc
 e2e-kind: $(VENV)/.installed $(KIND_BIN) host-packages ## Docker (Debian's, started where missing), kind (KIND_VERSION), its node image built here (KIND_NODE=published: kindest/node), images, chart, then the e2e suite on it
 	bash localcluster/container-engine.sh
 	KIND=$(KIND_BIN) $(MAKE) e2e E2E_CLUSTER=kind
+
+e2e-kind-down: ## Delete make e2e-kind's kind cluster and the host routes up.sh added (Docker stays running)
+	KIND=$(KIND_BIN) bash tests/e2e/kind/down.sh

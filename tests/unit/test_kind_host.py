@@ -121,7 +121,7 @@ def test_the_offline_config_names_the_coredns_the_node_image_carries_and_its_cni
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is a host package (make host-packages)")
 def test_the_kind_scripts_pass_shellcheck() -> None:
-    scripts = [KIND / "up.sh", KIND / "node-image.sh", ROOT / "localcluster" / "container-engine.sh"]
+    scripts = [KIND / "up.sh", KIND / "down.sh", KIND / "node-image.sh", ROOT / "localcluster" / "container-engine.sh"]
     result = subprocess.run(["shellcheck", "-S", "warning", *map(str, scripts)], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stdout

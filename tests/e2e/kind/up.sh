@@ -5,7 +5,7 @@
 # test's namespace, and two operators must never act on one job. up.sh proves the image, the chart and
 # its RBAC by running the example job there to completion.
 #
-# Writes the cluster's kubeconfig to $E2E_KUBECONFIG (default .kind/kubeconfig) and prints it last.
+# Writes the cluster's kubeconfig to $E2E_KUBECONFIG (default .kind/kubeconfig) and prints it last; down.sh undoes it.
 # Two node images:
 #   KIND_NODE=local (default; this machine, offline): the node image built here (node-image.sh), with
 #     kind-config-offline.yaml (a bridge CNI in place of kindnetd), the project's images built by buildah
