@@ -53,8 +53,10 @@ case "$KIND_NODE" in
         NODE_IMAGE="$(bash tests/e2e/kind/node-image.sh)"
         CONFIG=tests/e2e/kind/kind-config-offline.yaml ;;
     published)
-        NODE_IMAGE="kindest/node:v$("$(bash localcluster/build.sh --bin-dir)/kubectl" version --client -o json \
-            | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"].lstrip("v"))')"
+        # The release of `make test` (K8S_VERSION): build.sh names it in its bin dir, built or not.
+        BIN_DIR="$(bash localcluster/build.sh --bin-dir)"
+        RELEASE="$(basename "$(dirname "$BIN_DIR")")"
+        NODE_IMAGE="kindest/node:${RELEASE#localcluster-}"
         CONFIG=tests/e2e/kind/kind-config.yaml ;;
     *) echo "up.sh: KIND_NODE is local or published, not $KIND_NODE" >&2; exit 2 ;;
 esac
