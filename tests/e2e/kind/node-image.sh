@@ -10,9 +10,8 @@
 #      K8S_VERSION) copied in, and the images kubeadm starts imported into the node's containerd: the control
 #      plane and etcd (one static binary each, FROM scratch), kube-proxy (on a small Debian root with iptables),
 #      CoreDNS and pause (the local cluster's builds); committed as in kind's builder.
-# kind's default CNI (kindnetd) and storage provisioner are not served by any module here: the node carries a
-# bridge CNI configuration instead (one node; tests/e2e/kind/kind-config.yaml disables kindnetd), and kind falls
-# back to its host-path StorageClass.
+# kind's default CNI (kindnetd) is served by no module here: the node carries a bridge CNI configuration instead
+# (one node; kind-config-offline.yaml disables kindnetd). Its storage is kind's: rancher's local-path-provisioner.
 #
 # Cached by content: the image's tag ends in a digest of every input; an existing tag is reused in seconds.
 # Prints the image's name last. Needs root, Docker (localcluster/container-engine.sh), mmdebstrap and Go.
@@ -20,6 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 cd "$ROOT"
 KIND_VERSION="${KIND_VERSION:-v0.33.0}"
+LPP_VERSION=v0.0.30  # rancher's local-path-provisioner, kind's storage
 SUITE=bookworm
 # The kind node's pod subnet (kind-config.yaml's networking.podSubnet); one node owns its first /24.
 POD_SUBNET_24="${KIND_POD_SUBNET_24:-10.250.0.0/24}"
@@ -42,7 +42,7 @@ ETCD_VERSION="$("$BIN/etcd" --version | sed -n 's/^etcd Version: //p')"
 digest() { sha256sum | cut -c1-16; }
 base_key="$( { echo "$SUITE $BASE_PACKAGES $POD_SUBNET_24"; sed -n '/^# --- base ---$/,/^# --- end base ---$/p' "$0";
                (cd "$FILES" && find . -type f | sort | xargs sha256sum); } | digest)"
-node_key="$( { echo "$base_key $K8S $PROXY_PACKAGES $COREDNS_VERSION $ETCD_VERSION"; cat "$0";
+node_key="$( { echo "$base_key $K8S $PROXY_PACKAGES $COREDNS_VERSION $ETCD_VERSION $LPP_VERSION"; cat "$0";
                sha256sum "$BIN"/{kubeadm,kubelet,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy,etcd,coredns,pause}; } | digest)"
 BASE_IMAGE="elasticjob-kind-base:$SUITE-$base_key"
 NODE_IMAGE="${KIND_NODE_IMAGE:-elasticjob-kind-node:$K8S-$node_key}"
@@ -105,6 +105,30 @@ images+=("registry.k8s.io/coredns/coredns:$COREDNS_VERSION")
 # The sandbox image kind's containerd config names; the pause binary is the local cluster's own build.
 PAUSE="$(sed -n 's/^[[:space:]]*sandbox_image = "\(.*\)"/\1/p' "$FILES/etc/containerd/config.toml")"
 scratch_image pause pause entry "$PAUSE"; images+=("$PAUSE")
+# kind's storage: rancher's local-path-provisioner from its module, its helper a static busybox (Debian's
+# busybox-static, a host package), and kind's own manifest for them read from the kind module, naming these images.
+LPP_BIN="${CACHE%/*}/local-path-provisioner-$LPP_VERSION/bin"
+if [[ ! -x $LPP_BIN/local-path-provisioner ]]; then
+  log "building local-path-provisioner $LPP_VERSION from its module (first time only)"
+  (cd /tmp && CGO_ENABLED=0 GOBIN="$LPP_BIN" go install -trimpath -ldflags "-s -w" \
+    "github.com/rancher/local-path-provisioner@$LPP_VERSION")
+fi
+PROVISIONER="elasticjob.local/local-path-provisioner:$LPP_VERSION"
+HELPER="elasticjob.local/local-path-helper:busybox"
+mkdir -p "$work/lpp/usr/local/bin" "$work/helper/bin"
+cp "$LPP_BIN/local-path-provisioner" "$work/lpp/usr/local/bin/"
+tar -C "$work/lpp" -c . | "$DOCKER" import --change 'ENV PATH=/usr/local/bin:/bin' - "$PROVISIONER" >/dev/null
+cp /bin/busybox "$work/helper/bin/busybox"
+for applet in sh mkdir rm; do ln -sf busybox "$work/helper/bin/$applet"; done
+tar -C "$work/helper" -c . | "$DOCKER" import --change 'ENV PATH=/bin' - "$HELPER" >/dev/null
+images+=("$PROVISIONER" "$HELPER")
+python3 - "$KIND_DIR/pkg/build/nodeimage/const_storage.go" "$PROVISIONER" "$HELPER" > "$work/default-storage.yaml" <<'PY'
+import re, sys
+source, provisioner, helper = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
+manifest = re.search(r"const defaultStorageManifest = `\n(.*?)\n`$", source, re.S | re.M).group(1)
+print(manifest.replace("` + storageProvisionerImage + `", provisioner).replace("` + storageHelperImage + `", helper))
+PY
+grep -q "$PROVISIONER" "$work/default-storage.yaml" || { echo "node-image: kind's storage manifest changed shape" >&2; exit 1; }
 log "kube-proxy's root ($PROXY_PACKAGES)"
 mmdebstrap --variant=essential --format=tar --include="$PROXY_PACKAGES" \
   --customize-hook="cp $BIN/kube-proxy \"\$1\"/usr/local/bin/kube-proxy" \
@@ -124,6 +148,8 @@ done
 # node may lower its oom_score_adj, and runc would fail every pod's sandbox trying to (the local cluster's
 # containerd sets the same).
 "$DOCKER" exec "$container" sh -c "echo $K8S > /kind/version && sed -i -e 's#^\([[:space:]]*sandbox_image = \).*#\1\"$PAUSE\"#' -e 's#restrict_oom_score_adj = false#restrict_oom_score_adj = true#' /etc/containerd/config.toml && grep -q 'restrict_oom_score_adj = true' /etc/containerd/config.toml"
+"$DOCKER" exec "$container" mkdir -p /kind/manifests
+"$DOCKER" cp "$work/default-storage.yaml" "$container:/kind/manifests/default-storage.yaml"
 "$DOCKER" exec "$container" bash -c 'nohup containerd > /dev/null 2>&1 &'
 "$DOCKER" exec "$container" bash -c 'for i in $(seq 1 50); do [ -S /run/containerd/containerd.sock ] && ctr version >/dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1'
 for image in "${images[@]}"; do
