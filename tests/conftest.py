@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @dataclass(frozen=True)
 class ClusterHandle:
     kubeconfig: Path
-    kind: str  # "local" (started from localcluster/) or "external" (kind or any other cluster)
+    kind: str  # "local" (started from localcluster/), "kind" (E2E_CLUSTER=kind: tests/e2e/kind/up.sh's) or "external"
     nodes: int | None = None  # process-backed nodes of the local cluster; None when external
     node_kind: str | None = None  # the local cluster's: "real" or "process"
 
@@ -84,7 +84,7 @@ def _external_kubeconfig() -> Path | None:
 def cluster() -> Iterator[ClusterHandle]:
     external = _external_kubeconfig()
     if external is not None:
-        yield ClusterHandle(external, "external")
+        yield ClusterHandle(external, "kind" if os.environ.get("E2E_CLUSTER") == "kind" else "external")
         return
     from localcluster import controlplane
 
@@ -243,11 +243,11 @@ def _from_the_chart(cluster: ClusterHandle, request: pytest.FixtureRequest, env:
     process on the host instead); so does nothing else: the soak and the integration tests kill, restart and
     read the operator as a process, a test that hands it its own credentials (env) wants the process, and one
     marked host_operator cuts off or loses a node, which might be the operator's own."""
-    on_kind = os.environ.get("E2E_CLUSTER") == "kind"  # the image loaded into kind's node by up.sh
-    wanted = os.environ.get("E2E_OPERATOR", "chart" if cluster.node_kind == "real" or on_kind else "host")
+    # On kind, the image up.sh loaded into its node.
+    wanted = os.environ.get("E2E_OPERATOR", "chart" if cluster.node_kind == "real" or cluster.kind == "kind" else "host")
     in_e2e = ROOT / "tests" / "e2e" in Path(str(request.node.path)).parents
     on_host = request.node.get_closest_marker("host_operator") is not None
-    return wanted == "chart" and in_e2e and env is None and not on_host and (cluster.kind == "local" or on_kind)
+    return wanted == "chart" and in_e2e and env is None and not on_host and cluster.kind in ("local", "kind")
 
 
 @pytest.fixture

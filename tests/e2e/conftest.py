@@ -48,7 +48,7 @@ def local_cluster(cluster) -> None:
 def real_nodes(cluster, jobs) -> None:
     """Skips where the nodes are not real kubelets: the local cluster's process-backed agent enforces no memory
     limit, runs no probe and serves no resource metrics. The local cluster's real nodes and kind's are real."""
-    if os.environ.get("E2E_CLUSTER") == "kind":
+    if cluster.kind == "kind":
         return
     nodes = jobs.core.list_node().items
     if not nodes or any((n.metadata.labels or {}).get(REAL_NODE_LABEL) != "real" for n in nodes):

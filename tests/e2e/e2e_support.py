@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
+from elasticjob.builders import STORE_RESOURCES
 from helpers import wait_for
 from localcluster import registry
 
@@ -310,11 +312,10 @@ def parse_progress(text: str) -> Progress:
     return Progress(records)
 
 
-# The store pod's CPU request (operator/elasticjob/builders.py).
-STORE_CPU = parse_quantity("100m")
+STORE_CPU = parse_quantity(STORE_RESOURCES["requests"]["cpu"])
 
 
-def free_cpu(core: client.CoreV1Api) -> Any:
+def free_cpu(core: client.CoreV1Api) -> Decimal:
     """Cores (a Decimal) of the schedulable nodes' allocatable CPU that no unfinished pod requests."""
     nodes = [n for n in core.list_node().items if not n.spec.unschedulable]
     total = sum((parse_quantity(n.status.allocatable["cpu"]) for n in nodes), parse_quantity("0"))
@@ -349,7 +350,7 @@ class Faults:
 
             hits = faults.kill_pod(self.jobs.namespace, pod_name, signal.SIGKILL, self.state_dir)
             assert hits, f"pod {pod_name} has no running container to kill"
-        elif os.environ.get("E2E_CLUSTER") == "kind":
+        elif self.cluster.kind == "kind":
             self._kind_kill(pod_name)
         else:  # another cluster: the nearest the API offers (a deleted pod is replaced, not charged)
             self.jobs.core.delete_namespaced_pod(pod_name, self.jobs.namespace, grace_period_seconds=0)
@@ -358,9 +359,10 @@ class Faults:
     def _kind_kill(self, pod_name: str) -> None:
         """On kind each node is a Docker container holding a containerd: SIGKILL every process of each of the
         pod's running containers there (`ctr tasks kill --all`), as the local cluster's faults API does."""
+        from localcluster.realnodes.faults import running_containers
+
         pod = self.jobs.pod(pod_name)
-        ids = [s.container_id.split("://", 1)[1] for s in pod.status.container_statuses or []
-               if s.container_id and s.state and s.state.running]
+        ids = running_containers(pod)
         assert ids, f"pod {pod_name} has no running container to kill"
         docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
         for container in ids:

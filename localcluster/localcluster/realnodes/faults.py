@@ -30,6 +30,12 @@ def _node(state: Path, name: str) -> RealNode:
     return RealNode(int(name.rsplit("-", 1)[1]), name, state)
 
 
+def running_containers(pod: client.V1Pod) -> list[str]:
+    """The containerd ids of the pod's running containers (its status's `containerd://<id>`)."""
+    return [status.container_id.split("://", 1)[1] for status in pod.status.container_statuses or []
+            if status.state.running is not None and status.container_id]
+
+
 def kill_containers(core: client.CoreV1Api, state: Path, namespace: str, name: str, signal: int) -> int:
     """Signals the main process of each running container of the pod; returns how many were signalled."""
     pod = core.read_namespaced_pod(name, namespace)
@@ -37,10 +43,7 @@ def kill_containers(core: client.CoreV1Api, state: Path, namespace: str, name: s
         return 0
     node = _node(state, pod.spec.node_name)
     hits = 0
-    for status in (pod.status.container_statuses or []):
-        if status.state.running is None or not status.container_id:
-            continue
-        container = status.container_id.split("://", 1)[1]
+    for container in running_containers(pod):
         result = subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "tasks", "kill",
                                  "--signal", str(int(signal)), container], capture_output=True, text=True)
         hits += result.returncode == 0

@@ -191,7 +191,7 @@ def held_rank0(record: FailureRecord, progress: ProgressView | None) -> bool:
         return False
     if record.pod == progress.pod:
         return True
-    failed = parse(record.time) if record.time else None
+    failed = parse(record.time)
     return (record.pod == progress.previous_pod and failed is not None and progress.started_at is not None
             and progress.started_at >= failed)
 

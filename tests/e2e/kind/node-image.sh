@@ -43,7 +43,7 @@ digest() { sha256sum | cut -c1-16; }
 base_key="$( { echo "$SUITE $BASE_PACKAGES $POD_SUBNET_24"; sed -n '/^# --- base ---$/,/^# --- end base ---$/p' "$0";
                (cd "$FILES" && find . -type f | sort | xargs sha256sum); } | digest)"
 node_key="$( { echo "$base_key $K8S $PROXY_PACKAGES $COREDNS_VERSION $ETCD_VERSION $LPP_VERSION"; cat "$0";
-               sha256sum "$BIN"/{kubeadm,kubelet,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy,etcd,coredns,pause}; } | digest)"
+               sha256sum "$BIN"/{kubeadm,kubelet,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy,etcd,coredns,pause} /bin/busybox; } | digest)"
 BASE_IMAGE="elasticjob-kind-base:$SUITE-$base_key"
 NODE_IMAGE="${KIND_NODE_IMAGE:-elasticjob-kind-node:$K8S-$node_key}"
 if "$DOCKER" image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
@@ -86,25 +86,27 @@ if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
 fi
 # --- end base ---
 
-# One image FROM scratch holding one static binary, saved as a docker archive for the node's containerd.
-scratch_image() {  # name binary entrypoint(or "") tag
-  local dir="$work/$1" changes=(--change 'ENV PATH=/usr/local/bin:/usr/bin:/bin')
+# One image FROM scratch holding one static binary, imported into Docker and listed for the node's containerd.
+images=()
+scratch_image() {  # binary entrypoint(or "") tag
+  local name dir changes=(--change 'ENV PATH=/usr/local/bin:/usr/bin:/bin')
+  name="$(basename "$1")"
+  dir="$work/$name"
   mkdir -p "$dir/usr/local/bin"
-  cp "$BIN/$2" "$dir/usr/local/bin/$2"
-  [[ -z $3 ]] || { ln -sf "usr/local/bin/$2" "$dir/$2"; changes+=(--change "ENTRYPOINT [\"/$2\"]"); }
-  tar -C "$dir" -c . | "$DOCKER" import "${changes[@]}" - "$4" >/dev/null
+  cp "$1" "$dir/usr/local/bin/$name"
+  [[ -z $2 ]] || { ln -sf "usr/local/bin/$name" "$dir/$name"; changes+=(--change "ENTRYPOINT [\"/$name\"]"); }
+  tar -C "$dir" -c . | "$DOCKER" import "${changes[@]}" - "$3" >/dev/null
+  images+=("$3")
 }
 log "images of the control plane (Kubernetes $K8S, etcd $ETCD_VERSION, CoreDNS $COREDNS_VERSION)"
-images=()
 for part in kube-apiserver kube-controller-manager kube-scheduler; do
-  scratch_image "$part" "$part" "" "registry.k8s.io/$part:$K8S"; images+=("registry.k8s.io/$part:$K8S")
+  scratch_image "$BIN/$part" "" "registry.k8s.io/$part:$K8S"
 done
-scratch_image etcd etcd "" "registry.k8s.io/etcd:$ETCD_VERSION-0"; images+=("registry.k8s.io/etcd:$ETCD_VERSION-0")
-scratch_image coredns coredns entry "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
-images+=("registry.k8s.io/coredns/coredns:$COREDNS_VERSION")
+scratch_image "$BIN/etcd" "" "registry.k8s.io/etcd:$ETCD_VERSION-0"
+scratch_image "$BIN/coredns" entry "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
 # The sandbox image kind's containerd config names; the pause binary is the local cluster's own build.
 PAUSE="$(sed -n 's/^[[:space:]]*sandbox_image = "\(.*\)"/\1/p' "$FILES/etc/containerd/config.toml")"
-scratch_image pause pause entry "$PAUSE"; images+=("$PAUSE")
+scratch_image "$BIN/pause" entry "$PAUSE"
 # kind's storage: rancher's local-path-provisioner from its module, its helper a static busybox (Debian's
 # busybox-static, a host package), and kind's own manifest for them read from the kind module, naming these images.
 LPP_BIN="${CACHE%/*}/local-path-provisioner-$LPP_VERSION/bin"
@@ -115,13 +117,12 @@ if [[ ! -x $LPP_BIN/local-path-provisioner ]]; then
 fi
 PROVISIONER="elasticjob.local/local-path-provisioner:$LPP_VERSION"
 HELPER="elasticjob.local/local-path-helper:busybox"
-mkdir -p "$work/lpp/usr/local/bin" "$work/helper/bin"
-cp "$LPP_BIN/local-path-provisioner" "$work/lpp/usr/local/bin/"
-tar -C "$work/lpp" -c . | "$DOCKER" import --change 'ENV PATH=/usr/local/bin:/bin' - "$PROVISIONER" >/dev/null
+scratch_image "$LPP_BIN/local-path-provisioner" "" "$PROVISIONER"
+mkdir -p "$work/helper/bin"
 cp /bin/busybox "$work/helper/bin/busybox"
 for applet in sh mkdir rm; do ln -sf busybox "$work/helper/bin/$applet"; done
 tar -C "$work/helper" -c . | "$DOCKER" import --change 'ENV PATH=/bin' - "$HELPER" >/dev/null
-images+=("$PROVISIONER" "$HELPER")
+images+=("$HELPER")
 python3 - "$KIND_DIR/pkg/build/nodeimage/const_storage.go" "$PROVISIONER" "$HELPER" > "$work/default-storage.yaml" <<'PY'
 import re, sys
 source, provisioner, helper = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
