@@ -149,12 +149,8 @@ def sicken(setup, api: Api, ns: str) -> Undo:
 def throttle(ns: str, pod: str, percent: int | None) -> int:
     """Caps the pod's running containers at `percent` of one core (None lifts it): how many were capped."""
     from localcluster import faults
-    from localcluster.realnodes import faults as real
 
-    layout = faults.real_nodes(STATE_DIR)
-    if layout is None:
-        raise RuntimeError("a slow worker needs the local cluster's real nodes (their cgroups)")
-    return real.throttle_pod(faults.core_api(layout), layout.state, ns, pod, percent)
+    return faults.nodes(STATE_DIR).throttle(ns, pod, percent)
 
 
 def uid_of(api: Api, ns: str, pod: str) -> str | None:

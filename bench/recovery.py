@@ -325,20 +325,17 @@ def main() -> int:
 
 def start_cluster(kind: str) -> None:
     """The local cluster with `kind` nodes: whatever runs is stopped first unless it already has that kind."""
-    from localcluster import controlplane, realnodes
-    from localcluster.layout import Layout
+    from localcluster import controlplane, faults
 
-    running = controlplane.is_up(ROOT) and ("real" if realnodes.running(Layout(ROOT)) else "process")
-    if running and running != kind:
+    if controlplane.is_up(ROOT) and faults.nodes(STATE_DIR).name != kind:
         controlplane.stop(ROOT)
     controlplane.ensure_up(ROOT, node_kind=kind)
 
 
 def real_nodes() -> bool:
-    from localcluster import realnodes
-    from localcluster.layout import Layout
+    from localcluster import faults
 
-    return bool(realnodes.running(Layout(ROOT)))
+    return faults.nodes(STATE_DIR).name == "real"
 
 
 def measure(column: str, mode: tuple, script_flags: tuple[str, ...], scenarios: list[str], runs: int,

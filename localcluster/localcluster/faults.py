@@ -1,8 +1,5 @@
-"""Fault injection for the local nodes, as library functions and `python -m localcluster.faults ...`.
-
-The running agent is told through marker files in the state dir (`faults/<node>.lost`); processes are signalled
-directly by the pids the shims recorded, so a crash happens at once, not on the agent's next tick.
-"""
+"""Fault injection for the local nodes, as library functions and `python -m localcluster.faults ...`: each fault is
+done through the running cluster's kind of node (`nodes`: nodekind.NodeKind, real or process-backed)."""
 
 from __future__ import annotations
 
@@ -16,87 +13,37 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from . import kube, launcher, state
+from . import kube, processnodes, realnodes
 from .layout import Layout
+from .nodekind import NodeKind
+from .realnodes.kind import RealNodes
 
 DEFAULT_STATE = Path(".localcluster")
 
 
-def runtime_records(state_dir: Path) -> list[tuple[Path, dict]]:
-    records = []
-    for pod_dir in state.pods_root(state_dir).glob("*"):
-        rec = state.read_json(state.runtime_file(pod_dir), None)
-        if rec:
-            records.append((pod_dir, rec))
-    return records
-
-
-def signal_pod_dir(pod_dir: Path, rec: dict, sig: int) -> int:
-    names = (rec.get("initContainers") or []) + (rec.get("containers") or [])
-    return sum(launcher.signal_container(state.pid_file(pod_dir, n), sig) for n in names)
+def nodes(state_dir: Path = DEFAULT_STATE) -> NodeKind:
+    """The kind of node the local cluster of `state_dir` runs: process-backed while its node agent is recorded
+    running (a real node's directory outlives its cluster, so it alone says nothing), real where real nodes were
+    made (they stay real while lost: a lost node's directory is what restores it)."""
+    state_dir = Path(state_dir)
+    layout = Layout(state_dir.resolve().parent)
+    if layout.pid_file("nodeagent").exists() or not realnodes.existing(layout):
+        return processnodes.ProcessNodes(state_dir)
+    return RealNodes(layout)
 
 
 def kill_pod(namespace: str, name: str, signal: int = signals.SIGKILL, state_dir: Path = DEFAULT_STATE) -> int:
-    """Crash a pod's containers: signal each container's PID 1 (SIGKILL takes its whole PID namespace with it).
-    Returns how many containers were signalled; the agent then applies the pod's restartPolicy."""
-    if (layout := real_nodes(state_dir)) is not None:
-        from localcluster.realnodes import faults as real
-
-        return real.kill_containers(core_api(layout), layout.state, namespace, name, signal)
-    hits = 0
-    for pod_dir, rec in runtime_records(Path(state_dir)):
-        if rec["namespace"] == namespace and rec["name"] == name:
-            hits += signal_pod_dir(pod_dir, rec, signal)
-    return hits
+    """Crash a pod's containers; how many were signalled (the node then applies the pod's restartPolicy)."""
+    return nodes(state_dir).kill_pod(namespace, name, signal)
 
 
 def node_loss(node: str, state_dir: Path = DEFAULT_STATE) -> int:
     """A dead kubelet: heartbeats stop, the node's containers die, pod objects are left as they were."""
-    if (layout := real_nodes(state_dir)) is not None:
-        from localcluster.realnodes import node as real_node
-
-        real_node.lose(layout, _real_node(layout, node))
-        return 1
-    marker = state.lost_marker(Path(state_dir), node)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(f"{time.time()}\n")  # written first, so the agent reports none of the deaths below
-    return sum(signal_pod_dir(d, rec, signals.SIGKILL)
-               for d, rec in runtime_records(Path(state_dir)) if rec.get("node") == node)
+    return nodes(state_dir).lose_node(node)
 
 
 def restore_node(node: str, state_dir: Path = DEFAULT_STATE) -> None:
-    """Undoes node_loss. A process-backed node was lost by its marker; a real node's directory alone says nothing
-    (it outlives a real-node cluster, and a process-backed one started after it would get a real kubelet back)."""
-    marker = state.lost_marker(Path(state_dir), node)
-    layout = Layout(Path(state_dir).resolve().parent)
-    if not marker.exists() and _real_node(layout, node).dir.is_dir():
-        from localcluster import realnodes
-
-        realnodes.restart(layout, node)
-        return
-    marker.unlink(missing_ok=True)
-
-
-def real_nodes(state_dir: Path) -> Layout | None:
-    """The cluster's layout when its nodes are real ones (realnodes/), else None (the node agent's)."""
-    from localcluster import realnodes
-
-    layout = Layout(Path(state_dir).resolve().parent)
-    return layout if realnodes.running(layout) else None
-
-
-def _real_node(layout: Layout, name: str):  # -> realnodes.plan.RealNode
-    from localcluster.realnodes.plan import RealNode
-
-    return RealNode(int(name.rsplit("-", 1)[1]), name, layout.state)
-
-
-def core_api(layout: Layout) -> client.CoreV1Api:
-    return client.CoreV1Api(kube.api_client(str(layout.kubeconfig)))
-
-
-def is_lost(node: str, state_dir: Path) -> bool:
-    return state.lost_marker(Path(state_dir), node).exists()
+    nodes(state_dir).restore_node(node)
 
 
 def cordon(core: client.CoreV1Api, node: str, unschedulable: bool = True) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from . import faults, kube, kubeletapi, launcher, network, nodes, podlogs, state
+from . import kube, kubeletapi, launcher, network, nodes, podlogs, processnodes, state
 from .podrunner import NodeContext, PodRunner
 from .proxy import ServiceProxy
 
@@ -61,7 +61,7 @@ class Agent:
         self.lock = threading.Lock()
         self.swept = False
         self.ctx = NodeContext(self.core, self.state_dir, network.Ipam(self.state_dir), REPO_ROOT, state.BRIDGE_IP,
-                               self.cap, lambda node: faults.is_lost(node, self.state_dir))
+                               self.cap, lambda node: processnodes.is_lost(node, self.state_dir))
 
     def run(self) -> None:
         network.ensure_bridge()
@@ -108,7 +108,7 @@ class Agent:
 
 
 def kill_orphans(state_dir: Path, live_uids: set[str]) -> None:
-    for pod_dir, rec in faults.runtime_records(state_dir):
+    for pod_dir, rec in processnodes.runtime_records(state_dir):
         if rec["uid"] not in live_uids:
             kill_pod_dir(pod_dir, rec)
     wanted = {state.netns_name(uid) for uid in live_uids}
@@ -117,12 +117,12 @@ def kill_orphans(state_dir: Path, live_uids: set[str]) -> None:
 
 
 def kill_leftovers(state_dir: Path) -> None:
-    for pod_dir, rec in faults.runtime_records(state_dir):
+    for pod_dir, rec in processnodes.runtime_records(state_dir):
         kill_pod_dir(pod_dir, rec)
 
 
 def kill_pod_dir(pod_dir: Path, rec: dict) -> None:
-    faults.signal_pod_dir(pod_dir, rec, signal.SIGKILL)
+    processnodes.signal_pod_dir(pod_dir, rec, signal.SIGKILL)
     if rec.get("netns"):
         network.delete_netns(rec["netns"])
     state.runtime_file(pod_dir).unlink(missing_ok=True)

@@ -396,28 +396,19 @@ class Faults:
 
     def throttle(self, pod_name: str, percent: int | None) -> float:
         """Caps the pod's containers at `percent` of one CPU (None lifts it): a slow node. Real nodes only."""
-        from localcluster.realnodes import faults as real
-
-        return self._on_real_node(pod_name, "throttling (its cgroups)",
-                                  lambda core, state: real.throttle_pod(core, state, self.jobs.namespace, pod_name,
-                                                                        percent))
+        return self._on_its_node(pod_name, lambda nodes: nodes.throttle(self.jobs.namespace, pod_name, percent))
 
     def slow_link(self, pod_name: str, rate_mbit: int | None) -> float:
         """What the pod sends goes at `rate_mbit` at most (None lifts it): a sick NIC. Real nodes only."""
-        from localcluster.realnodes import faults as real
+        return self._on_its_node(pod_name, lambda nodes: nodes.slow_link(self.jobs.namespace, pod_name, rate_mbit))
 
-        return self._on_real_node(pod_name, "a slow link (its namespaces)",
-                                  lambda core, state: real.slow_link(core, state, self.jobs.namespace, pod_name,
-                                                                     rate_mbit))
-
-    def _on_real_node(self, pod_name: str, what: str, act) -> float:
-        """Does `act(core, state)` to the pod through its real node; when, and it must have hit the pod."""
+    def _on_its_node(self, pod_name: str, act) -> float:
+        """Does `act(nodes)` through the local cluster's kind of node; when, and it must have hit the pod."""
         from localcluster import faults
 
-        layout = faults.real_nodes(self.state_dir)
-        assert layout is not None, f"{what} needs the local cluster's real nodes"
+        nodes = faults.nodes(self.state_dir)
         when = time.time()
-        assert act(faults.core_api(layout), layout.state), f"pod {pod_name}: nothing to act on (not running yet?)"
+        assert act(nodes), f"pod {pod_name}: nothing to act on (not running yet?)"
         return when
 
     def sicken(self, node: str) -> float:

@@ -9,15 +9,52 @@ from helpers import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "elasticjob.dev", "v1alpha1", "elasticjobs"
 SLEEP = ["python", "-c", "import time; time.sleep(3600)"]
+# The image every pod of these tests runs, and the pull secrets it needs. Process-backed nodes ignore images (the
+# host's .venv stands in for any), so a name is enough there; real local nodes (LOCALCLUSTER_NODE_KIND=real) pull
+# the worker image from the local registry, which has python and the kit's modules, as the commands here need.
+# A pod that needs the kubernetes client runs the operator's image instead. Set once per session by the `pod_image`
+# fixture (tests/integration/conftest.py).
+POD_IMAGE = {"image": "trainer:test", "operator": "operator:test", "imagePullSecrets": []}
+
+
+def use_image(image: str, operator: str, pull_secrets: list[str]) -> None:
+    POD_IMAGE.update(image=image, operator=operator, imagePullSecrets=[{"name": name} for name in pull_secrets])
+
+
+def pod_spec(containers: list[dict], *, operator_image: bool = False, **spec) -> dict:
+    """A pod spec whose containers run the session's image (each container's own `image` is replaced)."""
+    secrets = POD_IMAGE["imagePullSecrets"]
+    image = POD_IMAGE["operator" if operator_image else "image"]
+    return {"containers": [{**c, "image": image} for c in containers],
+            **({"imagePullSecrets": list(secrets)} if secrets else {}), **spec}
 
 
 def job_manifest(name: str, command=SLEEP, **spec) -> dict:
-    container = {"name": "worker", "image": "trainer:test", "command": command,
+    container = {"name": "worker", "command": command,
                  "resources": spec.pop("resources", {"requests": {"cpu": "100m"}})}
     body = {"minReplicas": 1, "maxReplicas": 3, "replicas": 2, "maxRestarts": 2,
-            "template": {"spec": {"terminationGracePeriodSeconds": 3, "containers": [container]}}}
+            "template": {"spec": pod_spec([container], terminationGracePeriodSeconds=3)}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "metadata": {"name": name},
             "spec": {**body, **spec}}
+
+
+def host_dir(namespace: str) -> Path:
+    """A directory of this machine for one test, which its pods see at HOST_MOUNT (with_host_dir): a test lets its
+    workers go, or counts their starts, through files there. Every local node, of either kind, runs on this
+    machine and mounts it as a hostPath."""
+    return Path("/tmp") / f"elasticjob-it-{namespace}"
+
+
+HOST_MOUNT = "/host"
+
+
+def with_host_dir(manifest: dict, namespace: str) -> dict:
+    template = manifest["spec"]["template"]["spec"]
+    for container in template["containers"]:
+        container.setdefault("volumeMounts", []).append({"name": "host", "mountPath": HOST_MOUNT})
+    template.setdefault("volumes", []).append(
+        {"name": "host", "hostPath": {"path": str(host_dir(namespace)), "type": "DirectoryOrCreate"}})
+    return manifest
 
 
 def create(api, namespace, manifest):

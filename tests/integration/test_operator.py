@@ -7,24 +7,28 @@ manages. Real torchrun training is in tests/e2e.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import sys
-from pathlib import Path
 
 import pytest
 from jobapi import (
     GROUP,
+    HOST_MOUNT,
     PLURAL,
     ROOT,
     SLEEP,
     VERSION,
     create,
     get_job,
+    host_dir,
     job_manifest,
+    pod_spec,
     pods,
     status_of,
     wait_phase,
     wait_pods,
+    with_host_dir,
 )
 from kubernetes.client.exceptions import ApiException
 
@@ -140,21 +144,20 @@ def test_failures_beyond_max_restarts_fail_the_job(api, namespace, operator):
 def test_success_only_after_every_worker_exited_zero(api, namespace, operator):
     # Each worker exits 0 when its own file appears. worker-0 is let go only once both pods run: with minReplicas 1
     # a pod that never started holds no part of the training, and is removed when another finishes it.
-    gate = f"/tmp/elasticjob-it-{namespace}"
-    command = ["python", "-c", f"import os,time,sys\ngate = {gate!r} + os.environ['POD_NAME'][-2:]\n"
+    gate = host_dir(namespace)
+    command = ["python", "-c", f"import os,time,sys\ngate = '{HOST_MOUNT}/gate' + os.environ['POD_NAME'][-2:]\n"
                                f"while not os.path.exists(gate): time.sleep(0.2)\nsys.exit(0)"]
-    create(api, namespace, job_manifest("train", command=command))
+    create(api, namespace, with_host_dir(job_manifest("train", command=command), namespace))
     try:
         wait_pods(api, namespace, 2)
-        Path(f"{gate}-0").write_text("go")
+        (gate / "gate-0").write_text("go")
         wait_for(lambda: status_of(api, namespace, "train"), 60, "Completing while worker-1 runs",
                  until=lambda s: s.get("reason") == "Completing")
         assert status_of(api, namespace, "train")["phase"] == "Running"
-        Path(f"{gate}-1").write_text("go")
+        (gate / "gate-1").write_text("go")
         status = wait_phase(api, namespace, "train", "Succeeded", timeout=60)
     finally:
-        for worker in ("-0", "-1"):
-            Path(f"{gate}{worker}").unlink(missing_ok=True)
+        shutil.rmtree(gate, ignore_errors=True)
     assert status["completionTime"] and status["restarts"] == 0
     wait_for(lambda: api[1].list_namespaced_service(namespace).items, 30, "the rendezvous Service removed",
              until=lambda svcs: not svcs)
@@ -228,10 +231,8 @@ def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears
     for i in range(blockers):
         api[1].create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod",
                                                  "metadata": {"name": f"blocker-{i}"},
-                                                 "spec": {"containers": [{"name": "c", "image": "x",
-                                                                          "command": SLEEP,
-                                                                          "resources": big}],
-                                                          "terminationGracePeriodSeconds": 1}})
+                                                 "spec": pod_spec([{"name": "c", "command": SLEEP, "resources": big}],
+                                                                  terminationGracePeriodSeconds=1)})
     wait_for(lambda: api[1].read_namespaced_pod("blocker-0", namespace).status.phase, 60, "blocker running",
              until=lambda phase: phase == "Running")
     create(api, namespace, job_manifest("train", replicas=len(nodes), maxReplicas=len(nodes),
@@ -269,12 +270,13 @@ def test_nodes_where_a_worker_failed_are_avoided_by_the_replacement_across_an_op
     a node's name, which a unit test cannot see); the operator killed right after the first, the next one keeps
     it (the status is the record), and the last replacement lands on the third node."""
     first = operator_factory()
-    count = Path("/tmp") / f"elasticjob-it-{namespace}"  # process-backed nodes share this machine's /tmp
+    # The count of starts outlives each pod in a directory of this machine.
     fail_twice = "\n".join([
-        "import os, sys, time", f"path = {str(count)!r}",
+        "import os, sys, time", f"path = '{HOST_MOUNT}/starts'",
         "n = len(open(path).read()) if os.path.exists(path) else 0", "open(path, 'a').write('x')",
         "sys.exit(1) if n < 2 else time.sleep(3600)"])
-    create(api, namespace, job_manifest("train", command=["python", "-c", fail_twice], replicas=1, maxRestarts=3))
+    create(api, namespace, with_host_dir(
+        job_manifest("train", command=["python", "-c", fail_twice], replicas=1, maxRestarts=3), namespace))
     status = wait_for(lambda: status_of(api, namespace, "train"), 90, "the first failed pod's node avoided",
                       until=lambda s: s.get("avoidedNodes"))
     assert status["avoidedNodes"][0]["reason"] == "WorkerFailed"
@@ -294,4 +296,4 @@ def test_nodes_where_a_worker_failed_are_avoided_by_the_replacement_across_an_op
         ("metadata.name", "NotIn", [node]) for node in sick]
     status = wait_phase(api, namespace, "train", "Running")
     assert status["restarts"] == 2 and sorted(n["node"] for n in status["avoidedNodes"]) == sick
-    count.unlink(missing_ok=True)
+    shutil.rmtree(host_dir(namespace), ignore_errors=True)

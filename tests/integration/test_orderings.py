@@ -10,13 +10,28 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-from jobapi import GROUP, PLURAL, ROOT, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
+from jobapi import (
+    GROUP,
+    HOST_MOUNT,
+    PLURAL,
+    ROOT,
+    VERSION,
+    create,
+    get_job,
+    host_dir,
+    job_manifest,
+    pods,
+    status_of,
+    wait_phase,
+    wait_pods,
+    with_host_dir,
+)
 
 from elasticjob import k8s
 from elasticjob.controller.context import Context, JobMemory, job_logger
@@ -92,15 +107,15 @@ def hold(api, namespace: str, names: list[str], finalizers: list[str]) -> None:
 
 def test_a_job_recreated_under_the_same_name_does_not_inherit_the_old_ones_pods(api, namespace, operator):
     # Both workers exit 0 once both run: one exiting before the other started would have it removed unstarted.
-    gate = Path(f"/tmp/elasticjob-it-{namespace}")
-    create(api, namespace, job_manifest("train", command=[
-        "python", "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.2)"]))
+    gate = host_dir(namespace)
+    create(api, namespace, with_host_dir(job_manifest("train", command=[
+        "python", "-c", f"import os, time\nwhile not os.path.exists('{HOST_MOUNT}/go'): time.sleep(0.2)"]), namespace))
     wait_pods(api, namespace, 2)
-    gate.write_text("go")
+    (gate / "go").write_text("go")
     try:
         wait_phase(api, namespace, "train", "Succeeded", timeout=90)
     finally:
-        gate.unlink(missing_ok=True)
+        shutil.rmtree(gate, ignore_errors=True)
     leftovers = [p.metadata.name for p in pods(api, namespace)]
     assert len(leftovers) == 2, "completed workers stay with cleanPodPolicy Running"
     hold(api, namespace, leftovers, ["elasticjob.dev/test-hold"])  # a slow garbage collector

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from jobapi import pod_spec
 from kubernetes import client
 
 from helpers import wait_for
@@ -41,9 +42,8 @@ def test_a_scheduler_that_exits_is_restarted_and_schedules_again(cluster, kube, 
              ignore=(AssertionError,))
     core = client.CoreV1Api(kube)
     core.create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after"},
-                                           "spec": {"containers": [{"name": "c", "image": "x",
-                                                                    "command": ["sleep", "60"]}],
-                                                    "terminationGracePeriodSeconds": 0}})
+                                           "spec": pod_spec([{"name": "c", "command": ["sleep", "60"]}],
+                                                            terminationGracePeriodSeconds=0)})
     wait_for(lambda: core.read_namespaced_pod("after", namespace).spec.node_name, 60, "the pod scheduled")
 
 

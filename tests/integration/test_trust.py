@@ -7,7 +7,19 @@ own do.
 
 from __future__ import annotations
 
-from jobapi import GROUP, PLURAL, VERSION, create, get_job, job_manifest, pods, status_of, wait_phase, wait_pods
+from jobapi import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    create,
+    get_job,
+    job_manifest,
+    pod_spec,
+    pods,
+    status_of,
+    wait_phase,
+    wait_pods,
+)
 from kubernetes import client
 
 from helpers import wait_for
@@ -30,9 +42,8 @@ def forged_pod(job: dict, name: str, command: list[str], role: str = "worker", i
             "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "ElasticJob", "name": meta["name"],
                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": False}],
         },
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "worker", "image": "trainer:test", "command": command,
-                                 "terminationMessagePolicy": "FallbackToLogsOnError"}]},
+        "spec": pod_spec([{"name": "worker", "command": command, "terminationMessagePolicy": "FallbackToLogsOnError"}],
+                         restartPolicy="Never", terminationGracePeriodSeconds=1),
     }
 
 

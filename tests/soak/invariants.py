@@ -136,7 +136,7 @@ class Objects:
         self.namespace, self.state_dir, self.violations = namespace, state_dir, violations
         self._orphan_since: dict[str, float] = {}
         self._names: dict[str, str] = {}  # pod uid -> name, for every pod of the namespace ever listed
-        self._real = faults.real_nodes(state_dir) is not None
+        self._nodes = faults.nodes(state_dir)
         self.force_deleted: dict[str, float] = {}  # Chaos's: pod name -> when it was force-deleted
         self.tolerated: set[str] = set()  # overlaps right after a force delete, as Kubernetes allows
         self.api_restarted_at = float("-inf")  # when the soak last restarted the API server (time.monotonic())
@@ -166,7 +166,7 @@ class Objects:
 
     def _live_processes(self) -> None:
         """Processes really running on the nodes, grouped by pod name: two pod uids at once is two workers."""
-        alive = self._alive_on_real_nodes() if self._real else self._alive_on_process_nodes()
+        alive = self._alive()
         for name, uids in alive.items():
             if len(uids) <= 1:
                 continue
@@ -178,28 +178,13 @@ class Objects:
             self.violations.add("two-live-pods", f"proc/{name}/{sorted(uids)}",
                                 f"pod {name}: processes of {len(uids)} pod uids run at once")
 
-    def _alive_on_process_nodes(self) -> dict[str, set[str]]:
-        from localcluster import launcher, state
-
+    def _alive(self) -> dict[str, set[str]]:
+        """The uids whose processes really run on the nodes, by the name the API said for each (a pod the API no
+        longer lists keeps the name it was seen under)."""
         alive = defaultdict(set)
-        for pod_dir, rec in faults.runtime_records(self.state_dir):
-            if rec.get("namespace") != self.namespace:
-                continue
-            if any(launcher.signal_container(state.pid_file(pod_dir, name), 0) for name in rec.get("containers") or []):
-                alive[rec["name"]].add(rec["uid"])
-        return alive
-
-    def _alive_on_real_nodes(self) -> dict[str, set[str]]:
-        """Each pod's cgroups on each real node name its uid; its name is what the API said for that uid (a pod
-        the API no longer lists keeps the name it was seen under)."""
-        from localcluster import realnodes
-        from localcluster.layout import Layout
-
-        alive = defaultdict(set)
-        for node in realnodes.existing(Layout(self.state_dir.resolve().parent)):
-            for uid in realnodes.node.live_pod_uids(node):
-                if uid in self._names:
-                    alive[self._names[uid]].add(uid)
+        for uid in self._nodes.live_pod_uids():
+            if uid in self._names:
+                alive[self._names[uid]].add(uid)
         return alive
 
     def _orphans(self, objects: list, jobs: dict[str, dict]) -> None:
