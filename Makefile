@@ -8,7 +8,7 @@ NODES ?= 3
 KUEUE ?= 0
 SCHEDULER_PLUGINS ?= 0
 KWOK ?= 0
-REAL_NODES ?= 0
+REAL_NODES ?= 1
 # The Kubernetes release of the local cluster: empty, the one localcluster/go.mod pins (v1.36.3); else a supported
 # minor (1.33 to 1.37: its newest patch, in build.sh's table) or a full version (1.33.5). Every recipe, and each
 # `localcluster up` and test it starts, builds (once, cached per version) and runs that release's binaries.
@@ -81,11 +81,14 @@ lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into
 	@command -v shellcheck >/dev/null || { echo "lint-workflows: shellcheck is missing (actionlint checks run: steps with it); \`make host-packages\` installs it" >&2; exit 1; }
 	$(ACTIONLINT) .github/workflows/*.yml
 
-test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit and integration tests (real API server), then the core e2e scenarios (real torchrun training) and the short soak on real nodes
+test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests, then integration tests (the operator against the real API server), the core e2e scenarios (real torchrun training) and the short soak, all on real nodes
 	@status=0; \
-	$(PY) -m pytest tests -m "not slow" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
-	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
 	exit $$status
+
+test-process-nodes: $(VENV)/.installed ## Opt-in, not in `make test`: the process-backed node agent's own tests, on a local cluster of its nodes (the fleet benchmark's light pods still run on them)
+	LOCALCLUSTER_NODE_KIND=process $(PY) -m pytest tests -m process_nodes -p no:cacheprovider
 
 host-packages: ## Install (as root, where missing) the Debian packages real nodes, image builds and lint-workflows need: containerd, runc, CNI plugins, buildah, mmdebstrap, shellcheck
 	bash localcluster/host-packages.sh
@@ -98,7 +101,7 @@ ifeq ($(E2E_CLUSTER),kind)
 	bash tests/e2e/kind/up.sh
 	E2E_CLUSTER=kind KUBECONFIG=$(CURDIR)/.kind/kubeconfig $(PY) -m pytest tests/e2e -p no:cacheprovider
 else
-	LOCALCLUSTER_NODE_KIND=real $(PY) -m pytest tests/e2e -p no:cacheprovider
+	$(PY) -m pytest tests/e2e -p no:cacheprovider
 endif
 
 compat: ## Opt-in, not in `make test`: rendezvous scenarios vs each torch (VERSIONS=2.7.1,2.13.0), local processes; venvs cached in ~/.cache/elasticjob/compat (PyPI's CUDA builds: about 3 GB and 5-7 GB each)
@@ -119,8 +122,8 @@ cluster-build: ## Build (once per K8S_VERSION; progress on stderr) the control p
 	bash localcluster/build.sh >/dev/null
 	bash localcluster/build_addons.sh >/dev/null
 
-cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) nodes; REAL_NODES=1 real ones; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those; K8S_VERSION=1.33 another release)
-	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 1,$(REAL_NODES)),--real-nodes) $(if $(filter 1,$(KUEUE)),--kueue) \
+cluster-up: $(VENV)/.installed ## Start the local cluster ($(NODES) real nodes; REAL_NODES=0 the process-backed agent's instead; KUEUE=1, SCHEDULER_PLUGINS=1, KWOK=1 add those; K8S_VERSION=1.33 another release)
+	$(VENV)/bin/localcluster up --nodes $(NODES) $(if $(filter 0,$(REAL_NODES)),--process-nodes) $(if $(filter 1,$(KUEUE)),--kueue) \
 		$(if $(filter 1,$(SCHEDULER_PLUGINS)),--scheduler-plugins) $(if $(filter 1,$(KWOK)),--kwok)
 
 cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process behind
@@ -129,12 +132,12 @@ cluster-down: $(VENV)/.installed ## Stop the local cluster; leaves no process be
 bench: $(VENV)/.installed ## Benchmarks, printed as tables: planner work per event, job size, and a fleet of jobs vs a bare client
 	$(PY) bench/run.py
 	$(PY) bench/memory.py
-	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
+	$(VENV)/bin/localcluster up --nodes $(NODES) --process-nodes --kwok
 	$(PY) bench/scale.py
 	$(PY) bench/fleet.py
 
 bench-fleet: $(VENV)/.installed ## Only the fleet: 100, 300 and 1,000 jobs on one operator (kwok's fake nodes), vs a bare client
-	$(VENV)/bin/localcluster up --nodes $(NODES) --kwok
+	$(VENV)/bin/localcluster up --nodes $(NODES) --process-nodes --kwok
 	$(PY) bench/fleet.py
 
 bench-fleet-scale: $(VENV)/.installed ## 1,000, 3,000 and 10,000 jobs on one operator (kwok) vs a bare client: converge, requests per job, API server load, memory; each run on a kwok cluster started anew, so the local cluster running is stopped (about 75 minutes)
@@ -162,7 +165,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind e2e-kind-down
+.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit test-process-nodes host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind e2e-kind-down
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)

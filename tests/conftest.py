@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class ClusterHandle:
     kubeconfig: Path
     kind: str  # "local" (started from localcluster/), "kind" (E2E_CLUSTER=kind: tests/e2e/kind/up.sh's) or "external"
-    nodes: int | None = None  # process-backed nodes of the local cluster; None when external
+    nodes: int | None = None  # the local cluster's nodes; None when external
     node_kind: str | None = None  # the local cluster's: "real" or "process"
 
     @property
@@ -89,8 +89,9 @@ def cluster() -> Iterator[ClusterHandle]:
     from localcluster import controlplane
 
     nodes = int(os.environ.get("LOCALCLUSTER_NODES", "3"))
-    # "real": kubelet, containerd, runc, CNI and kube-proxy (localcluster/realnodes); "process": the node agent.
-    kind = os.environ.get("LOCALCLUSTER_NODE_KIND", "process")
+    # "real": kubelet, containerd, runc, CNI and kube-proxy (localcluster/realnodes); "process": the node agent,
+    # which only its own tests (make test-process-nodes) and two benchmarks still use.
+    kind = os.environ.get("LOCALCLUSTER_NODE_KIND", "real")
     started = controlplane.ensure_up(ROOT, nodes, node_kind=kind)
     yield ClusterHandle(started.kubeconfig, "local", started.nodes, kind)
     if started.started_now and os.environ.get("KEEP_CLUSTER") != "1":

@@ -31,7 +31,7 @@ def _up(args: argparse.Namespace) -> int:
     controlplane.ensure_up(
         args.root, args.nodes, gpus_per_node=args.gpus_per_node, node_cpu=args.node_cpu,
         node_memory=args.node_memory, apiserver_port=args.port, addons=addons,
-        node_kind="real" if args.real_nodes else "process", profiling=args.profiling,
+        node_kind="process" if args.process_nodes else "real", profiling=args.profiling,
     )
     return 0
 
@@ -78,8 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start the cluster (no-op when a healthy one runs)")
     up.add_argument("--nodes", type=int, default=3, help="nodes to start (0: none)")
     up.add_argument("--real-nodes", action="store_true",
-                    help="nodes made of the upstream kubelet, containerd, runc, CNI and kube-proxy, running the "
-                         "images built from images/ (root; see localcluster/README.md)")
+                    help="the default: nodes made of the upstream kubelet, containerd, runc, CNI and kube-proxy, "
+                         "running the images built from images/ (root; see localcluster/README.md)")
+    up.add_argument("--process-nodes", action="store_true",
+                    help="the process-backed node agent instead (no images: each pod a process tree from the "
+                         "host's .venv); only its own tests and the fleet benchmark's light pods use it")
     up.add_argument("--gpus-per-node", type=int, default=0)
     up.add_argument("--node-cpu", default="8")
     up.add_argument("--node-memory", default="16Gi")

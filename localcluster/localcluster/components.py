@@ -215,8 +215,8 @@ class NodeOptions:
     gpus_per_node: int = 0
     cpu: str = "8"
     memory: str = "16Gi"
-    # "process": the node agent (localcluster/nodeagent.py); "real": kubelet, containerd, runc (realnodes/).
-    kind: str = "process"
+    # "real": kubelet, containerd, runc (realnodes/); "process": the node agent (localcluster/nodeagent.py).
+    kind: str = "real"
 
 
 def nodeagent_available() -> bool:

@@ -308,8 +308,8 @@ def ensure_up(
     ADDONS) are started too, on a running cluster as well; add-ons already running are kept either way.
     `profiling`: the API server serves Go's profiles at /debug/pprof (to the admin credentials)."""
     layout = Layout(root.resolve())
-    # No kind asked for: the running cluster's (an add-on started for a test keeps the nodes it found).
-    kind = node_kind or ("real" if realnodes.running(layout) else "process")
+    # No kind asked for: the running cluster's (an add-on started for a test keeps the nodes it found), else real.
+    kind = node_kind or ("process" if layout.pid_file("nodeagent").exists() else "real")
     options = components.NodeOptions(nodes, gpus_per_node, node_cpu, node_memory, kind)
     wanted = check_names(addons)
     with _locked(layout):

@@ -13,7 +13,7 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from . import kube, processnodes, realnodes
+from . import kube, processnodes
 from .layout import Layout
 from .nodekind import NodeKind
 from .realnodes.kind import RealNodes
@@ -23,11 +23,11 @@ DEFAULT_STATE = Path(".localcluster")
 
 def nodes(state_dir: Path = DEFAULT_STATE) -> NodeKind:
     """The kind of node the local cluster of `state_dir` runs: process-backed while its node agent is recorded
-    running (a real node's directory outlives its cluster, so it alone says nothing), real where real nodes were
-    made (they stay real while lost: a lost node's directory is what restores it)."""
+    running (a real node's directory outlives its cluster, so it says nothing), else real, the default (a lost
+    real node stays one: its directory is what restores it)."""
     state_dir = Path(state_dir)
     layout = Layout(state_dir.resolve().parent)
-    if layout.pid_file("nodeagent").exists() or not realnodes.existing(layout):
+    if layout.pid_file("nodeagent").exists():
         return processnodes.ProcessNodes(state_dir)
     return RealNodes(layout)
 

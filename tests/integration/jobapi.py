@@ -29,6 +29,27 @@ def pod_spec(containers: list[dict], *, operator_image: bool = False, **spec) ->
             **({"imagePullSecrets": list(secrets)} if secrets else {}), **spec}
 
 
+def _millicores(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def one_per_node_cpu(core, margin: int = 0) -> tuple[int, str]:
+    """(schedulable nodes, a CPU request of which each node holds one and no node two): just over half the largest
+    node's allocatable CPU (process-backed nodes have 8 CPUs each, real ones this machine's). Checked to fit beside
+    what the cluster's own pods (kube-system: CoreDNS, metrics-server on real nodes) request, and `margin`
+    millicores more (a job's store pod). Other tests' pods still terminating are left out: they go."""
+    nodes = [n for n in core.list_node().items if not n.spec.unschedulable]
+    room = {n.metadata.name: _millicores(n.status.allocatable["cpu"]) for n in nodes}
+    request = max(room.values()) // 2 + 1
+    for pod in core.list_namespaced_pod("kube-system").items:
+        if pod.spec.node_name in room and pod.status.phase in ("Pending", "Running"):
+            for container in pod.spec.containers:
+                requests = (container.resources.requests or {}) if container.resources else {}
+                room[pod.spec.node_name] -= _millicores(requests.get("cpu", "0"))
+    assert request + margin <= min(room.values()), f"nodes too small to hold one such pod each: {room}"
+    return len(nodes), f"{request}m"
+
+
 def job_manifest(name: str, command=SLEEP, **spec) -> dict:
     container = {"name": "worker", "command": command,
                  "resources": spec.pop("resources", {"requests": {"cpu": "100m"}})}

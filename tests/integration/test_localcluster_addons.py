@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from jobapi import pod_spec
+from jobapi import one_per_node_cpu, pod_spec
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -71,31 +71,11 @@ def _pod(name: str, cpu: str, **spec) -> dict:
                              terminationGracePeriodSeconds=1, **spec)}
 
 
-def _millicores(quantity: str) -> int:
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
-
-
-def _free_cpu(core: client.CoreV1Api) -> list[int]:
-    """Each schedulable node's CPU (millicores) that no pod on it requests: the system pods of real nodes (CoreDNS,
-    metrics-server) take some of one node's."""
-    free = {n.metadata.name: _millicores(n.status.allocatable["cpu"])
-            for n in core.list_node().items if not n.spec.unschedulable}
-    for pod in core.list_pod_for_all_namespaces().items:
-        if pod.spec.node_name in free and pod.status.phase in ("Pending", "Running"):
-            for container in pod.spec.containers:
-                requests = (container.resources.requests or {}) if container.resources else {}
-                free[pod.spec.node_name] -= _millicores(requests.get("cpu", "0"))
-    return sorted(free.values())
-
-
 def _block_all_but_two_nodes(core: client.CoreV1Api, namespace: str) -> tuple[str, list[str]]:
     """Pods asking for just over half the freest node's CPU fit one per node, whatever the nodes' sizes; blockers
     take all nodes but two. Returns that request and the blockers' names, once they run."""
-    free = _free_cpu(core)
-    assert len(free) >= GANG, f"needs {GANG} schedulable nodes, the cluster has {len(free)}"
-    big = f"{free[-1] // 2 + 1}m"
-    assert free[-1] // 2 + 1 <= free[0], f"nodes too unequal to hold one such pod each: {free}"
-    count = len(free)
+    count, big = one_per_node_cpu(core)
+    assert count >= GANG, f"needs {GANG} schedulable nodes, the cluster has {count}"
     blockers = [f"blocker-{i}" for i in range(count - (GANG - 1))]
     for name in blockers:
         core.create_namespaced_pod(namespace, _pod(name, big))

@@ -26,11 +26,13 @@ http.server.HTTPServer(("0.0.0.0", 8000), Health).serve_forever()
 LIVENESS = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 1, "failureThreshold": 2,
             "timeoutSeconds": 1}
 
+pytestmark = pytest.mark.process_nodes
+
 
 @pytest.fixture
 def core(cluster, kube) -> client.CoreV1Api:
-    if cluster.kind != "local":
-        pytest.skip("tests the local cluster's node agent")
+    if cluster.kind != "local" or cluster.node_kind != "process":
+        pytest.skip("tests the local cluster's process-backed node agent (make test-process-nodes)")
     return client.CoreV1Api(kube)
 
 

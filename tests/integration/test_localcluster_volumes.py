@@ -13,11 +13,13 @@ from helpers import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP = 60
 
+pytestmark = pytest.mark.process_nodes
+
 
 @pytest.fixture
 def core(cluster, kube) -> client.CoreV1Api:
-    if cluster.kind != "local":
-        pytest.skip("tests the local cluster's node agent")
+    if cluster.kind != "local" or cluster.node_kind != "process":
+        pytest.skip("tests the local cluster's process-backed node agent (make test-process-nodes)")
     return client.CoreV1Api(kube)
 
 

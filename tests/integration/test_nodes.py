@@ -21,6 +21,8 @@ from localcluster import faults, podlogs
 
 STARTUP = 60  # a pod that imports torch on a busy 2-core machine can take a while
 
+pytestmark = pytest.mark.process_nodes
+
 
 @pytest.fixture
 def core(kube) -> client.CoreV1Api:
@@ -29,8 +31,8 @@ def core(kube) -> client.CoreV1Api:
 
 @pytest.fixture
 def state_dir(cluster) -> Path:
-    if cluster.kind != "local":
-        pytest.skip("needs the local cluster's node agent")
+    if cluster.kind != "local" or cluster.node_kind != "process":
+        pytest.skip("tests the local cluster's process-backed node agent (make test-process-nodes)")
     return Path(cluster.kubeconfig).parent
 
 

@@ -23,6 +23,7 @@ from jobapi import (
     get_job,
     host_dir,
     job_manifest,
+    one_per_node_cpu,
     pod_spec,
     pods,
     status_of,
@@ -223,26 +224,30 @@ def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears
                                                                                 cluster):
     if cluster.kind != "local":
         pytest.skip("sizes requests to the local cluster's nodes")
-    nodes = api[1].list_node().items
-    node_cpu = min(int(n.status.allocatable["cpu"]) for n in nodes)
-    big = {"requests": {"cpu": str(node_cpu - 1)}}
-    # A blocker takes one node's worth of CPU per node but one, so only len(nodes) - 1 big workers fit.
-    blockers = len(nodes) - (len(nodes) - 1)
-    for i in range(blockers):
-        api[1].create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod",
-                                                 "metadata": {"name": f"blocker-{i}"},
-                                                 "spec": pod_spec([{"name": "c", "command": SLEEP, "resources": big}],
-                                                                  terminationGracePeriodSeconds=1)})
+    # One big pod fits per node, with the store beside it: a blocker takes one node, so only nodes - 1 big workers
+    # fit.
+    count, cpu = one_per_node_cpu(api[1], margin=_millicores_of_store())
+    big = {"requests": {"cpu": cpu}}
+    api[1].create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "blocker-0"},
+                                             "spec": pod_spec([{"name": "c", "command": SLEEP, "resources": big}],
+                                                              terminationGracePeriodSeconds=1)})
     wait_for(lambda: api[1].read_namespaced_pod("blocker-0", namespace).status.phase, 60, "blocker running",
              until=lambda phase: phase == "Running")
-    create(api, namespace, job_manifest("train", replicas=len(nodes), maxReplicas=len(nodes),
-                                        minReplicas=len(nodes) - 1, resources=big))
+    create(api, namespace, job_manifest("train", replicas=count, maxReplicas=count, minReplicas=count - 1,
+                                        resources=big))
     status = wait_for(lambda: status_of(api, namespace, "train"), 90, "running short of one worker",
                       until=lambda s: s.get("phase") == "Running" and "unschedulable" in (s.get("message") or ""))
-    assert status["readyReplicas"] == len(nodes) - 1
+    assert status["readyReplicas"] == count - 1
     api[1].delete_namespaced_pod("blocker-0", namespace, grace_period_seconds=0)
     wait_for(lambda: status_of(api, namespace, "train"), 90, "all workers ready once capacity appears",
-             until=lambda s: s.get("readyReplicas") == len(nodes))
+             until=lambda s: s.get("readyReplicas") == count)
+
+
+def _millicores_of_store() -> int:
+    from elasticjob.builders import STORE_RESOURCES
+
+    cpu = STORE_RESOURCES["requests"]["cpu"]
+    return int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
 
 
 def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):

@@ -31,7 +31,7 @@ def state_of(tmp_path: Path, *, agent: bool, real_node_dirs: int) -> Path:
     (True, 0, "process"),   # the node agent runs
     (True, 3, "process"),   # ... beside the directories an earlier real-node cluster left
     (False, 3, "real"),     # real nodes made (running or lost: a lost node's directory restores it)
-    (False, 0, "process"),  # nothing started yet: the agent's marker files are harmless
+    (False, 0, "real"),     # nothing started yet: the default kind
 ])
 def test_the_cluster_state_names_its_kind_of_node(tmp_path, agent, real_node_dirs, kind):
     assert faults.nodes(state_of(tmp_path, agent=agent, real_node_dirs=real_node_dirs)).name == kind
