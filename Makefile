@@ -83,7 +83,8 @@ lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into
 
 test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests, then integration tests (the operator against the real API server), the core e2e scenarios (real torchrun training) and the short soak, all on real nodes
 	@status=0; \
-	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/unit --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
 	$(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
 	exit $$status
 
@@ -93,8 +94,8 @@ test-process-nodes: $(VENV)/.installed ## Opt-in, not in `make test`: the proces
 host-packages: ## Install (as root, where missing) the Debian packages real nodes, image builds and lint-workflows need: containerd, runc, CNI plugins, buildah, mmdebstrap, shellcheck
 	bash localcluster/host-packages.sh
 
-test-unit: $(VENV)/.installed ## Unit tests only (no cluster; seconds)
-	$(PY) -m pytest tests/unit -p no:cacheprovider
+test-unit: $(VENV)/.installed ## Unit tests only (no cluster; about 4 minutes, on both cores)
+	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider
 
 e2e: $(VENV)/.installed host-packages ## Every e2e scenario, slow ones included, on real nodes (E2E_CLUSTER=kind runs them on kind)
 ifeq ($(E2E_CLUSTER),kind)

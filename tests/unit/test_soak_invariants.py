@@ -95,7 +95,9 @@ def test_a_force_deleted_pods_processes_beside_its_replacement_are_tolerated_bri
     import invariants
 
     o, v = objects()
-    monkeypatch.setattr(o, "_alive_on_process_nodes", lambda: {"a-worker-0": {"old", "new"}})
+    # The nodes run processes of two uids that the API listed under one pod name.
+    monkeypatch.setattr(o, "_nodes", SimpleNamespace(live_pod_uids=lambda: {"old", "new", "unlisted"}))
+    o._names.update(old="a-worker-0", new="a-worker-0")
     now = iter([100.0, 130.0, 300.0])
     monkeypatch.setattr(invariants.time, "monotonic", lambda: next(now))
     o.force_deleted["a-worker-0"] = 95.0
