@@ -11,6 +11,9 @@ pod of the job that has an IP, until it is gone), again whenever that changes an
 about the pod (its IP is known a few seconds before its agent starts, but the operator may be slow): such a
 connection is held, unanswered, for HOLD seconds, and passed through as soon as the address is allowed. An
 address taken off the list loses its connections at once: its pod is gone, and another pod may get the address.
+Its new connections are refused at once too, for DEPARTED_MEMORY seconds, not held: a pod deleted at once still
+runs for its grace period, and its agent, dialling to ask for a stop, would otherwise wait out the hold past the
+kubelet's kill instead of stopping its workers (which then save) while it can.
 The store pod's own processes (the loopback) always pass.
 
 What the gate cannot see: a network that rewrites source addresses (a proxy, SNAT between pods) shows every
@@ -40,6 +43,8 @@ CHUNK = 1 << 16
 APPLY_WAIT = 5.0
 # Refused addresses remembered for the report and the log (the first refusal of each is logged).
 MAX_REMEMBERED = 64
+# How long an address taken off the list is refused at once rather than held (unless the operator names it again).
+DEPARTED_MEMORY = 60.0
 
 Query = dict[str, list[str]]  # as wire.Query
 Route = Callable[[Any, Query], dict[str, Any]]
@@ -81,6 +86,7 @@ class Gate:
         self._told_at: float | None = None
         self.refused = 0
         self._refused_addresses: dict[str, float] = {}  # address -> last refusal, oldest first
+        self._departed: dict[str, float] = {}  # address taken off the list -> when, oldest first
         self._held: dict[str, int] = {}
         self._open: dict[str, set[asyncio.StreamWriter]] = {}
         self._loop = asyncio.new_event_loop()
@@ -96,7 +102,15 @@ class Gate:
         wanted = frozenset(normal(address) for address in addresses)
         with self._lock:
             changed = wanted != self._allowed or not self._told
-            self._allowed, self._told, self._told_at = wanted, True, self._clock()
+            now = self._clock()
+            for gone in self._allowed - wanted:
+                self._departed.pop(gone, None)
+                self._departed[gone] = now
+            for address in wanted:
+                self._departed.pop(address, None)
+            while len(self._departed) > MAX_REMEMBERED:
+                self._departed.pop(next(iter(self._departed)))
+            self._allowed, self._told, self._told_at = wanted, True, now
         if changed and self._loop.is_running():
             # Applied before the operator hears back: a pod taken off has lost its connections by then.
             asyncio.run_coroutine_threadsafe(self._apply(), self._loop).result(APPLY_WAIT)
@@ -162,6 +176,9 @@ class Gate:
         if self.allowed(address):
             return True
         with self._lock:  # report() reads the counts from another thread
+            departed = self._departed.get(address)
+            if departed is not None and self._clock() - departed < DEPARTED_MEMORY:
+                return False  # its pod is gone: nothing to wait for
             held = sum(self._held.values())
             if held >= MAX_HELD or self._held.get(address, 0) >= MAX_HELD_PER_ADDRESS:
                 return False

@@ -46,6 +46,11 @@ CONNECT_TIMEOUT = 3.0
 # TCPStore client waited CONNECT_TIMEOUT while the workers trained on, steps the next world did again, and the
 # survivors waited on this pod until the kubelet's SIGKILL. A store that answers does within milliseconds.
 PROBE_TIMEOUT = 0.5
+# ... and without enforcement the connect succeeds, but the store's gate closes it unread once the operator took the
+# pod off the job's list: the probe waits this long for that close. A connection the gate passes stays open and
+# silent (the store speaks only when asked); a new TCPStore client would instead retry the refusal for its
+# CONNECT_TIMEOUT, past the kubelet's kill.
+REFUSAL_WAIT = 0.15
 
 Stop = tuple[str, int]  # the latest stop in the store: its id and its step
 Handler = Callable[[int, Optional[FrameType]], None]
@@ -139,9 +144,21 @@ def connect(address: str) -> Any:
     import torch.distributed
 
     host, number = notice.host_port(address)
-    socket.create_connection((host, number), timeout=PROBE_TIMEOUT).close()
+    probe(host, number)
     dist: Any = torch.distributed  # TCPStore is not in its stubs
     return dist.TCPStore(host, number, is_master=False, timeout=timedelta(seconds=CONNECT_TIMEOUT))
+
+
+def probe(host: str, number: int) -> None:
+    """Raises OSError at once where no new connection gets through, or where the store refuses this pod."""
+    with socket.create_connection((host, number), timeout=PROBE_TIMEOUT) as sock:
+        sock.settimeout(REFUSAL_WAIT)
+        try:
+            closed = sock.recv(1) == b""
+        except socket.timeout:
+            return  # open and silent: passed (or held, for a pod the operator has not named yet)
+        if closed:
+            raise ConnectionRefusedError("the job's store closed the connection unread: it refuses this pod")
 
 
 class Guard:

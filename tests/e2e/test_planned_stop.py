@@ -82,15 +82,21 @@ def test_a_scale_down_stops_at_an_agreed_step_and_loses_none(operator, jobs, pro
 # twice in full `make test` runs on 2 shared cores (2026-12-06; alone it passed every time). Kept where it runs
 # unloaded until the save is made to fit the kill under load.
 @pytest.mark.slow
-def test_rank_0s_pod_deleted_at_once_saves_its_step_before_the_kubelets_kill(enforced_policies, operator, jobs,
-                                                                              progress, record_recovery):
+@pytest.mark.parametrize("policy", ["enforced", "none"])
+def test_rank_0s_pod_deleted_at_once_saves_its_step_before_the_kubelets_kill(policy, request, operator_factory,
+                                                                              jobs, progress, record_recovery):
     """A pod deleted with grace 0 (a force deletion; a lost node's eviction) is gone from the API at once, and
-    its kubelet sends SIGTERM and, 2 s later, SIGKILL; from the deletion on, the job's network policy drops its
-    new connections, so no stop can be agreed with the store. Its agent gives the store up at once and torchrun
-    stops the workers: rank 0 saves the step it is on, well before the kill, and the survivors resume from it.
-    Where nothing enforces the policy (kind's node built here) the agent still reaches the store on SIGTERM and
-    asks for an agreed stop, which the store drops once it refuses the deleted pod; the kill then comes before
-    the save (seen on kind): hence enforced_policies."""
+    its kubelet sends SIGTERM and, 2 s later, SIGKILL; no stop can be agreed with the store from then on. Its
+    agent gives the store up at once and torchrun stops the workers: rank 0 saves the step it is on, well before
+    the kill, and the survivors resume from it. Both ways the store is closed to the deleted pod: "enforced", the
+    job's network policy drops its new connections; "none" (the operator's --no-network-policy, as where nothing
+    enforces policies), its agent's connection reaches the store's gate, which refuses an address taken off the
+    job's list at once (before, it held it as an unnamed pod's for 20 s, and the kill came before the save)."""
+    if policy == "enforced":
+        request.getfixturevalue("enforced_policies")
+        operator_factory()
+    else:
+        operator_factory(extra_args=["--no-network-policy"])
     manifest = job_manifest(jobs.namespace, replicas=2, max_restarts=3,
                             train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))
     before = start(jobs, progress, manifest, world_size=2, min_step=20)

@@ -146,3 +146,40 @@ def test_the_operators_request_is_checked_and_applied() -> None:
                 {"addresses": [], "more": 1}):
         with pytest.raises(protocol.Invalid):
             route(bad, {})
+
+
+def test_an_address_taken_off_the_list_is_refused_at_once_not_held(fenced: Any) -> None:
+    """A pod deleted at once runs on for its grace period; its agent dialling to ask for a stop is refused at
+    once (its workers then stop and save while they can), not held for the hold as an unnamed pod would be."""
+    fence, master, _ = fenced
+    fence.hold = 10.0
+    fence.allow([outside_address()])
+    client(outside_address(), fence.port).set("k", b"v")
+    fence.allow([])
+    started = time.monotonic()
+    with socket.create_connection((outside_address(), fence.port), timeout=2) as sock:
+        sock.settimeout(2)
+        try:
+            assert sock.recv(1) == b""
+        except ConnectionResetError:
+            pass
+    assert time.monotonic() - started < 1.0
+    assert fence.report()["held"] == 0
+    fence.allow([outside_address()])  # the operator names it again (a new pod got the address): it passes
+    client(outside_address(), fence.port).set("again", b"v")
+    assert master.get("again") == b"v"
+
+
+def test_the_agents_probe_tells_a_refusal_from_a_store_that_passes_it(fenced: Any) -> None:
+    """elasticjob_warm.evicted.probe, where no NetworkPolicy drops the deleted pod's connections: the gate's
+    refusal raises at once; a passed connection (open and silent) does not."""
+    from elasticjob_warm import evicted
+
+    fence, _, _ = fenced
+    fence.allow([outside_address()])
+    evicted.probe(outside_address(), fence.port)
+    fence.allow([])
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        evicted.probe(outside_address(), fence.port)
+    assert time.monotonic() - started < 1.0
