@@ -133,8 +133,12 @@ class Jobs:
             GROUP, VERSION, self.namespace, PLURAL, name, {"spec": {"replicas": replicas}})
 
     def worker_pods(self, name: str = JOB_NAME) -> list[client.V1Pod]:
+        """The job's worker pods: its labels and its controller reference. A stranger may wear the labels (the
+        intruder test's neighbour does where the chart's jobLabelPolicy is not yet in force when it is made)."""
         selector = f"elasticjob.dev/job-name={name},elasticjob.dev/role=worker"
-        return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return [p for p in self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+                if any(o.controller and o.kind == "ElasticJob" and o.name == name
+                       for o in p.metadata.owner_references or [])]
 
     def live_workers(self, name: str = JOB_NAME) -> list[client.V1Pod]:
         """Worker pods that run or are about to, and are not leaving (a pod on a lost node stays Running in the
