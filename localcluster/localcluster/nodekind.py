@@ -1,9 +1,9 @@
 """The local cluster's two kinds of node behind one seam: the faults done to their pods and nodes, and which pods
 really run on them.
 
-Real nodes (realnodes/: kubelet, containerd, runc) are what every e2e scenario, the soak, the benchmarks and `make
-run` use; process-backed nodes (nodeagent.py: each pod's containers as process trees) run the integration tier,
-which starts and faults dozens of pods of sleeping processes (docs/development.md says why, with the timing of both).
+Real nodes (realnodes/: kubelet, containerd, runc) are the default, and what `make test`, `make run` and the
+benchmarks use; process-backed nodes (nodeagent.py: each pod's containers as process trees) are left to their own
+tests and two benchmarks' light pods (docs/development.md has the timing of the integration tier on both).
 A caller asks `faults.nodes(state_dir)` for the running cluster's kind and does its fault through it; nothing outside
 this module and the two kinds branches on which kind runs.
 """

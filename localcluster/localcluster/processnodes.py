@@ -75,11 +75,11 @@ class ProcessNodes:
 
     def throttle(self, namespace: str, name: str, percent: int | None) -> int:
         raise Unsupported("throttling a pod needs the local cluster's real nodes (their cgroups); "
-                          "start it with --real-nodes")
+                          "start it without --process-nodes")
 
     def slow_link(self, namespace: str, name: str, rate_mbit: int | None) -> int:
         raise Unsupported("a slow link needs the local cluster's real nodes (a pod's own network namespace and "
-                          "tc); start it with --real-nodes")
+                          "tc); start it without --process-nodes")
 
     def live_pod_uids(self) -> set[str]:
         return {rec["uid"] for pod_dir, rec in runtime_records(self.state_dir)

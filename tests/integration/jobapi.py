@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kubernetes.utils import parse_quantity
+
 from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +32,7 @@ def pod_spec(containers: list[dict], *, operator_image: bool = False, **spec) ->
 
 
 def _millicores(quantity: str) -> int:
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+    return int(parse_quantity(quantity) * 1000)
 
 
 def one_per_node_cpu(core, margin: int = 0) -> tuple[int, str]:

@@ -244,10 +244,11 @@ def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears
 
 
 def _millicores_of_store() -> int:
+    from kubernetes.utils import parse_quantity
+
     from elasticjob.builders import STORE_RESOURCES
 
-    cpu = STORE_RESOURCES["requests"]["cpu"]
-    return int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+    return int(parse_quantity(STORE_RESOURCES["requests"]["cpu"]) * 1000)
 
 
 def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):

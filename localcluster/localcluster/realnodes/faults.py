@@ -26,7 +26,7 @@ from localcluster.realnodes.plan import RealNode
 RULE_COMMENT = "localcluster-partition"
 
 
-def _node(state: Path, name: str) -> RealNode:
+def node_named(state: Path, name: str) -> RealNode:
     return RealNode(int(name.rsplit("-", 1)[1]), name, state)
 
 
@@ -41,7 +41,7 @@ def kill_containers(core: client.CoreV1Api, state: Path, namespace: str, name: s
     pod = core.read_namespaced_pod(name, namespace)
     if not pod.spec.node_name:
         return 0
-    node = _node(state, pod.spec.node_name)
+    node = node_named(state, pod.spec.node_name)
     hits = 0
     for container in running_containers(pod):
         result = subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "tasks", "kill",
@@ -59,9 +59,8 @@ def _container_pids(core: client.CoreV1Api, state: Path, namespace: str, name: s
     pod = core.read_namespaced_pod(name, namespace)
     if not pod.spec.node_name:
         return []
-    node = _node(state, pod.spec.node_name)
-    wanted = {s.container_id.split("://", 1)[1] for s in (pod.status.container_statuses or [])
-              if s.state.running is not None and s.container_id}
+    node = node_named(state, pod.spec.node_name)
+    wanted = set(running_containers(pod))
     listing = subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "tasks", "ls"],
                              capture_output=True, text=True, check=True).stdout
     pids = []
@@ -96,7 +95,7 @@ def _pod_ip_and_node(core: client.CoreV1Api, state: Path, namespace: str, name: 
     pod = core.read_namespaced_pod(name, namespace)
     if not pod.status.pod_ip or not pod.spec.node_name:
         return None
-    return pod.status.pod_ip, _node(state, pod.spec.node_name)
+    return pod.status.pod_ip, node_named(state, pod.spec.node_name)
 
 
 def _forward_rules(node: RealNode, ip: str, action: str) -> None:
@@ -122,11 +121,11 @@ def heal_pod(core: client.CoreV1Api, state: Path, namespace: str, name: str) -> 
 
 
 def partition_node(state: Path, name: str) -> None:
-    netns.partition(_node(state, name))
+    netns.partition(node_named(state, name))
 
 
 def heal_node(state: Path, name: str) -> None:
-    netns.heal(_node(state, name))
+    netns.heal(node_named(state, name))
 
 
 def slow_link(core: client.CoreV1Api, state: Path, namespace: str, name: str, rate_mbit: int | None) -> int:

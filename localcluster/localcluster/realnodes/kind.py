@@ -9,7 +9,6 @@ from localcluster import kube
 from localcluster.layout import Layout
 from localcluster.realnodes import faults
 from localcluster.realnodes import node as nodes
-from localcluster.realnodes.plan import RealNode
 
 
 class RealNodes:
@@ -25,14 +24,11 @@ class RealNodes:
             self._core = client.CoreV1Api(kube.api_client(str(self.layout.kubeconfig)))
         return self._core
 
-    def _node(self, name: str) -> RealNode:
-        return RealNode(int(name.rsplit("-", 1)[1]), name, self.layout.state)
-
     def kill_pod(self, namespace: str, name: str, signal: int) -> int:
         return faults.kill_containers(self.core, self.layout.state, namespace, name, signal)
 
     def lose_node(self, node: str) -> int:
-        nodes.lose(self.layout, self._node(node))
+        nodes.lose(self.layout, faults.node_named(self.layout.state, node))
         return 1
 
     def restore_node(self, node: str) -> None:
