@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from elasticjob_store.protocol_state import TorchWire
 from elasticjob_store.rdzv_classes import STANDINS, Kinds, torch_kinds
 
 # The torch minors the nudges were run against (`make compat`; docs/behaviour.md, "Torch versions"). Inclusive.
@@ -49,9 +50,10 @@ class Verdict:
     why: str  # on: what was checked; off: what failed
     checking: bool = False  # off only until probe() is done
 
-    def report(self) -> dict[str, Any]:
-        """The `torch` object of GET /v1/state."""
-        return {"version": self.torch, "nudges": self.nudges, "why": self.why, "checking": self.checking}
+    def report(self) -> TorchWire:
+        """The `torch` object of GET /v1/state (control.torch_report adds plain torchrun's count)."""
+        return {"version": self.torch, "nudges": self.nudges, "why": self.why, "checking": self.checking,
+                "plainTorchrun": None}
 
 
 def minor(version: str) -> tuple[int, int] | None:

@@ -23,6 +23,7 @@ from elasticjob_store.agent_reports import AgentReports, Store
 from elasticjob_store.progress import KEY as PROGRESS_KEY
 from elasticjob_store.progress import ProgressReader
 from elasticjob_store.protocol import StopReply
+from elasticjob_store.protocol_state import PeersWire, PlainTorchrunWire, StopWire, TorchWire
 from elasticjob_store.report import summary
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.seating import Seating
@@ -45,7 +46,7 @@ class Control(AgentReports, Seating):
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
                  connections: Callable[[], set[str] | None] | None = None,
                  unanswered: Callable[[], set[str] | None] | None = None,
-                 gate: Callable[[], dict[str, Any]] | None = None, seat_count: int | None = None) -> None:
+                 gate: Callable[[], PeersWire] | None = None, seat_count: int | None = None) -> None:
         self.run_id = run_id
         # The gate's report (gate.py): a change of whom it answers or refuses wakes the operator like a round's.
         self.gate = gate
@@ -80,7 +81,7 @@ class Control(AgentReports, Seating):
         # The latest round's link probe verdict (links.py): shown to the operator, who may replace its outlier.
         self.links = links.LinkReader()
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
-        self.stop_record: dict[str, Any] | None = None
+        self.stop_record: StopWire | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
         # The addresses connected to the store's port now (peers.connected); None: agents' departures unseen.
         self._connections = connections
@@ -144,10 +145,10 @@ class Control(AgentReports, Seating):
     def _utc(self, unix: float) -> datetime:
         return datetime.fromtimestamp(unix, timezone.utc)
 
-    def torch_report(self) -> dict[str, Any]:
+    def torch_report(self) -> TorchWire:
         return {**self.verdict.report(), "plainTorchrun": self._plain_torchrun()}
 
-    def _plain_torchrun(self) -> dict[str, Any] | None:
+    def _plain_torchrun(self) -> PlainTorchrunWire | None:
         """Whether an agent's warm wrapper ran plain torchrun instead (it says so in this store)."""
         with self._store_lock:
             if not self._store.check([compat.PLAIN_KEY, compat.PLAIN_WHY_KEY]):  # get() would wait for both

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from elasticjob_store import peers, protocol
+from elasticjob_store.protocol_state import PeersWire
 
 # How long a connection from an address not (yet) allowed waits for the operator to allow it.
 HOLD = 20.0
@@ -116,7 +117,7 @@ class Gate:
             asyncio.run_coroutine_threadsafe(self._apply(), self._loop).result(APPLY_WAIT)
         return changed
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> PeersWire:
         """What GET /v1/state shows of the gate."""
         with self._lock:
             return {"checked": True, "told": self._told, "allowed": sorted(self._allowed),

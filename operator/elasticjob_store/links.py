@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from elasticjob_store.protocol_state import LinksWire
+
 REPORT_KEY = "elasticjob.links"  # elasticjob_warm.linkprobe writes it (it imports this module)
 VERSION = 1
 MAX_REPORT_BYTES = 4096
@@ -68,7 +70,7 @@ class LinkReader:
 
     def __init__(self) -> None:
         self.round: int | None = None
-        self.verdict: dict[str, Any] | None = None
+        self.verdict: LinksWire | None = None
 
     def wanted(self, round_number: int | None, completed_at: float | None, now: float) -> bool:
         """Whether to read the key now: a round newer than the verdict's, within LINGER of its completion."""
@@ -82,14 +84,15 @@ class LinkReader:
         """The verdict in `raw`, its outlier's rank turned into that member's address (`addresses`: the round's
         ranks); a verdict naming a rank the round does not have, or a world it does not have, is refused."""
         report = check(raw) if raw else None
-        if report is None or report["world"] != len(addresses):
+        if report is None or self.round is None or report["world"] != len(addresses):
             return
         outlier = report["outlier"]
         if outlier is not None and outlier not in addresses:
             return
-        self.verdict = {"round": self.round, "world": report["world"], "seconds": report["seconds"],
-                        "outlier": addresses[outlier] if outlier is not None else None,
-                        "reason": report["reason"]}
+        verdict: LinksWire = {"round": self.round, "world": report["world"], "seconds": report["seconds"],
+                              "outlier": addresses[outlier] if outlier is not None else None,
+                              "reason": report["reason"]}
+        self.verdict = verdict
 
-    def describe(self) -> dict[str, Any] | None:
+    def describe(self) -> LinksWire | None:
         return self.verdict

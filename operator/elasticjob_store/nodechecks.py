@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from elasticjob_store.progress import versioned
+from elasticjob_store.protocol_state import NodeCheckWire
 
 # elasticjob_warm.nodecheck.KEY_PREFIX (a unit test keeps the two equal).
 KEY_PREFIX = "elasticjob.nodecheck."
@@ -67,9 +68,10 @@ class NodeCheckReader:
         else:
             self._reports[addr] = report
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[NodeCheckWire]:
         """The members' reports, by address."""
-        return [{"addr": addr, **self._reports[addr]} for addr in sorted(self._reports)]
+        return [{"addr": addr, "seconds": report["seconds"], "held": report["held"], "at": report["at"]}
+                for addr, report in sorted(self._reports.items())]
 
     def landmark(self) -> tuple[tuple[str, float], ...]:
         """Which members have reported, and when: a new report wakes the operator's long-poll."""

@@ -15,6 +15,7 @@ import statistics
 from typing import Any
 
 from elasticjob_store.progress import versioned
+from elasticjob_store.protocol_state import PaceWire
 
 # elasticjob_progress.pace.KEY_PREFIX (a unit test keeps the two equal).
 KEY_PREFIX = "elasticjob.pace."
@@ -96,10 +97,10 @@ class PaceReader:
                      if now - seen > STALE_AFTER or (round_began is not None and seen <= round_began)]:
             del self._reports[rank]
 
-    def by_pod(self, now: float) -> list[dict[str, Any]]:
+    def by_pod(self, now: float) -> list[PaceWire]:
         """Each pod's pace: the slowest of its ranks (one slow GPU slows its whole pod's share), fresh reports only.
         Sorted by pod name."""
-        pods: dict[str, dict[str, Any]] = {}
+        pods: dict[str, PaceWire] = {}
         for report, seen in self._reports.values():
             if now - seen > STALE_AFTER:
                 continue
@@ -114,7 +115,7 @@ class PaceReader:
         return None if found is None or found[1] < LOOK_FACTOR else found[0]
 
 
-def slowest(pods: list[dict[str, Any]]) -> tuple[str, float] | None:
+def slowest(pods: list[PaceWire]) -> tuple[str, float] | None:
     """The slowest pod and how many times the median of the others' its pace is; None for fewer than two."""
     if len(pods) < 2:
         return None

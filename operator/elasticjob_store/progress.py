@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, cast
+
+from elasticjob_store.protocol_state import ProgressWire
 
 # elasticjob_progress.report.KEY (a unit test keeps the two equal).
 KEY = "elasticjob.progress"
@@ -108,12 +110,13 @@ class ProgressReader:
         if self.report is not None and before and self.report["pod"] != before:
             self.previous_pod = before
 
-    def describe(self, now: float) -> dict[str, Any] | None:
+    def describe(self, now: float) -> ProgressWire | None:
         """The `progress` object of GET /v1/state; None before any valid report."""
         if self.report is None:
             return None
-        return {**self.report, "receivedAt": self.received_at, "stalled": self.stalled(now),
-                "previousPod": self.previous_pod}
+        # check() wrote every other field of ProgressWire, each checked.
+        return cast(ProgressWire, {**self.report, "receivedAt": self.received_at, "stalled": self.stalled(now),
+                                   "previousPod": self.previous_pod})
 
     def stalled(self, now: float) -> bool:
         """The training stepped, and its report has not changed since for longer than a few of its steps: every

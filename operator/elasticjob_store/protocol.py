@@ -3,12 +3,13 @@
 Both sides use this module. The store (server.py) checks a request body into its type and writes its reply
 from one; the operator's planner builds requests as types, its client (elasticjob.rendezvous_client) sends
 them and reads the replies back into types. So this module imports the standard library only, and no other
-module of this package: it is the one module of the store the operator imports (the contract in pyproject.toml
-allows that one import; test_store_protocol checks what importing it pulls in). Python 3.10, as the store.
+module of this package but its checks: with protocol_state.py (GET /v1/state's reply, written the same way), it
+is what the operator imports of the store (the contracts in pyproject.toml allow those imports;
+test_store_protocol checks what importing them pulls in). Python 3.10, as the store.
 
     GET  /healthz                         no token: the liveness probe
-    GET  /v1/state?after=N&epoch=E&wait=S StateQuery; the reply is report.describe's, which the operator
-                                          checks field by field (store_reply.parse_state)
+    GET  /v1/state?after=N&epoch=E&wait=S StateQuery -> StateWire (protocol_state.py: the store writes it,
+                                          the operator reads it back with read_state)
     POST /v1/remove                       Remove   -> RemoveReply
     POST /v1/complete                     Complete -> CompleteReply
     POST /v1/hold                         Hold     -> HoldReply (the first round waits for workers starting)

@@ -1,4 +1,5 @@
-"""The JSON the operator reads from GET /v1/state: a pure rendering of a decoded state and the round history."""
+"""The JSON the operator reads from GET /v1/state (protocol_state.StateWire): a pure rendering of a decoded state and
+the round history."""
 
 from __future__ import annotations
 
@@ -8,6 +9,18 @@ from typing import Any
 
 from elasticjob_store.actions import WAITER, has_waiter
 from elasticjob_store.peers import normal
+from elasticjob_store.protocol_state import (
+    LinksWire,
+    NodeCheckWire,
+    NodeWire,
+    PaceWire,
+    PeersWire,
+    ProgressWire,
+    SeatsWire,
+    StateWire,
+    StopWire,
+    TorchWire,
+)
 from elasticjob_store.rounds import RoundTracker
 from elasticjob_store.state import NodeDesc, RendezvousState
 
@@ -18,9 +31,9 @@ def _age(state: RendezvousState, node: NodeDesc, now: float) -> float | None:
 
 
 def _node(state: RendezvousState, node: NodeDesc, now: float, stale_after: float,
-          unanswered: Mapping[str, float]) -> dict[str, Any]:
+          unanswered: Mapping[str, float], rank: int | None = None) -> NodeWire:
     age = _age(state, node, now)
-    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "heartbeatAge": age,
+    return {"addr": node.addr, "pid": node.pid, "localId": node.local_id, "rank": rank, "heartbeatAge": age,
             "stale": age is not None and age > stale_after, "unanswered": unanswered.get(normal(node.addr))}
 
 
@@ -42,12 +55,10 @@ def node_ref(node: NodeDesc) -> dict[str, Any]:
 
 def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float, epoch: str, run_id: str,
              min_nodes: int, max_nodes: int, version: int = 0, stale_after: float = 1e9,
-             torch: dict[str, Any] | None = None, progress: dict[str, Any] | None = None,
-             stop: dict[str, Any] | None = None, pace: list[dict[str, Any]] | None = None,
-             peers: dict[str, Any] | None = None,
-             node_checks: list[dict[str, Any]] | None = None,
-             links: dict[str, Any] | None = None, seats: dict[str, Any] | None = None,
-             unanswered: Mapping[str, float] | None = None) -> dict[str, Any]:
+             torch: TorchWire | None = None, progress: ProgressWire | None = None,
+             stop: StopWire | None = None, pace: list[PaceWire] | None = None, peers: PeersWire | None = None,
+             node_checks: list[NodeCheckWire] | None = None, links: LinksWire | None = None,
+             seats: SeatsWire | None = None, unanswered: Mapping[str, float] | None = None) -> StateWire:
     """`epoch` changes when the store process restarts: the operator then knows the counts started over.
     `version` counts changes of the summary within the epoch. `torch`: compat.Verdict.report(), whether the
     store accepts nudges on this torch. `progress`: the training's latest report (progress.py), the tenant's
@@ -58,7 +69,7 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
     `seats`: for a job with spares, the seats' count, who holds one and which spares wait (seats.py); else None.
     `unanswered`: the addresses whose kernel has answered none of the store's TCP for a while, and for how many
     seconds (peers.Silences): each node's `unanswered`, the store's own word."""
-    body: dict[str, Any] = {
+    body: StateWire = {
         "torch": torch, "progress": progress, "stop": stop, "pace": pace or [], "peers": peers,
         "nodeChecks": node_checks or [], "links": links, "seats": seats,
         "epoch": epoch, "version": version, "runId": run_id, "now": now, "minNodes": min_nodes,
@@ -77,7 +88,7 @@ def describe(state: RendezvousState | None, tracker: RoundTracker, *, now: float
     body.update({
         "round": state.round, "complete": state.complete, "closed": state.closed,
         "deadlineIn": None if state.deadline is None else round(state.deadline.timestamp() - now, 3),
-        "participants": [{**_node(state, node, now, stale_after, silent), "rank": rank} for node, rank in by_rank],
+        "participants": [_node(state, node, now, stale_after, silent, rank) for node, rank in by_rank],
         # The store's own waiter is reported as waiterActive, not as a node.
         "waiting": [_node(state, node, now, stale_after, silent) for node in sorted(state.wait_list) if node != WAITER],
         "redundant": [_node(state, node, now, stale_after, silent) for node in sorted(state.redundancy_list)],

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from elasticjob_store.protocol_state import SeatsWire
+
 COUNT_KEY = "elasticjob.seat.count"
 ASK_PREFIX = "elasticjob.seat.ask."
 HELD_KEY = "elasticjob.seat.held"
@@ -132,7 +134,7 @@ class Seats:
         self.granted_total += len(granted)
         return granted
 
-    def describe(self) -> dict[str, Any] | None:
+    def describe(self) -> SeatsWire | None:
         if self.count is None:
             return None
         return {"count": self.count, "held": sorted(self.held), "spares": sorted(self.waiting),

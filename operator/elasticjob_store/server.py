@@ -18,6 +18,7 @@ from elasticjob_store.auth import Credential
 from elasticjob_store.capped import CappedHTTPServer
 from elasticjob_store.control import ConflictError, Control, wait_for_change
 from elasticjob_store.gate import Gate, peers_route
+from elasticjob_store.protocol_state import StateWire
 from elasticjob_store.report import describe
 from elasticjob_store.state import StateError
 
@@ -32,7 +33,7 @@ def make_server(control: Control, host: str, port: int, credential: Credential,
                 gate: Gate | None = None) -> CappedHTTPServer:
     epoch = secrets.token_hex(8)  # per process start: tells the operator that counts and history restarted
 
-    def state_view(_body: Any, query: wire.Query) -> dict[str, Any]:
+    def state_view(_body: Any, query: wire.Query) -> StateWire:
         """With ?after=N&epoch=E&wait=S: answered once the summary's version passes N (or the epoch is not E,
         i.e. this store restarted), or after S seconds: a long-poll, so the operator learns of a failure
         round or a stale heartbeat within the poller's tick without polling every store."""

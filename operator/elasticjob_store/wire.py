@@ -11,7 +11,7 @@ import json
 import socket
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, NoReturn, TypeVar
@@ -28,7 +28,7 @@ REQUEST_DEADLINE = 5.0
 
 T = TypeVar("T")
 Query = dict[str, list[str]]  # as parse_qs makes it
-Route = Callable[[Any, Query], dict[str, Any]]
+Route = Callable[[Any, Query], Mapping[str, Any]]  # a reply: a dict, or a TypedDict of protocol_state
 # An error a route may raise, the status it answers with, and the prefix of its message.
 ErrorAnswer = tuple[type[BaseException], HTTPStatus, str]
 
@@ -119,7 +119,7 @@ def make_server(routes: dict[tuple[str, str], Route], host: str, port: int, cred
             except (ValueError, UnicodeDecodeError) as err:
                 raise BadRequest(f"the body is not JSON: {err}") from None
 
-        def _json(self, status: HTTPStatus, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        def _json(self, status: HTTPStatus, body: Mapping[str, Any], headers: dict[str, str] | None = None) -> None:
             self._send(status, json.dumps(body).encode(), "application/json", headers)
 
         def _error(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:

@@ -309,12 +309,13 @@ def test_a_reply_of_the_wrong_types_is_invalid(kind, body, said):
 
 
 def test_the_protocol_pulls_in_nothing_but_the_standard_library():
-    """The operator imports this one module of the store (and its field checks): not torch, not the store's other
-    modules."""
-    code = ("import sys, elasticjob_store.protocol\n"
+    """The operator imports the store's protocol (its requests and replies, its state's reply, their field checks):
+    not torch, not the store's other modules."""
+    code = ("import sys, elasticjob_store.protocol, elasticjob_store.protocol_state\n"
             "ours = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'pydantic', 'elasticjob', 'elasticjob_store'))\n"
-            "assert ours == ['elasticjob_store', 'elasticjob_store.protocol', 'elasticjob_store.protocol_checks'], ours\n")
+            "assert ours == ['elasticjob_store', 'elasticjob_store.protocol', 'elasticjob_store.protocol_checks',"
+            " 'elasticjob_store.protocol_state'], ours\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

@@ -230,8 +230,10 @@ def test_state_reflects_what_the_agents_wrote(harness):
     assert body["participants"] == [
         {"addr": "10.0.0.2", "pid": 1, "localId": 0, "heartbeatAge": 0.0, **answered, "rank": 0},
         {"addr": "10.0.0.1", "pid": 1, "localId": 0, "heartbeatAge": 1.5, **answered, "rank": 1}]
-    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "heartbeatAge": 3.0, **answered}]
-    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "heartbeatAge": 4.0, **answered}]
+    assert body["waiting"] == [{"addr": "10.0.0.3", "pid": 1, "localId": 0, "rank": None, "heartbeatAge": 3.0,
+                                **answered}]
+    assert body["redundant"] == [{"addr": "10.0.0.1", "pid": 7, "localId": 0, "rank": None, "heartbeatAge": 4.0,
+                                  **answered}]
 
 
 def test_remove_through_http_is_remove_node(harness):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import pickle
 import pickletools
-import time
+import time  # process_time: this process's CPU seconds, which a busy machine does not inflate as it does the wall clock's
 
 import pytest
 from store_states import A, agent_pickle, fields, make_state
@@ -65,10 +65,10 @@ def _dicts_filled_after_placement(count: int) -> bytes:
 
 
 def _refused(raw: bytes, match: str) -> StateError:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(StateError, match=match) as caught:
         decode(raw)
-    took = time.perf_counter() - start
+    took = time.process_time() - start
     assert took < 1.0, f"refused only after {took:.1f} s"
     assert len(str(caught.value)) < 200, "the message must name types, not quote the value"
     return caught.value
@@ -116,9 +116,9 @@ def test_a_real_state_of_max_nodes_decodes_far_inside_the_budget(participants, w
     data = agent_pickle(state)
     expanded = pickle_walk.check_structure(data)
     assert expanded * 7 <= pickle_walk.MAX_EXPANDED, f"a real state expands to {expanded}"
-    start = time.perf_counter()
+    start = time.process_time()
     assert fields(decode(_b64(data))) == fields(state)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_real_nodes_at_the_edges_of_their_ranges_decode_and_use_only_32_bit_ints():
@@ -129,9 +129,9 @@ def test_real_nodes_at_the_edges_of_their_ranges_decode_and_use_only_32_bit_ints
     state = make_state(round=2**31 - 1, participants=nodes(1), waiting=nodes(2), redundant=nodes(3))
     data = agent_pickle(state)
     assert {op.name for op, _, _ in pickletools.genops(data)}.isdisjoint({"LONG1", "LONG4"})
-    start = time.perf_counter()
+    start = time.process_time()
     assert fields(decode(_b64(data))) == fields(state)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 @pytest.mark.parametrize("pairs", [
@@ -202,10 +202,10 @@ def test_validate_names_a_huge_bad_field_by_its_type_only():
         huge = (huge,) * 10
     state = make_state(participants=[A])
     state.round = huge
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(StateError, match="round is a tuple") as caught:
         validate(state)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert len(str(caught.value)) < 200
 
 
@@ -280,7 +280,7 @@ def test_the_agents_decoder_refuses_the_same_bombs_in_time():
     # the UnpicklingError torch expects.
     for data in (_state_pickle(participants=b"}" + _shared_tuples(32, 6) + b"K\x00s"),
                  _state_pickle(round=_dicts_filled_after_placement(20_000))):
-        start = time.perf_counter()
+        start = time.process_time()
         with pytest.raises(pickle.UnpicklingError, match="refused"):
             statecheck._Pickle.loads(data)
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 1.0
