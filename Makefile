@@ -81,11 +81,10 @@ lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into
 	@command -v shellcheck >/dev/null || { echo "lint-workflows: shellcheck is missing (actionlint checks run: steps with it); \`make host-packages\` installs it" >&2; exit 1; }
 	$(ACTIONLINT) .github/workflows/*.yml
 
-test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests, then integration tests (the operator against the real API server), the core e2e scenarios (real torchrun training) and the short soak, all on real nodes
+test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests (both cores), then in one session on one local cluster of real nodes: integration tests (the operator against the real API server), the core e2e scenarios (real torchrun training) and the short soak; each part's slowest tests listed
 	@status=0; \
-	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider || status=$$?; \
-	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/unit --ignore=tests/e2e --ignore=tests/soak -p no:cacheprovider || status=$$?; \
-	$(PY) -m pytest tests/e2e tests/soak -m "not slow" -p no:cacheprovider || status=$$?; \
+	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider --durations=10 || status=$$?; \
+	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/unit -p no:cacheprovider --durations=25 || status=$$?; \
 	exit $$status
 
 test-process-nodes: $(VENV)/.installed ## Opt-in, not in `make test`: the process-backed node agent's own tests, on a local cluster of its nodes (the fleet benchmark's light pods still run on them)

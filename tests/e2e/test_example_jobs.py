@@ -65,6 +65,7 @@ def test_the_example_trains_from_its_configmap_script(real_nodes, operator, jobs
     trained(jobs, example("elasticjob.yaml", jobs.namespace), workers=2)
 
 
+@pytest.mark.slow  # make e2e: the CPU example (in make test) runs the same script
 def test_the_gpu_example_trains_sized_to_the_local_nodes(gpu_nodes, operator, jobs: Jobs):
     job = example("gpu/elasticjob.yaml", jobs.namespace)
     spec = job["spec"]

@@ -7,6 +7,8 @@ counts the GPUs against a ClusterQueue's quota: a job past it waits Queued until
 
 from __future__ import annotations
 
+import pytest
+
 from e2e_support import Jobs, job_manifest, train_args
 from helpers import wait_for
 from kueue_support import Queues, kueue, queued, queues  # noqa: F401 (fixtures)
@@ -50,6 +52,7 @@ def test_a_worker_asking_for_more_gpus_than_a_node_has_waits_and_the_job_says_wh
     assert pod.status.phase == "Pending" and not pod.spec.node_name, pod.status
 
 
+@pytest.mark.slow  # make e2e: the integration tier holds jobs past Kueue's quota; here the quota is GPUs
 def test_kueue_holds_a_job_past_the_gpu_quota_until_gpus_free(gpu_nodes, kueue, operator_factory, jobs: Jobs,
                                                              queues: Queues):
     """A ClusterQueue of 2 GPUs: a job of 2 one-GPU workers is admitted and trains; a second job of one

@@ -93,6 +93,7 @@ def finished(jobs: Jobs, training: Training, name: str, steps: int) -> Progress:
     return done
 
 
+@pytest.mark.slow  # make e2e: the integration tier queues and admits jobs through the same Kueue
 def test_the_second_job_waits_queued_until_the_first_finishes(kueue_operator, jobs, queues: Queues, trainings,
                                                               record_timing):
     queues.make(cpu=QUOTA_CPU)

@@ -46,6 +46,7 @@ def closed_incident(jobs, kind: str, name: str | None = None) -> dict:
     return next(i for i in reversed(ledger["lastIncidents"]) if i["kind"] == kind)
 
 
+@pytest.mark.slow  # make e2e: test_training's scale-downs (in make test) take the same planned stop
 def test_a_scale_down_stops_at_an_agreed_step_and_loses_none(operator, jobs, progress, record_recovery):
     manifest = job_manifest(jobs.namespace, replicas=3, max_restarts=1,
                             train_args=train_args(STEPS, step_seconds=STEP_SECONDS, checkpoint_every=1000))

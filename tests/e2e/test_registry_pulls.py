@@ -52,6 +52,7 @@ def local_registry_pulls(cluster) -> None:
         pytest.skip("no local registry: the nodes import the images")
 
 
+@pytest.mark.slow  # make e2e: make test pulls every image with the right secret (and proves it cannot push)
 def test_a_wrong_pull_secret_is_shown_on_the_job_and_the_right_one_lets_it_train(real_nodes, local_registry_pulls,
                                                                                  operator, jobs):
     core = jobs.core

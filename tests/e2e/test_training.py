@@ -94,7 +94,8 @@ def test_the_kit_in_the_image_trains_warm_without_init_containers(operator, jobs
     finish(jobs, progress, steps)
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+# cold in make e2e only: warm starts are the default; the cold start also runs in the unit tier's real agents.
+@pytest.mark.parametrize("warm", [pytest.param(False, marks=pytest.mark.slow), True], ids=["cold", "warm"])
 def test_sigkill_of_the_rank0_pod_keeps_training(operator, jobs, progress, faults, record_recovery, warm):
     steps = 40
     before = start(jobs, progress, job_manifest(jobs.namespace, train_args=train_args(steps), warm_starts=warm),

@@ -52,6 +52,13 @@ def one_per_node_cpu(core, margin: int = 0) -> tuple[int, str]:
     return len(nodes), f"{request}m"
 
 
+def store_millicores() -> int:
+    """What a job's store pod requests of CPU (the margin one_per_node_cpu leaves beside a big worker)."""
+    from elasticjob.builders import STORE_RESOURCES
+
+    return _millicores(STORE_RESOURCES["requests"]["cpu"])
+
+
 def job_manifest(name: str, command=SLEEP, **spec) -> dict:
     container = {"name": "worker", "command": command,
                  "resources": spec.pop("resources", {"requests": {"cpu": "100m"}})}

@@ -27,6 +27,7 @@ from jobapi import (
     pod_spec,
     pods,
     status_of,
+    store_millicores,
     wait_phase,
     wait_pods,
     with_host_dir,
@@ -226,7 +227,7 @@ def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears
         pytest.skip("sizes requests to the local cluster's nodes")
     # One big pod fits per node, with the store beside it: a blocker takes one node, so only nodes - 1 big workers
     # fit.
-    count, cpu = one_per_node_cpu(api[1], margin=_millicores_of_store())
+    count, cpu = one_per_node_cpu(api[1], margin=store_millicores())
     big = {"requests": {"cpu": cpu}}
     api[1].create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "blocker-0"},
                                              "spec": pod_spec([{"name": "c", "command": SLEEP, "resources": big}],
@@ -241,14 +242,6 @@ def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears
     api[1].delete_namespaced_pod("blocker-0", namespace, grace_period_seconds=0)
     wait_for(lambda: status_of(api, namespace, "train"), 90, "all workers ready once capacity appears",
              until=lambda s: s.get("readyReplicas") == count)
-
-
-def _millicores_of_store() -> int:
-    from kubernetes.utils import parse_quantity
-
-    from elasticjob.builders import STORE_RESOURCES
-
-    return int(parse_quantity(STORE_RESOURCES["requests"]["cpu"]) * 1000)
 
 
 def test_kubectl_get_shows_the_columns(api, namespace, operator, cluster):
