@@ -23,14 +23,14 @@ from elasticjob.observe import (
     StoreNode,
     StoreView,
 )
-from elasticjob_store import protocol_state as protocol
+from elasticjob_store import protocol_state
 from elasticjob_store.protocol_state import LinksWire, NodeWire, PeersWire, ProgressWire, SeatsWire, TorchWire
 
 # A reply of maxReplicas (at most 1024) agents, twice over, is about 115 KiB: anything larger is refused unread.
 MAX_REPLY_BYTES = 128 << 10
 # What the protocol allows at most; a reply with more agents than the job's maxReplicas (participants, or waiting)
 # is refused too (parse_state's max_nodes): planning is linear in them, but they are the tenant's word.
-MAX_NODES = protocol.MAX_NODES
+MAX_NODES = protocol_state.MAX_NODES
 # What the operator logs of a store's own words (its `error`, `refused`): this long at most, printable only.
 MAX_STORE_TEXT = 200
 
@@ -41,10 +41,8 @@ def parse_state(raw: bytes, received_at: datetime | None = None, max_nodes: int 
     if len(raw) > MAX_REPLY_BYTES:
         return None
     try:
-        state = protocol.read_state(json.loads(raw))
-    except ValueError:  # not JSON, or not a reply (protocol.Invalid)
-        return None
-    except RecursionError:  # JSON nested too deep for the parser
+        state = protocol_state.read_state(json.loads(raw))
+    except (ValueError, RecursionError):  # not JSON (or nested too deep for the parser), or not a reply (Invalid)
         return None
     if len(state["participants"]) > max_nodes or len(state["waiting"]) > max_nodes:
         return None
@@ -101,7 +99,7 @@ def _peers(peers: PeersWire | None) -> PeersView | None:
 def parse_progress(raw: Any) -> ProgressView | None:
     """The training's report alone (the store's progress.describe), or None when there is none or it is not
     valid."""
-    return _progress(protocol.read_progress(raw))
+    return _progress(protocol_state.read_progress(raw))
 
 
 def _progress(found: ProgressWire | None) -> ProgressView | None:

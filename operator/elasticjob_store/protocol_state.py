@@ -10,15 +10,25 @@ A bad required field makes the whole reply unreadable (Invalid). The tenant's ow
 bad progress report or link verdict is read as none, a bad pace or node check entry is left out; the rest of the
 reply stands.
 
-Standard library only, as protocol.py, which re-exports it: the store runs on the job's Python (3.9 included).
+Standard library only, as protocol.py, and its field checks are protocol_checks.py's: the store runs on the job's
+Python (3.9 included).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Optional, TypedDict, cast
 
-from elasticjob_store.protocol_checks import MAX_PEERS, MAX_UNIX, Invalid, integer, ip, optional
+from elasticjob_store.protocol_checks import (
+    MAX_PEERS,
+    REQUIRED,
+    Check,
+    Invalid,
+    integer,
+    ip,
+    optional,
+    seconds,
+    unix_time,
+)
 
 # What the schema allows at most in one reply's lists of agents (participants, or waiting): maxReplicas' cap.
 MAX_NODES = 1024
@@ -187,13 +197,12 @@ class StateWire(TypedDict):
 
 # The operator's reading: each field's check and its value where the reply leaves the field out.
 
-Check = Callable[[str, Any], Any]
 Shape = dict[str, tuple[Check, Any]]  # field -> (check, default); REQUIRED: no default
-REQUIRED = object()
 
 
 def number(low: float, high: float, above: bool = False) -> Check:
-    """An int or a float within [low, high] (above: > low): NaN and infinities are not."""
+    """An int or a float within [low, high] (above: > low): NaN and infinities are not. From 0 up to `high`,
+    protocol_checks.seconds says the same."""
     def check(name: str, value: Any) -> float:
         if type(value) not in (int, float) or not (low < value if above else low <= value) or not value <= high:
             raise Invalid(f"{name} must be a number from {low:g} to {high:g}")
@@ -277,14 +286,14 @@ def ip_list(high: int) -> Check:
     return listed(ip, high)
 
 
-UNIX = number(0, MAX_UNIX)
+UNIX = unix_time
 STEP = integer(0, MAX_STEP)
 
 NODE: Shape = {
     "addr": (ip, REQUIRED), "pid": (integer(-1, MAX_COUNT), -1), "localId": (integer(-1, MAX_COUNT), -1),
     "rank": (optional(integer(0, 1 << 20)), None),
     "heartbeatAge": (optional(number(-3600, 1e9)), None), "stale": (flag, False),
-    "unanswered": (optional(number(0, 1e9)), None),
+    "unanswered": (optional(seconds(1e9)), None),
 }
 PLAIN: Shape = {"agents": (integer(0, 1 << 40), 0), "why": (text(1000), "")}
 TORCH: Shape = {
@@ -293,14 +302,15 @@ TORCH: Shape = {
 }
 MARK: Shape = {"step": (STEP, REQUIRED), "at": (UNIX, REQUIRED)}
 PROGRESS: Shape = {
-    "pod": (text(253), ""), "restart": (STEP, 0), "stepSeconds": (optional(number(0, 86400)), None),
-    "listens": (flag, False), "interval": (optional(number(0, 3600)), None),
+    "pod": (text(253), ""), "restart": (STEP, 0), "stepSeconds": (optional(seconds(86400)), None),
+    "listens": (flag, False), "interval": (optional(seconds(3600)), None),
     **{name: (optional(UNIX), None) for name in ("startedAt", "stepAt", "firstStepAt", "loadingAt", "sentAt",
                                                  "receivedAt")},
     "step": (optional(STEP), None), "firstStep": (optional(STEP), None),
     **{name: (optional(obj(MARK)), None) for name in ("saved", "loaded", "stopped")},
     "stalled": (flag, False), "previousPod": (text(253), ""),
 }
+READ_PROGRESS = lenient(obj(PROGRESS))
 STOP: Shape = {"id": (text(32), REQUIRED), "step": (STEP, REQUIRED), "at": (UNIX, 0.0)}
 ROUND: Shape = {
     "round": (integer(0, MAX_ROUND), REQUIRED), "nodes": (ip_list(MAX_NODES), list),
@@ -308,11 +318,11 @@ ROUND: Shape = {
 }
 PACE: Shape = {"pod": (text(253, 1), REQUIRED), "seconds": (number(0, 3600, above=True), REQUIRED),
                "ranks": (integer(1, 1 << 20), REQUIRED)}
-NODE_CHECK: Shape = {"addr": (text(64, 1), REQUIRED), "seconds": (number(0, 7200), 0.0),
-                     "held": (number(0, 7200), REQUIRED), "at": (UNIX, REQUIRED)}
+NODE_CHECK: Shape = {"addr": (text(64, 1), REQUIRED), "seconds": (seconds(7200), 0.0),
+                     "held": (seconds(7200), REQUIRED), "at": (UNIX, REQUIRED)}
 LINKS: Shape = {
     "round": (integer(0, MAX_ROUND), REQUIRED), "world": (integer(1, 1 << 16), REQUIRED),
-    "seconds": (number(0, 3600), REQUIRED), "outlier": (optional(ip), None), "reason": (optional(text(240)), None),
+    "seconds": (seconds(3600), REQUIRED), "outlier": (optional(ip), None), "reason": (optional(text(240)), None),
 }
 PEERS: Shape = {
     "checked": (flag, True), "told": (flag, False), "allowed": (ip_list(MAX_PEERS), list),
@@ -326,7 +336,7 @@ SEATS: Shape = {
 STATE: Shape = {
     "epoch": (hex_word, REQUIRED), "version": (integer(0, MAX_COUNT), 0), "runId": (text(256), ""),
     "now": (optional(UNIX), None), "minNodes": (integer(0, 1 << 20), 0), "maxNodes": (integer(0, 1 << 20), 0),
-    "staleAfter": (optional(number(0, 1e9)), None),
+    "staleAfter": (optional(seconds(1e9)), None),
     "round": (optional(integer(0, MAX_ROUND)), None), "complete": (flag, False), "closed": (flag, False),
     "deadlineIn": (optional(number(-1e11, 1e11)), None),
     "participants": (listed(obj(NODE), MAX_NODES), list), "waiting": (listed(obj(NODE), MAX_NODES), list),
@@ -335,7 +345,7 @@ STATE: Shape = {
     "rounds": (listed(obj(ROUND), 64), list),  # the store keeps its last 10
     "waiterActive": (flag, False),
     "torch": (optional(obj(TORCH)), None),
-    "progress": (lenient(obj(PROGRESS)), None),  # the tenant's word, each part on its own
+    "progress": (READ_PROGRESS, None),  # the tenant's word, each part on its own
     "stop": (optional(obj(STOP)), None),
     "pace": (kept(obj(PACE), 256), list),
     "peers": (optional(obj(PEERS)), None),
@@ -361,4 +371,4 @@ def read_state(body: Any) -> StateWire:
 
 def read_progress(body: Any) -> ProgressWire | None:
     """The training's report alone (the store's progress.describe), or None when it is none or not valid."""
-    return cast(Optional[ProgressWire], lenient(obj(PROGRESS))("progress", body))
+    return cast(Optional[ProgressWire], READ_PROGRESS("progress", body))
