@@ -44,8 +44,7 @@ class Control(AgentReports, Seating):
     def __init__(self, store: Store, run_id: str, min_nodes: int, max_nodes: int, *,
                  clock: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  stale_after: float = 1e9, verdict: compat.Verdict | None = None,
-                 connections: Callable[[], set[str] | None] | None = None,
-                 unanswered: Callable[[], set[str] | None] | None = None,
+                 tables: Callable[[], peers.Reading | None] | None = None,
                  gate: Callable[[], PeersWire] | None = None, seat_count: int | None = None) -> None:
         self.run_id = run_id
         # The gate's report (gate.py): a change of whom it answers or refuses wakes the operator like a round's.
@@ -83,11 +82,10 @@ class Control(AgentReports, Seating):
         # The planned stop this store last wrote (stop.py): its id, step and when; shown in GET /v1/state.
         self.stop_record: StopWire | None = None
         self._requests_seen = 0  # the workers' stop requests taken (stop.REQUEST_KEY)
-        # The addresses connected to the store's port now (peers.connected); None: agents' departures unseen.
-        self._connections = connections
+        # The kernel's connection tables for the store's port (peers.read), once a tick: who is connected (an
+        # agent's departure) and who answers no keep-alive probe (since when: shown). None: neither is seen.
+        self._tables = tables
         self._departures = peers.Departures()
-        # The addresses whose kernel answers no keep-alive probe now (peers.unanswered), and since when: shown.
-        self._unanswered = unanswered
         self.silences = peers.Silences()
         # The seats of a job with spares (seats.py): how many agents may be in its rounds; None, every agent.
         self.seats = seats.Seats(seat_count)
@@ -308,10 +306,10 @@ class Control(AgentReports, Seating):
                 return
             raise
         now = self.now()
-        self.silences.update(self._unanswered() if self._unanswered is not None else None, now)
-        # The kernel's connection table, read at most once a tick, by whichever of the two below needs it first.
-        connections = functools.cache(self._connections) if self._connections is not None else None
-        if self.remove_departed(state, now, connections):  # the seats below see the state without the agents gone
+        reading = self._tables() if self._tables is not None else None
+        self.silences.update(reading.unanswered if reading is not None else None, now)
+        connected = reading.connected if reading is not None else None
+        if self.remove_departed(state, now, connected):  # the seats below see the state without the agents gone
             raw = self.read_raw()
             state = self._decode(raw)
         with self.lock:
@@ -319,7 +317,7 @@ class Control(AgentReports, Seating):
         # After the round is noted, and at once when it is new: the reports of the processes it ended are dropped.
         self.read_pace(now, force=completed is not None)
         self.read_agents(state, now)
-        self.read_seats(state, raw, now, connections)
+        self.read_seats(state, raw, now, connected)
         self.complete_seated(state, now)
         with self.lock:
             seen = (*summary(state, self.tracker, now, self.stale_after), self.progress.landmarks(now),
@@ -347,16 +345,12 @@ class Control(AgentReports, Seating):
         report = self.gate()
         return report["told"], tuple(report["allowed"]), report["refused"]
 
-    def remove_departed(self, state: RendezvousState | None, now: float,
-                        connections: Callable[[], set[str] | None] | None) -> bool:
+    def remove_departed(self, state: RendezvousState | None, now: float, connected: set[str] | None) -> bool:
         """Nodes whose agent's connection closed are removed at once (peers.py), as the operator would remove
-        them once the kubelet reports the pod's end. Whether any was."""
-        if connections is None or state is None or not self.verdict.nudges:  # a write: after the verdict
+        them once the kubelet reports the pod's end. Whether any was. `connected`: None, the table unread."""
+        if connected is None or state is None or not self.verdict.nudges:  # a write: after the verdict
             return False
         addresses = [n.addr for n in (*state.participants, *state.wait_list) if n != actions.WAITER]
-        connected = connections() if addresses else None  # no node, nothing to read the table for
-        if connected is None:
-            return False
         removed = False
         for addr in self._departures.gone(connected, addresses):
             outcome = self.apply(functools.partial(self._remove_gone, addr, self._utc(now)))

@@ -88,8 +88,7 @@ def main() -> None:
     credential = Credential.from_env()
     control_at = control_port(port)
     control = Control(server.local(read_timeout), run_id, min_nodes, max_nodes, log=log,
-                      stale_after=stale_ms / 1000, verdict=compat.checking(), connections=lambda: peers.connected(port),
-                      unanswered=lambda: peers.unanswered(port),
+                      stale_after=stale_ms / 1000, verdict=compat.checking(), tables=lambda: peers.read(port),
                       gate=fence.report if fence else None, seat_count=seat_count)
     http = wire.listen_or_exit(PROGRAM, control_at, lambda: make_server(control, "", control_at, credential, fence))
     start_poller(control, threading.Event())

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,28 +55,40 @@ def probe_idle(sock: Any) -> None:
         pass  # not TCP (a test's socket pair): nothing to probe
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One read of the kernel's tables for the store's port: who is connected, and whose kernel leaves a keep-alive
+    probe or data unacknowledged now. The poller needs both each tick, from one read."""
+
+    connected: set[str]
+    unanswered: set[str]
+
+
+def read(port: int, tables: Iterable[Path] = TABLES) -> Reading | None:
+    """The tables for local `port`, read once; None where none is readable."""
+    texts = []
+    for table in tables:
+        try:
+            texts.append(table.read_text())
+        except OSError:
+            continue
+    if not texts:
+        return None
+    return Reading(set().union(*(remote_addresses(text, port) for text in texts)),
+                   set().union(*(unanswered_addresses(text, port) for text in texts)))
+
+
 def connected(port: int, tables: Iterable[Path] = TABLES) -> set[str] | None:
     """The remote addresses with an established connection to local `port`; None where no table is readable."""
-    return _read(tables, lambda text: remote_addresses(text, port))
+    reading = read(port, tables)
+    return None if reading is None else reading.connected
 
 
 def unanswered(port: int, tables: Iterable[Path] = TABLES) -> set[str] | None:
     """The remote addresses of connections to local `port` whose kernel leaves a keep-alive probe or data
     unacknowledged now; None where no table is readable."""
-    return _read(tables, lambda text: unanswered_addresses(text, port))
-
-
-def _read(tables: Iterable[Path], parse: Callable[[str], set[str]]) -> set[str] | None:
-    found: set[str] = set()
-    readable = False
-    for table in tables:
-        try:
-            text = table.read_text()
-        except OSError:
-            continue
-        readable = True
-        found |= parse(text)
-    return found if readable else None
+    reading = read(port, tables)
+    return None if reading is None else reading.unanswered
 
 
 def remote_addresses(table: str, port: int) -> set[str]:

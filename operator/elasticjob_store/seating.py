@@ -55,7 +55,7 @@ class Seating:
                 self.log(f"seat of the agent at {addr} freed: the operator took it out")
 
     def read_seats(self, state: RendezvousState | None, raw: bytes, now: float,
-                   connections: Callable[[], set[str] | None] | None) -> None:
+                   connected: set[str] | None) -> None:
         """The spares' new asks, then the seats: freed, granted, and written where the agents read them. A store
         without seats (a job without spares) only writes, once, that it hands out none."""
         with self.lock:
@@ -65,7 +65,6 @@ class Seating:
             found = self._take_asks()
             # An unreadable state (a torch whose state is not read): the connections alone say who is there.
             present = seats.state_addresses(state) if state is not None or not raw else None
-            connected = connections() if connections is not None else None
             with self.lock:
                 for addr in found:
                     self.seats.asked(addr, now)

@@ -88,7 +88,7 @@ def store():
 def test_the_poller_removes_the_node_whose_agent_closed_its_connection(store):
     port = store.port
     lines: list[str] = []
-    control = Control(store, "run-1", 1, 3, log=lines.append, connections=lambda: peers.connected(port))
+    control = Control(store, "run-1", 1, 3, log=lines.append, tables=lambda: peers.read(port))
     agent, other = connect_from("127.0.0.2", port), connect_from("127.0.0.4", port)
     control.poll()
     assert set(decode(store.get(state_key("run-1"))).participants) == {AGENT, SILENT, OTHER}
@@ -105,7 +105,7 @@ def test_the_poller_removes_the_node_whose_agent_closed_its_connection(store):
 
 
 def test_without_a_connection_table_nothing_is_removed(store):
-    control = Control(store, "run-1", 1, 3, log=lambda _: None, connections=lambda: None)
+    control = Control(store, "run-1", 1, 3, log=lambda _: None, tables=lambda: None)
     control.poll()
     assert len(decode(store.get(state_key("run-1"))).participants) == 3
 
@@ -114,7 +114,7 @@ def test_while_torch_is_checked_the_poller_reads_the_state_but_removes_no_one(st
     """A new store reads the state while its torch is checked (for the first round's hold), but writes nothing
     of its own accord until the verdict: a closed connection is acted on only after it."""
     seen = [{"127.0.0.2", "127.0.0.4"}]
-    control = Control(store, "run-1", 1, 3, log=lambda _: None, connections=lambda: seen[0],
+    control = Control(store, "run-1", 1, 3, log=lambda _: None, tables=lambda: peers.Reading(seen[0], set()),
                       verdict=compat.Verdict("2.13.0", False, "checking", checking=True))
     control.poll()
     seen[0] = {"127.0.0.4"}

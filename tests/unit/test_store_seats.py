@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from store_states import agent_pickle, make_state
 
-from elasticjob_store import seats
+from elasticjob_store import peers, seats
 from elasticjob_store.control import Control
 from elasticjob_store.state import NodeDesc, state_key
 from elasticjob_warm import seat
@@ -254,14 +254,14 @@ def test_an_agent_the_operator_takes_out_frees_its_seat_at_once(tcp_store):
 
 
 def test_the_connection_table_is_read_once_a_tick(tcp_store):
-    """The departures and the seats both look at who is connected: one read of the kernel's table serves both."""
+    """The silences, the departures and the seats all look at the kernel's table: one read serves them all."""
     reads: list[int] = []
 
-    def connected() -> set[str]:
+    def tables() -> peers.Reading:
         reads.append(1)
-        return {A}
+        return peers.Reading({A}, set())
 
-    control = Control(tcp_store, "run-1", 1, 3, log=lambda _: None, connections=connected, seat_count=1)
+    control = Control(tcp_store, "run-1", 1, 3, log=lambda _: None, tables=tables, seat_count=1)
     put_state(tcp_store, A)
     control.poll()
     assert len(reads) == 1

@@ -117,7 +117,7 @@ def test_the_store_shows_the_unanswered_node_and_wakes_the_operator_for_it():
     state.last_heartbeats = {A: now, B: now}
     store.set(state_key("run-1"), base64.b64encode(agent_pickle(state)))
     clock, table = Clock(), [set()]
-    control = Control(store, "run-1", 1, 3, clock=clock, log=lambda _: None, unanswered=lambda: table[0])
+    control = Control(store, "run-1", 1, 3, clock=clock, log=lambda _: None, tables=lambda: peers.Reading(set(), table[0]))
     server = make_server(control, "127.0.0.1", 0, Credential(digest=hashlib.sha256(TOKEN.encode()).hexdigest()))
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
