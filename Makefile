@@ -81,10 +81,19 @@ lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into
 	@command -v shellcheck >/dev/null || { echo "lint-workflows: shellcheck is missing (actionlint checks run: steps with it); \`make host-packages\` installs it" >&2; exit 1; }
 	$(ACTIONLINT) .github/workflows/*.yml
 
-test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests (both cores), then in one session on one local cluster of real nodes: integration tests (the operator against the real API server), the core e2e scenarios (real torchrun training) and the short soak; each part's slowest tests listed
-	@status=0; \
+# make test's cluster tiers in two sessions on one cluster: the integration tests that share it (each in its own
+# namespace, with its own operator) two at a time, then alone the ones that change what every test sees
+# (marked alone), the core e2e scenarios (training sized to the nodes) and the short soak.
+SHARED_TESTS := integration and not alone and not slow and not process_nodes
+ALONE_TESTS := not (integration and not alone) and not slow and not process_nodes
+
+test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests (both cores), then on one local cluster of real nodes: integration tests (the operator against the real API server; those that share the cluster two at a time), the core e2e scenarios (real torchrun training) and the short soak; each part's slowest tests listed
+	@status=0; running=0; \
 	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider --durations=10 || status=$$?; \
-	$(PY) -m pytest tests -m "not slow and not process_nodes" --ignore=tests/unit -p no:cacheprovider --durations=25 || status=$$?; \
+	$(VENV)/bin/localcluster status >/dev/null 2>&1 && running=1; \
+	KEEP_CLUSTER=1 $(PY) -m pytest tests/integration -m "$(SHARED_TESTS)" -n 2 -p no:cacheprovider --durations=15 || status=$$?; \
+	KEEP_CLUSTER=1 $(PY) -m pytest tests -m "$(ALONE_TESTS)" --ignore=tests/unit -p no:cacheprovider --durations=25 || status=$$?; \
+	if [ $$running = 0 ] && [ "$$KEEP_CLUSTER" != 1 ]; then $(VENV)/bin/localcluster down; fi; \
 	exit $$status
 
 test-process-nodes: $(VENV)/.installed ## Opt-in, not in `make test`: the process-backed node agent's own tests, on a local cluster of its nodes (the fleet benchmark's light pods still run on them)

@@ -94,7 +94,9 @@ def cluster() -> Iterator[ClusterHandle]:
     kind = os.environ.get("LOCALCLUSTER_NODE_KIND", "real")
     started = controlplane.ensure_up(ROOT, nodes, node_kind=kind)
     yield ClusterHandle(started.kubeconfig, "local", started.nodes, kind)
-    if started.started_now and os.environ.get("KEEP_CLUSTER") != "1":
+    # A pytest-xdist worker never stops it: the other worker may still be running tests on it.
+    in_xdist_worker = "PYTEST_XDIST_WORKER" in os.environ
+    if started.started_now and os.environ.get("KEEP_CLUSTER") != "1" and not in_xdist_worker:
         controlplane.stop(ROOT)
 
 

@@ -22,6 +22,10 @@ from elasticjob.naming import UNHEALTHY_TAINT as KEY
 from elasticjob.naming import UNHEALTHY_UNTIL_ANNOTATION as UNTIL
 from helpers import wait_for
 
+# Never beside other tests (make test runs these after the tier's parallel part):
+# it taints the cluster's nodes.
+pytestmark = pytest.mark.alone
+
 OTHER = {"key": "example.com/maintenance", "value": "soon", "effect": "PreferNoSchedule"}
 
 

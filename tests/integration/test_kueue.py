@@ -122,6 +122,9 @@ def test_preemption_stops_the_pods_releases_the_quota_and_charges_nothing(api, n
     assert reasons.count("Preempted") == 1 and reasons.count("Admitted") == 2 and "QuotaReleased" in reasons
 
 
+# Never beside other tests: the chart's default values bind the policy in every namespace (make test runs it after
+# the parallel part).
+@pytest.mark.alone
 def test_the_charts_policy_creates_queued_jobs_suspended(kube, api, namespace, crds_installed):
     import chart_rbac
 

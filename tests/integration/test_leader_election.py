@@ -9,11 +9,15 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from jobapi import GROUP, PLURAL, VERSION, create, job_manifest, pods, wait_pods
 from kubernetes import client
 
 from chart_rbac import allowed, service_account_kubeconfig
 from helpers import wait_for
+
+# Alone (make test runs these after the tier's parallel part): they time a failover against the Lease's 15 s.
+pytestmark = pytest.mark.alone
 
 FAILOVER_LIMIT = 15.0
 LEADING = "is the leader; reconciling"

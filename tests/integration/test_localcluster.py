@@ -20,6 +20,10 @@ from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
 
+# Never beside other tests (make test runs these after the tier's parallel part):
+# it adds a node of its own and silences it.
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 
 NO_NODE = {"elasticjob.dev/test-node": "none"}

@@ -26,6 +26,10 @@ from kubernetes.client.exceptions import ApiException
 
 from helpers import wait_for
 
+# Never beside other tests (make test runs these after the tier's parallel part):
+# it fills all nodes but two with blocker pods and adds kwok's nodes.
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 SLEEP = ["sleep", "3600"]
 GANG = 3

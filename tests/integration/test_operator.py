@@ -221,6 +221,8 @@ def test_suspend_stops_pods_and_resume_restarts_them(api, namespace, operator):
     wait_phase(api, namespace, "train", "Running")
 
 
+# Never beside other tests: it sizes its workers to the nodes' free CPU (make test runs it after the parallel part).
+@pytest.mark.alone
 def test_runs_with_min_replicas_when_capacity_is_short_and_grows_when_it_appears(api, namespace, operator,
                                                                                 cluster):
     if cluster.kind != "local":

@@ -185,6 +185,8 @@ def test_what_an_earlier_job_left_is_removed_when_the_garbage_collector_does_not
 # --- success while a pod never started -------------------------------------------------------------------
 
 
+# Never beside other tests: it sizes its workers to the nodes' free CPU (make test runs it after the parallel part).
+@pytest.mark.alone
 def test_success_does_not_wait_for_a_worker_that_never_started(api, namespace, operator, cluster):
     if cluster.kind != "local":
         pytest.skip("sizes requests to the local cluster's nodes")

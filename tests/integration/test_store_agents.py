@@ -16,6 +16,10 @@ from store_agents_support import Cluster, now
 
 from helpers import wait_for
 
+# Alone (make test runs these after the tier's parallel part): real torch agents on this machine's CPUs, which
+# beside other tests take twice as long and gain nothing.
+pytestmark = pytest.mark.alone
+
 ADDRS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 FIRST_WORLD_TIMEOUT = 150  # three concurrent `import torch` on two shared cores, plus the last call
 

@@ -16,6 +16,10 @@ from kubernetes import client
 
 from helpers import wait_for
 
+# Never beside other tests (make test runs these after the tier's parallel part):
+# it kills the scheduler.
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -19,6 +19,10 @@ from elasticjob.controller import reflector
 from elasticjob.controller.mirror import Mirror
 from helpers import until, wait_for
 
+# Never beside other tests (make test runs these after the tier's parallel part):
+# it restarts the API server.
+pytestmark = pytest.mark.alone
+
 LOG = logging.getLogger("test")
 
 
