@@ -166,6 +166,10 @@ bench-steps-lost: $(VENV)/.installed host-packages ## Steps lost per scale-down 
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) bench/steps_lost.py --runs $(or $(RUNS),3)
 
+bench-unanswered: $(VENV)/.installed host-packages ## False positives of the store's Unanswered evidence: a plain script's job of 3 workers that no fault touches, calm then with the CPUs saturated (LOAD busy processes, default 6), MINUTES a phase (default 4); real nodes
+	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
+	$(PY) bench/unanswered_load.py --minutes $(or $(MINUTES),4) --load $(or $(LOAD),6)
+
 soak: $(VENV)/.installed host-packages ## Randomized orderings for MINUTES (default 10) on real nodes, two operator replicas on a Lease: 60 kills (mostly the leader), API server and etcd restarts, a lost node
 	$(VENV)/bin/localcluster up --nodes $(NODES) --real-nodes
 	$(PY) tests/soak/soak.py --minutes $(or $(MINUTES),10) --operator-kills 60
@@ -174,7 +178,7 @@ clean: ## Remove the virtualenv and the local cluster's state (not the cached Ku
 	-$(VENV)/bin/localcluster down
 	rm -rf $(VENV) .localcluster
 
-.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit test-process-nodes host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost soak clean images release chart e2e-kind e2e-kind-down
+.PHONY: help install crds pod-schema lint lint-workflows kind-tool test test-unit test-process-nodes host-packages e2e run cluster-build cluster-up cluster-down bench bench-fleet bench-fleet-scale bench-checkpoint bench-recovery bench-goodput bench-steps-lost bench-unanswered soak clean images release chart e2e-kind e2e-kind-down
 
 # The one version (the chart's appVersion): image tags, chart version and package version agree (test_versions.py).
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/elasticjob-operator/Chart.yaml)
