@@ -22,11 +22,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from goodput_measure import parse_time  # noqa: E402
 from harness import KIT_ARGS, STATE_DIR, Api, Operator, wait  # noqa: E402
 from recovery import SCRIPT_FLAGS, manifest, records  # noqa: E402
 
@@ -40,7 +40,6 @@ BUSY = "while True: pass"
 @dataclass
 class Phase:
     name: str
-    load: int
     began: float
     ended: float = 0.0
     restarts_before: int = 0
@@ -68,8 +67,7 @@ def removals(api: Api, ns: str, phase: Phase) -> tuple[int, int]:
 
 def incidents(api: Api, ns: str, phase: Phase) -> int:
     booked = (api.status(ns, JOB).get("goodput") or {}).get("lastIncidents") or []
-    return sum(phase.began <= datetime.fromisoformat(i["startTime"].replace("Z", "+00:00")).timestamp()
-               <= phase.ended for i in booked)
+    return sum(phase.began <= parse_time(i["startTime"]) <= phase.ended for i in booked)
 
 
 def steps(ns: str, phase: Phase) -> tuple[int, float]:
@@ -80,7 +78,7 @@ def steps(ns: str, phase: Phase) -> tuple[int, float]:
 
 
 def run_phase(api: Api, ns: str, name: str, load: int, seconds: float) -> Phase:
-    phase = Phase(name, load, time.time(), restarts_before=restarts(api, ns))
+    phase = Phase(name, time.time(), restarts_before=restarts(api, ns))
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
     try:
         time.sleep(seconds)  # the phase's length: the job trains on meanwhile, untouched

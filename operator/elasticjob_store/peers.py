@@ -78,19 +78,6 @@ def read(port: int, tables: Iterable[Path] = TABLES) -> Reading | None:
                    set().union(*(unanswered_addresses(text, port) for text in texts)))
 
 
-def connected(port: int, tables: Iterable[Path] = TABLES) -> set[str] | None:
-    """The remote addresses with an established connection to local `port`; None where no table is readable."""
-    reading = read(port, tables)
-    return None if reading is None else reading.connected
-
-
-def unanswered(port: int, tables: Iterable[Path] = TABLES) -> set[str] | None:
-    """The remote addresses of connections to local `port` whose kernel leaves a keep-alive probe or data
-    unacknowledged now; None where no table is readable."""
-    reading = read(port, tables)
-    return None if reading is None else reading.unanswered
-
-
 def remote_addresses(table: str, port: int) -> set[str]:
     """Parses one /proc/net/tcp{,6} table."""
     return {address for address, _ in _established(table, port)}
@@ -149,7 +136,7 @@ class Departures:
 
 
 class Silences:
-    """Since when each address has left the store unanswered (`unanswered`), across the poller's ticks."""
+    """Since when each address has left the store unanswered (`Reading.unanswered`), across the poller's ticks."""
 
     def __init__(self, after: float = UNANSWERED_AFTER) -> None:
         self.after = after

@@ -38,15 +38,15 @@ def test_the_kernel_table_shows_who_is_connected_to_the_port_and_who_left(listen
     port = listener.getsockname()[1]
     client = connect_from("127.0.0.2", port)
     accepted, _ = listener.accept()
-    assert "127.0.0.2" in peers.connected(port)
-    assert "127.0.0.2" not in peers.connected(port + 1)
+    assert "127.0.0.2" in peers.read(port).connected
+    assert "127.0.0.2" not in peers.read(port + 1).connected
     client.close()
     accepted.close()
-    wait_for(lambda: peers.connected(port), 5, "the connection gone", until=lambda seen: "127.0.0.2" not in seen)
+    wait_for(lambda: peers.read(port).connected, 5, "the connection gone", until=lambda seen: "127.0.0.2" not in seen)
 
 
 def test_no_readable_table_is_no_evidence(tmp_path):
-    assert peers.connected(29400, [tmp_path / "missing"]) is None
+    assert peers.read(29400, [tmp_path / "missing"]) is None
 
 
 @pytest.mark.parametrize("line, port, found", [

@@ -45,7 +45,7 @@ def test_table_lines(timer, retransmits, probes, port, found):
 
 
 def test_no_readable_table_is_no_evidence(tmp_path):
-    assert peers.unanswered(29400, [tmp_path / "missing"]) is None
+    assert peers.read(29400, [tmp_path / "missing"]) is None
 
 
 def test_a_connected_live_peer_is_answered():
@@ -54,7 +54,8 @@ def test_a_connected_live_peer_is_answered():
     client = socket.create_connection(("127.0.0.1", port))
     accepted, _ = listener.accept()
     peers.probe_idle(accepted)
-    assert "127.0.0.1" in peers.connected(port) and "127.0.0.1" not in peers.unanswered(port)
+    reading = peers.read(port)
+    assert "127.0.0.1" in reading.connected and "127.0.0.1" not in reading.unanswered
     for sock in (client, accepted, listener):
         sock.close()
 
