@@ -86,23 +86,14 @@ lint-workflows: $(ACTIONLINT) ## actionlint (ACTIONLINT_VERSION, built once into
 # (marked alone), the core e2e scenarios (training sized to the nodes) and the short soak.
 SHARED_TESTS := integration and not alone and not slow and not process_nodes
 ALONE_TESTS := not (integration and not alone) and not slow and not process_nodes
-# The unit tier needs no cluster and is nearly all CPU (real agents' processes); the cluster's tests leave about a
-# third of the CPUs idle (waiting on pods, watches, detection windows). So the unit tier runs beside them at the
-# lowest priority (nice 19), filling that idle time without taking CPU from the timed tests; its output is in
-# UNIT_LOG, shown once both are done.
-UNIT_LOG ?= $(CURDIR)/.test-unit.log
 
-test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests (both cores, at the lowest priority) beside, on one local cluster of real nodes, integration tests (the operator against the real API server; those that share the cluster two at a time), then the core e2e scenarios (real torchrun training) and the short soak; each part's slowest tests listed
+test: $(VENV)/.installed lint cluster-build host-packages lint-workflows ## Unit tests (both cores), then on one local cluster of real nodes: integration tests (the operator against the real API server; those that share the cluster two at a time), the core e2e scenarios (real torchrun training) and the short soak; each part's slowest tests listed
 	@status=0; running=0; \
+	$(PY) -m pytest tests/unit -n 2 -p no:cacheprovider --durations=10 || status=$$?; \
 	$(VENV)/bin/localcluster status >/dev/null 2>&1 && running=1; \
-	echo "make test: the unit tier runs beside the cluster's tests at nice 19; its log: $(UNIT_LOG)"; \
-	nice -n 19 $(PY) -m pytest tests/unit -n 2 -p no:cacheprovider --durations=10 >$(UNIT_LOG) 2>&1 & unit=$$!; \
-	trap 'kill $$unit 2>/dev/null' EXIT; \
 	KEEP_CLUSTER=1 $(PY) -m pytest tests/integration -m "$(SHARED_TESTS)" -n 2 -p no:cacheprovider --durations=15 || status=$$?; \
 	KEEP_CLUSTER=1 $(PY) -m pytest tests -m "$(ALONE_TESTS)" --ignore=tests/unit -p no:cacheprovider --durations=25 || status=$$?; \
 	if [ $$running = 0 ] && [ "$$KEEP_CLUSTER" != 1 ]; then $(VENV)/bin/localcluster down; fi; \
-	echo "make test: the unit tier ($(UNIT_LOG)):"; \
-	if wait $$unit; then tail -n 15 $(UNIT_LOG); else status=1; cat $(UNIT_LOG); fi; \
 	exit $$status
 
 test-process-nodes: $(VENV)/.installed ## Opt-in, not in `make test`: the process-backed node agent's own tests, on a local cluster of its nodes (the fleet benchmark's light pods still run on them)
